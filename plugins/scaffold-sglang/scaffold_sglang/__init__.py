@@ -1,0 +1,3 @@
+"""scaffold-sglang: SGLang inference engine backend (HTTP client and server launcher) for scaffold."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,114 @@
+"""Built-in controllers: native, majority_vote, best_of_n."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any
+
+from ..controller import Controller
+from ..episode import EpisodeContext, Outcome
+from ..generation import VerificationTask
+from ..hookimpl import hookimpl
+
+
+def _check_samples(samples: int) -> int:
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    return samples
+
+
+class NativeController(Controller):
+    """Generate ``samples`` responses to the prompt, concurrently; each is a training sample."""
+
+    def __init__(self, samples: int = 1):
+        self.samples = _check_samples(samples)
+
+    def clone(self) -> NativeController:
+        return copy.copy(self)  # holds no mutable state
+
+    def process(self, ctx: EpisodeContext):
+        tasks = [ctx.generation_task(i) for i in range(self.samples)]
+        yield tasks
+        return Outcome(samples=tasks, chosen=0 if len(tasks) == 1 else None)
+
+
+def _sub_controller(spec: Any) -> Controller:
+    if isinstance(spec, Controller):
+        return spec
+    if spec is None:
+        return NativeController()
+    from ..plugins import get_registry
+
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    options = {k: v for k, v in dict(spec).items() if k != "name"}
+    return get_registry().create("controller", spec["name"], options, path="controller.generator")
+
+
+class _SampleThenVerify(Controller):
+    """Shared shape: run ``samples`` branches of a sub-controller, then verify every sample."""
+
+    def __init__(self, samples: int = 4, generator: Any = None):
+        self.samples = _check_samples(samples)
+        self.generator = _sub_controller(generator)
+
+    def clone(self):
+        twin = copy.copy(self)
+        twin.generator = self.generator.clone()
+        return twin
+
+    def _sample_and_verify(self, ctx: EpisodeContext):
+        outcomes = yield self.parallel(self.generator, [ctx.branch(i) for i in range(self.samples)])
+        samples = [s for outcome in outcomes for s in outcome.samples]
+        checks = [VerificationTask(s.text, ctx.reference) for s in samples]
+        yield checks
+        for sample, check in zip(samples, checks):
+            sample.verdict = check.verdict
+        return samples
+
+
+class MajorityVoteController(_SampleThenVerify):
+    """Sample N answers, vote on the verifier's extracted answers; every sample is kept for training.
+
+    Ties go to the answer seen first. Samples with no extractable answer do
+    not vote. Reports ``maj@N``: whether the voted answer is correct.
+    """
+
+    def process(self, ctx: EpisodeContext):
+        samples = yield from self._sample_and_verify(ctx)
+        votes: Counter[str] = Counter()
+        first: dict[str, int] = {}
+        for i, sample in enumerate(samples):
+            key = sample.verdict.vote_key
+            if key is not None:
+                votes[key] += 1
+                first.setdefault(key, i)
+        if votes:
+            key = max(votes, key=lambda k: (votes[k], -first[k]))
+            winner = samples[first[key]]
+            answer, reward = winner.verdict.extracted, winner.verdict.reward
+        else:
+            answer, reward = None, 0.0
+        return Outcome(samples=samples, answer=answer, answer_reward=reward,
+                       metrics={f"maj@{self.samples}": float(reward > 0)})
+
+
+class BestOfNController(_SampleThenVerify):
+    """Sample N answers, score each with the verifier; the best (first on ties) is the episode's answer.
+
+    Every sample is kept for training with its own reward.
+    """
+
+    def process(self, ctx: EpisodeContext):
+        samples = yield from self._sample_and_verify(ctx)
+        best = max(range(len(samples)), key=lambda i: (samples[i].verdict.reward, -i))
+        return Outcome(samples=samples, chosen=best, answer=samples[best].verdict.extracted,
+                       answer_reward=samples[best].verdict.reward)
+
+
+@hookimpl
+def register_controllers(registry):
+    registry.add("native", NativeController)
+    registry.add("majority_vote", MajorityVoteController)
+    registry.add("best_of_n", BestOfNController)

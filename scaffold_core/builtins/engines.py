@@ -1,0 +1,17 @@
+"""Built-in engines: ``transformers`` (the embedded default) and ``benchmark_canned`` (benchmarks only).
+
+The engine modules import torch and transformers inside ``start()``, so
+registering them here costs nothing at start-up.
+"""
+
+from __future__ import annotations
+
+from ..engines.canned import CannedBenchmarkEngine
+from ..engines.transformers_engine import TransformersEngine
+from ..hookimpl import hookimpl
+
+
+@hookimpl
+def register_engines(registry):
+    registry.add("transformers", TransformersEngine)
+    registry.add("benchmark_canned", CannedBenchmarkEngine)

@@ -1,0 +1,332 @@
+"""YAML configuration: load with ``yaml.safe_load``, apply ``--set`` overrides, resolve defaults, validate.
+
+Resolution order (later wins): built-in defaults < the task's
+``default_config`` < the YAML file < ``--set`` overrides. Component sections
+(``task``, ``controller``, ``engine``, ``verifier``, ``trajectory``) select a
+component by ``name``; their other keys are that component's options,
+validated against its factory's signature. Everything is validated before any
+model loads; every error names the file, the key path, the bad value and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError, PluginLoadError, UnknownComponentError
+
+#: Section -> component kind, for the sections that select a component.
+COMPONENT_SECTIONS: dict[str, str] = {
+    "task": "task",
+    "controller": "controller",
+    "engine": "engine",
+    "verifier": "verifier",
+    "trajectory": "trajectory_maker",
+}
+SECTIONS = ("task", "controller", "engine", "sampling", "verifier", "trajectory", "rollout", "output")
+
+#: Keys of a component section that the core consumes instead of the component.
+CORE_KEYS: dict[str, tuple[str, ...]] = {"verifier": ("timeout", "workers")}
+
+
+class SamplingConfig(BaseModel):
+    """``sampling:``. ``max_tokens`` is always sent to the engine explicitly."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = Field(512, ge=1, description="integer >= 1")
+    temperature: float = Field(1.0, ge=0, description="number >= 0 (0 = greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="number in (0, 1]")
+    top_k: int = Field(-1, description="-1 (whole vocabulary) or integer >= 1")
+    stop: list[str] = Field(default_factory=list, description="list of strings")
+    stop_token_ids: list[int] = Field(default_factory=list, description="list of token ids")
+    seed: int | None = Field(0, description="integer or null")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value != -1 and value < 1:
+            raise ValueError("top_k must be -1 (whole vocabulary) or >= 1")
+        return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    def params(self) -> Any:
+        from .sampling import SamplingParams
+
+        return SamplingParams(self.max_tokens, self.temperature, self.top_p, self.top_k,
+                              tuple(self.stop), tuple(self.stop_token_ids), self.seed)
+
+
+class RolloutConfig(BaseModel):
+    """``rollout:``: how episodes run. Every wait has a bound."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(64, ge=1, description="integer >= 1 (episodes in flight)")
+    workers: int = Field(1, ge=1, description="integer >= 1 (worker processes)")
+    launcher: Literal["local", "ray"] = Field("local", description="'local' or 'ray'")
+    ray_address: str | None = Field(None, description="Ray cluster address, or null for a local Ray")
+    retries: int = Field(0, ge=0, description="integer >= 0 (extra attempts for a failed episode)")
+    request_timeout: float = Field(3600.0, gt=0, description="seconds > 0 per engine request")
+    episode_timeout: float = Field(7200.0, gt=0, description="seconds > 0 per episode")
+    shutdown_timeout: float = Field(30.0, gt=0, description="seconds > 0 to finish in-flight episodes on Ctrl-C")
+    worker_timeout: float = Field(86400.0, gt=0, description="seconds > 0 a worker process may run")
+    progress: bool | None = Field(None, description="true, false, or null (auto: on a terminal)")
+
+
+class OutputConfig(BaseModel):
+    """``output:``: where results go. ``{task}``, ``{controller}`` and ``{time}`` expand in ``dir``."""
+
+    model_config = ConfigDict(extra="forbid")
+    dir: str = Field("runs/{task}-{time}", description="a directory path")
+    overwrite: bool = Field(False, description="true to replace an existing run's files")
+    save_dataset: bool = Field(True, description="write the trajectories as a Hugging Face dataset")
+
+
+@dataclass
+class ComponentConfig:
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    core: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.core, **self.options}
+
+
+@dataclass
+class Config:
+    """A resolved, validated configuration."""
+
+    task: ComponentConfig
+    controller: ComponentConfig
+    engine: ComponentConfig
+    verifier: ComponentConfig
+    trajectory: ComponentConfig
+    sampling: SamplingConfig
+    rollout: RolloutConfig
+    output: OutputConfig
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task.to_dict(),
+            "controller": self.controller.to_dict(),
+            "engine": self.engine.to_dict(),
+            "sampling": self.sampling.model_dump(),
+            "verifier": self.verifier.to_dict(),
+            "trajectory": self.trajectory.to_dict(),
+            "rollout": self.rollout.model_dump(),
+            "output": self.output.model_dump(),
+        }
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+    @property
+    def verifier_timeout(self) -> float:
+        return float(self.verifier.core.get("timeout", 30.0))
+
+    @property
+    def verifier_workers(self) -> int:
+        return int(self.verifier.core.get("workers", 2))
+
+
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "controller": {"name": "native"},
+    "engine": {"name": "transformers"},
+    "trajectory": {"name": "single_turn"},
+    "verifier": {"timeout": 30.0, "workers": 2},
+}
+
+
+# ---------------------------------------------------------------------------
+# Loading and overrides
+# ---------------------------------------------------------------------------
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    import yaml
+
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set sampling.max_tokens=256")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise ConfigError(f"--set {text!r}: the key must be a dotted path such as task.limit")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML: {exc}") from None
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(f"--set {text!r}: {where} is {child!r}, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _merge_component(default: dict[str, Any] | None, user: Any) -> dict[str, Any]:
+    """Merge a component section: the user's ``name`` switching components drops the default's options."""
+    if not default:
+        return dict(user) if isinstance(user, dict) else user
+    if user is None:
+        return dict(default)
+    if not isinstance(user, dict):
+        return user
+    if "name" in user and "name" in default and user["name"] != default["name"]:
+        core = {k: v for k, v in default.items() if k in ("timeout", "workers")}
+        return {**core, **user}
+    return {**default, **user}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                data: dict[str, Any] | None = None, registry: Any = None) -> Config:
+    """Read, override, resolve and validate a config; raise ConfigError naming what is wrong."""
+    source = str(path) if path is not None else "<config>"
+    raw = read_yaml(path) if path is not None else copy.deepcopy(data or {})
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return resolve(raw, registry=registry, source=source)
+    except ConfigError as exc:
+        message = str(exc)
+        if not message.startswith(f"{source}:"):
+            message = f"{source}: {message}"
+        raise ConfigError(message) from exc.__cause__
+
+
+def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = None) -> Config:
+    if registry is None:
+        from .plugins import get_registry
+
+        registry = get_registry()
+    unknown = [k for k in raw if k not in SECTIONS]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), SECTIONS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{key}: unknown section.{hint} Sections: {', '.join(SECTIONS)}")
+    for key, value in raw.items():
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{key}: must be a mapping (e.g. {key}: {{name: ...}}), got {value!r}")
+
+    task_section = raw.get("task")
+    if not task_section or "name" not in task_section:
+        raise ConfigError(f"task.name: required; installed tasks: {', '.join(registry.names('task')) or '(none)'}")
+    task_info = _lookup(registry, "task", task_section["name"], "task.name")
+    task_defaults = copy.deepcopy(getattr(task_info.factory, "default_config", None) or {})
+    if not isinstance(task_defaults, dict):
+        task_defaults = {}
+
+    merged: dict[str, Any] = {}
+    for section in SECTIONS:
+        default = _merge_component(BUILTIN_DEFAULTS.get(section), task_defaults.get(section))
+        user = raw.get(section)
+        if section in COMPONENT_SECTIONS:
+            merged[section] = _merge_component(default, user)
+        else:
+            merged[section] = {**(default or {}), **(user or {})}
+
+    components: dict[str, ComponentConfig] = {}
+    for section, kind in COMPONENT_SECTIONS.items():
+        body = merged.get(section) or {}
+        if "name" not in body:
+            names = ", ".join(registry.names(kind)) or "(none installed)"
+            raise ConfigError(f"{section}.name: required (the task supplies no default); choose one of: {names}")
+        name = body["name"]
+        if not isinstance(name, str):
+            raise ConfigError(f"{section}.name: must be a string, got {name!r}")
+        info = _lookup(registry, kind, name, f"{section}.name")
+        core_keys = CORE_KEYS.get(section, ())
+        core = {k: body[k] for k in core_keys if k in body}
+        options = {k: v for k, v in body.items() if k != "name" and k not in core_keys}
+        from .options import validate_options
+
+        validate_options(info.factory, options, path=section, label=f"{kind.replace('_', ' ')} {name!r}")
+        components[section] = ComponentConfig(name, options, core)
+
+    vcore = components["verifier"].core
+    for key, kind_ok in (("timeout", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
+                         ("workers", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)):
+        if key in vcore and not kind_ok(vcore[key]):
+            allowed = "seconds > 0" if key == "timeout" else "integer >= 1"
+            raise ConfigError(f"verifier.{key}: got {vcore[key]!r}; expected {allowed}")
+
+    sections = {}
+    for section, model in (("sampling", SamplingConfig), ("rollout", RolloutConfig), ("output", OutputConfig)):
+        try:
+            sections[section] = model(**(merged.get(section) or {}))
+        except ValidationError as exc:
+            raise ConfigError(_pydantic_message(exc, section, model)) from None
+    return Config(task=components["task"], controller=components["controller"], engine=components["engine"],
+                  verifier=components["verifier"], trajectory=components["trajectory"],
+                  sampling=sections["sampling"], rollout=sections["rollout"], output=sections["output"],
+                  source=source)
+
+
+def _lookup(registry: Any, kind: str, name: Any, path: str) -> Any:
+    try:
+        return registry.get(kind, str(name), path=path)
+    except UnknownComponentError as exc:
+        raise ConfigError(str(exc)) from None
+    except PluginLoadError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _pydantic_message(exc: ValidationError, section: str, model: type[BaseModel]) -> str:
+    lines = []
+    fields = model.model_fields
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        key = loc[0] if loc else ""
+        path = ".".join([section, *loc])
+        if err.get("type") == "extra_forbidden":
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            lines.append(f"{path}: unknown key.{hint} Allowed keys: {', '.join(fields)}")
+            continue
+        allowed = fields[key].description if key in fields else None
+        msg = err.get("msg", "invalid value")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        lines.append(f"{path}: {msg}; got {err.get('input')!r}" + (f". Allowed: {allowed}" if allowed else ""))
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Built-in engines. Heavy libraries are imported inside ``start()``, never here."""

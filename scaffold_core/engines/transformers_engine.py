@@ -1,0 +1,356 @@
+"""The embedded engine: a Hugging Face causal LM in this process, CPU or GPU.
+
+Dynamic batching: requests from concurrent episodes are queued; a batcher on
+the event loop takes up to ``max_batch_size`` of them, waiting at most
+``batch_wait_ms`` for more to arrive, and runs the batch on one worker thread
+(torch releases the GIL, so the event loop keeps running). Every sampling
+parameter is applied per row, so requests with different parameters share a
+batch. Rows that finish are dropped from the batch (and its KV cache) at once.
+
+Sampling is reproducible per request: each row draws its randomness from its
+own generator seeded with the request's seed (Gumbel-max sampling), so a
+request samples the same tokens whether it runs alone or in a batch.
+
+Logprobs: for each sampled token, the log-probability under the
+temperature-scaled distribution, before top-k/top-p truncation (the same
+convention as SGLang, so both engines' trajectories mean the same thing).
+With ``logprobs: processed`` they are taken after truncation and
+renormalisation instead, i.e. from the exact distribution sampled. Greedy
+requests (temperature 0) report the model's untempered log-probabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import Engine
+from ..errors import EngineError
+from ..generation import GenerationRequest, GenerationResult
+from ..tokenizers import eos_token_ids
+from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
+
+
+@dataclass(eq=False)
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(eq=False)
+class _Row:
+    """Decode state of one request inside a batch."""
+
+    pending: _Pending
+    max_new: int
+    stop_ids: set[int]
+    stop_strings: tuple[str, ...]
+    generator: Any
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    stop_at: int | None = None  # character offset where a stop string begins
+
+
+class TransformersEngine(Engine):
+    """In-process Hugging Face transformers engine with dynamic batching."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "float32",
+        device: str = "auto",
+        max_batch_size: int = 32,
+        batch_wait_ms: float = 5.0,
+        logprobs: str = "temperature",
+        threads: int | None = None,
+        cache_converted: bool = True,
+        trust_remote_code: bool = False,
+    ):
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if batch_wait_ms < 0:
+            raise ValueError("batch_wait_ms must be >= 0")
+        if logprobs not in ("temperature", "processed"):
+            raise ValueError("logprobs must be 'temperature' or 'processed'")
+        if dtype not in ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        self.model_name = model
+        self.source = resolve_model(model)
+        self.dtype = dtype
+        self.device_option = device
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.logprobs_mode = logprobs
+        self.threads = threads
+        self.cache_converted = cache_converted
+        self.trust_remote_code = trust_remote_code
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.load_info: dict[str, Any] = {}
+        self.weight_version = 0
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._batcher: asyncio.Task | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closing = threading.Event()
+        self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0}
+
+    # -- lifecycle --------------------------------------------------------
+    async def start(self) -> None:
+        if self.model is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scaffold-engine")
+        await loop.run_in_executor(self._executor, self._load)
+        self._queue = asyncio.Queue()
+        self._batcher = asyncio.ensure_future(self._batch_loop())
+
+    def _load(self) -> None:
+        torch, _ = require_torch()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        device = self.device_option
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.model, self.tokenizer, self.load_info = load_model_and_tokenizer(
+            self.source, dtype=self.dtype, device=device, use_cache=self.cache_converted,
+            trust_remote_code=self.trust_remote_code,
+        )
+        self.context_length = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
+        eos = eos_token_ids(self.tokenizer)
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            eos.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            eos.update(gen_eos)
+        self.eos_ids = eos
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (min(eos) if eos else 0)
+        self._torch = torch
+
+    async def close(self) -> None:
+        self._closing.set()
+        if self._batcher is not None:
+            self._batcher.cancel()
+            try:
+                await self._batcher
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._batcher = None
+        if self._queue is not None:
+            while not self._queue.empty():
+                pending = self._queue.get_nowait()
+                if not pending.future.done():
+                    pending.future.set_exception(EngineError("engine closed before the request ran"))
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def stats(self) -> dict[str, Any]:
+        s = dict(self._stats)
+        s["mean_batch"] = round(s["rows"] / s["batches"], 2) if s["batches"] else 0.0
+        s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
+        return s
+
+    # -- requests ---------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self._queue is None:
+            raise EngineError("the transformers engine is not started: await engine.start() first")
+        n_prompt = len(request.prompt_ids)
+        if n_prompt == 0:
+            raise EngineError("empty prompt: a request needs at least one prompt token")
+        if self.context_length and n_prompt >= self.context_length:
+            raise EngineError(
+                f"prompt has {n_prompt} tokens but the model's context is {self.context_length} tokens; "
+                "shorten the prompt (fewer few-shot examples, a shorter system prompt)")
+        loop = asyncio.get_running_loop()
+        pending = _Pending(request, loop.create_future(), loop)
+        self._queue.put_nowait(pending)
+        return await pending.future
+
+    async def _batch_loop(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            deadline = loop.time() + self.batch_wait_s
+            while len(batch) < self.max_batch_size:
+                if not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    break
+            batch = [p for p in batch if not p.future.done()]  # timed-out callers are gone
+            if not batch:
+                continue
+            try:
+                outcomes = await loop.run_in_executor(self._executor, self._run_batch, batch)
+            except asyncio.CancelledError:
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(EngineError("engine closed while the request was running"))
+                raise
+            except BaseException as exc:
+                outcomes = [EngineError(f"generation failed: {type(exc).__name__}: {exc}")] * len(batch)
+            for pending, outcome in zip(batch, outcomes):
+                if pending.future.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    pending.future.set_exception(outcome)
+                else:
+                    pending.future.set_result(outcome)
+
+    # -- the decode loop (worker thread) ------------------------------------
+    def _make_row(self, pending: _Pending) -> _Row:
+        torch = self._torch
+        req = pending.request
+        sp = req.sampling
+        max_new = sp.max_tokens
+        if self.context_length:
+            max_new = max(1, min(max_new, self.context_length - len(req.prompt_ids)))
+        gen = None
+        if not sp.greedy:
+            gen = torch.Generator(device="cpu")
+            seed = req.seed if req.seed is not None else (sp.seed if sp.seed is not None else torch.seed())
+            gen.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+        return _Row(pending, max_new, self.eos_ids | set(sp.stop_token_ids), tuple(s for s in sp.stop if s), gen)
+
+    def _run_batch(self, batch: list[_Pending]) -> list[Any]:
+        torch = self._torch
+        self._stats["batches"] += 1
+        self._stats["rows"] += len(batch)
+        self._stats["max_batch"] = max(self._stats["max_batch"], len(batch))
+        rows = [self._make_row(p) for p in batch]
+        with torch.inference_mode():
+            self._decode(rows)
+        out: list[Any] = []
+        for row in rows:
+            if row.finish is None:
+                out.append(EngineError("engine closed while the request was running"))
+                continue
+            text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
+            if row.stop_at is not None:
+                text = text[: row.stop_at]
+            out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, self.weight_version))
+        return out
+
+    def _decode(self, rows: list[_Row]) -> None:
+        torch = self._torch
+        model = self.model
+        device = next(model.parameters()).device
+        prompts = [r.pending.request.prompt_ids for r in rows]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: the last column is every row's newest token
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p):] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        active = list(range(len(rows)))
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        next_pos = positions[:, -1:] + 1
+        while True:
+            self._stats["decode_steps"] += 1
+            tokens = self._sample([rows[i] for i in active], logits.float())
+            still: list[int] = []
+            for slot, (token, logprob) in enumerate(tokens):
+                row = rows[active[slot]]
+                row.output_ids.append(token)
+                row.logprobs.append(logprob)
+                if token in row.stop_ids:
+                    row.finish = "stop"
+                elif row.stop_strings and self._hit_stop_string(row):
+                    row.finish = "stop"
+                elif len(row.output_ids) >= row.max_new:
+                    row.finish = "length"
+                else:
+                    still.append(slot)
+            if not still or self._closing.is_set():
+                return
+            if len(still) < len(active):
+                keep = torch.tensor(still, dtype=torch.long, device=device)
+                cache.batch_select_indices(keep)
+                attention = attention[keep]
+                next_pos = next_pos[keep]
+                active = [active[s] for s in still]
+            last = torch.tensor([[rows[i].output_ids[-1]] for i in active], dtype=torch.long, device=device)
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
+            logits = model(input_ids=last, attention_mask=attention, position_ids=next_pos,
+                           past_key_values=cache, use_cache=True).logits[:, -1, :]
+            next_pos = next_pos + 1
+
+    def _hit_stop_string(self, row: _Row) -> bool:
+        text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
+        for stop in row.stop_strings:
+            # Only the newest token can complete a match; search the tail that could contain it.
+            at = text.find(stop, max(0, len(text) - len(stop) - 16))
+            if at >= 0:
+                row.stop_at = at if row.stop_at is None else min(row.stop_at, at)
+        return row.stop_at is not None
+
+    def _sample(self, rows: list[_Row], logits: Any) -> list[tuple[int, float]]:
+        """Pick one token per row; return (token, logprob) pairs."""
+        torch = self._torch
+        n, vocab = logits.shape
+        greedy = [r.generator is None for r in rows]
+        temps = torch.tensor([1.0 if g else r.pending.request.sampling.temperature for r, g in zip(rows, greedy)],
+                             dtype=logits.dtype, device=logits.device)
+        scaled = logits / temps[:, None]
+        logp = torch.log_softmax(scaled, dim=-1)
+        filtered = self._truncate(rows, scaled) if not all(greedy) else scaled
+        if self.logprobs_mode == "processed" and filtered is not scaled:
+            report = torch.log_softmax(filtered, dim=-1)
+        else:
+            report = logp
+        choice = torch.empty(n, dtype=torch.long, device=logits.device)
+        if any(greedy):
+            choice_greedy = torch.argmax(logits, dim=-1)
+        filtered_logp = torch.log_softmax(filtered, dim=-1)
+        for i, row in enumerate(rows):
+            if greedy[i]:
+                choice[i] = choice_greedy[i]
+            else:  # Gumbel-max with this request's own generator: batch-independent sampling
+                u = torch.rand(vocab, generator=row.generator).clamp_(min=1e-20).to(logits.device)
+                choice[i] = torch.argmax(filtered_logp[i] - torch.log(-torch.log(u)))
+        picked = report.gather(1, choice[:, None]).squeeze(1)
+        return list(zip(choice.tolist(), picked.tolist()))
+
+    def _truncate(self, rows: list[_Row], scaled: Any) -> Any:
+        """Apply each row's top-k and top-p to temperature-scaled logits (-inf outside)."""
+        torch = self._torch
+        ks = [r.pending.request.sampling.top_k for r in rows]
+        ps = [r.pending.request.sampling.top_p for r in rows]
+        out = scaled
+        vocab = scaled.shape[-1]
+        if any(0 < k < vocab for k in ks):
+            kmax = max(k if 0 < k < vocab else 1 for k in ks)
+            top = torch.topk(scaled, kmax, dim=-1).values
+            idx = torch.tensor([min(k, kmax) - 1 if 0 < k < vocab else 0 for k in ks], device=scaled.device)
+            threshold = top.gather(1, idx[:, None])
+            apply = torch.tensor([0 < k < vocab for k in ks], device=scaled.device)[:, None]
+            out = torch.where(apply & (scaled < threshold), torch.full_like(scaled, float("-inf")), out)
+        if any(p < 1.0 for p in ps):
+            sorted_logits, order = torch.sort(out, descending=True, dim=-1)
+            probs = torch.softmax(sorted_logits, dim=-1)
+            before = probs.cumsum(-1) - probs  # mass strictly above each token
+            top_p = torch.tensor(ps, dtype=scaled.dtype, device=scaled.device)[:, None]
+            drop_sorted = before >= top_p  # keeps the smallest prefix reaching top_p (first always kept)
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            out = out.masked_fill(drop, float("-inf"))
+        return out

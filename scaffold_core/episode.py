@@ -1,0 +1,175 @@
+"""Per-episode data: the explicit context a controller receives, samples and results.
+
+Nothing per-episode is ever written on shared objects: each episode gets its
+own :class:`EpisodeContext` and its own controller clone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .generation import GenerationTask
+from .sampling import SamplingParams, derive_seed
+from .verifier import Verdict
+
+
+@dataclass(slots=True, eq=False)
+class Sample:
+    """One training sequence an episode produced.
+
+    The sequence is ``prompt_ids + output_ids``. ``output_mask`` marks which
+    output tokens the model generated (1) and which an environment inserted
+    (0, multi-turn only); ``output_logprobs`` are the engine's behaviour
+    logprobs (0.0 where the mask is 0). ``text`` is the response the verifier
+    scores.
+    """
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_mask: list[int]
+    text: str
+    finish_reason: str
+    sample_index: int = 0
+    weight_version: int | str | None = None
+    verdict: Verdict | None = None
+    turn_rewards: list[float] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_task(cls, task: GenerationTask) -> Sample:
+        result = task.result
+        if result is None:
+            raise RuntimeError("cannot make a Sample from a GenerationTask that has not run")
+        return cls(
+            prompt_ids=task.prompt_ids,
+            output_ids=result.output_ids,
+            output_logprobs=result.logprobs,
+            output_mask=[1] * len(result.output_ids),
+            text=result.text,
+            finish_reason=result.finish_reason,
+            sample_index=task.sample_index,
+            weight_version=result.weight_version,
+            verdict=task.verdict,
+            metadata=dict(task.metadata),
+        )
+
+    @property
+    def reward(self) -> float | None:
+        return None if self.verdict is None else self.verdict.reward
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.output_mask)
+
+
+@dataclass(slots=True, eq=False)
+class Outcome:
+    """What a controller's ``process`` generator returns.
+
+    ``samples``: every training sequence of the episode (GenerationTasks are
+    converted to :class:`Sample`). ``chosen``: index of the sample that is the
+    episode's answer (best-of-n), or ``None``. ``answer``/``answer_reward``:
+    the episode's final answer when it is not one sample's (a majority vote).
+    ``metrics``: per-episode numbers such as ``{"maj@4": 1.0}``, averaged over
+    the run.
+    """
+
+    samples: list[Any]
+    chosen: int | None = None
+    answer: str | None = None
+    answer_reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class EpisodeContext:
+    """Everything one episode needs, passed explicitly to its controller.
+
+    ``row`` is the task row; ``prompt_ids`` the rendered prompt; ``reference``
+    the gold answer (``None`` when the task has none); ``seed`` the episode's
+    seed; ``messages`` the chat messages the prompt was rendered from.
+    ``tokenizer`` is the engine's tokenizer (for multi-turn controllers).
+    ``state`` is a scratch dict owned by this episode alone.
+    """
+
+    episode_id: str
+    index: int
+    row: dict[str, Any]
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    reference: str | None = None
+    prompt_text: str = ""
+    messages: list[dict[str, Any]] | None = None
+    tokenizer: Any = None
+    attempt: int = 0
+    sample_base: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def branch(self, index: int) -> EpisodeContext:
+        """A context for parallel branch ``index``: same episode, its own state and sample numbering."""
+        return EpisodeContext(
+            episode_id=self.episode_id, index=self.index, row=self.row, prompt_ids=self.prompt_ids,
+            sampling=self.sampling, seed=self.seed, reference=self.reference, prompt_text=self.prompt_text,
+            messages=self.messages, tokenizer=self.tokenizer, attempt=self.attempt,
+            sample_base=self.sample_base + index,
+        )
+
+    def generation_task(
+        self,
+        sample_index: int = 0,
+        *,
+        prompt_ids: list[int] | None = None,
+        sampling: SamplingParams | None = None,
+        **metadata: Any,
+    ) -> GenerationTask:
+        """A generation task on this episode's prompt (or ``prompt_ids``).
+
+        Each task gets its own seed, derived from the episode seed, the sample
+        index and how many tasks this sample has had so far, so reruns with
+        the same seed make the same requests.
+        """
+        sample_index += self.sample_base
+        counts = self.state.setdefault("_task_counts", {})
+        n = counts[sample_index] = counts.get(sample_index, 0) + 1
+        return GenerationTask(
+            prompt_ids=self.prompt_ids if prompt_ids is None else prompt_ids,
+            sampling=sampling or self.sampling,
+            sample_index=sample_index,
+            seed=derive_seed(self.seed, sample_index, n),
+            request_id=f"{self.episode_id}/{self.attempt}/{sample_index}/{n}",
+            metadata=metadata,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class EpisodeResult:
+    """A finished episode, ok or failed (never a silent zero reward).
+
+    ``status`` is ``"ok"`` or ``"failed"``; a failed episode carries
+    ``error`` (the reason) and ``error_component`` (engine, verifier,
+    controller, trajectory, timeout, ...).
+    """
+
+    episode_id: str
+    index: int
+    status: str
+    reference: str | None = None
+    prompt_text: str = ""
+    samples: list[Sample] = field(default_factory=list)
+    chosen: int | None = None
+    answer: str | None = None
+    answer_reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    error_component: str | None = None
+    attempts: int = 1
+    wall_s: float = 0.0
+    row: dict[str, Any] | None = None
+    trajectories: list[Any] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"

@@ -1,0 +1,123 @@
+"""The units of work a controller yields, and what engines take and return.
+
+A controller yields lists of these tasks; the runtime runs every task of a
+list concurrently and resumes the controller once all have finished, with the
+results written into the task objects:
+
+* :class:`GenerationTask` goes to the engine (prompt token ids in; sampled
+  token ids, logprobs, finish reason and text out).
+* :class:`VerificationTask` goes to the verifier (response and reference in;
+  a :class:`~scaffold_core.verifier.Verdict` out), off the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .verifier import Verdict
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """What an engine receives: token ids in, never text.
+
+    ``seed`` is already derived per request (from the base seed, episode id and
+    sample index), so engines need not know about episodes to be reproducible.
+    ``episode_id`` lets multi-server engines keep one episode on one server
+    (prefix caching).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int | None = None
+    episode_id: str | None = None
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    """What an engine returns.
+
+    ``output_ids`` are the sampled ids exactly as generated (a matched EOS or
+    stop token included); ``logprobs`` has one entry per output id;
+    ``finish_reason`` is ``stop`` (EOS, stop token or stop string), ``length``
+    (max_tokens reached) or ``abort``. ``weight_version`` names the policy
+    that produced the tokens when the engine knows it.
+    """
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    weight_version: int | str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> GenerationResult:
+        """Raise ValueError if the result breaks the engine contract."""
+        if len(self.output_ids) != len(self.logprobs):
+            raise ValueError(
+                f"engine returned {len(self.output_ids)} output ids but {len(self.logprobs)} logprobs"
+            )
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"engine returned finish_reason {self.finish_reason!r}; expected one of {FINISH_REASONS}")
+        return self
+
+
+@dataclass(slots=True, eq=False)
+class GenerationTask:
+    """One generation: prompt ids and sampling in; the engine's result out.
+
+    Create them with :meth:`scaffold_core.EpisodeContext.generation_task`,
+    which fills the episode's prompt and sampling parameters and a per-sample
+    seed. After the runtime has run it, ``result`` holds the
+    :class:`GenerationResult` and the convenience properties read from it.
+    """
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    sample_index: int = 0
+    seed: int | None = None
+    request_id: str = ""
+    result: GenerationResult | None = None
+    verdict: Verdict | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def _need_result(self) -> GenerationResult:
+        if self.result is None:
+            raise RuntimeError("this GenerationTask has not run yet: yield it from the controller first")
+        return self.result
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self._need_result().output_ids
+
+    @property
+    def logprobs(self) -> list[float]:
+        return self._need_result().logprobs
+
+    @property
+    def finish_reason(self) -> str:
+        return self._need_result().finish_reason
+
+    @property
+    def text(self) -> str:
+        return self._need_result().text
+
+
+@dataclass(slots=True, eq=False)
+class VerificationTask:
+    """Score ``response`` against ``reference`` with the run's verifier; sets ``verdict``."""
+
+    response: str
+    reference: str | None
+    verdict: Verdict | None = None

@@ -1,0 +1,277 @@
+"""``scaffold run``: build the components a config names, run every episode, write the results."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from .config import Config
+from .episode import EpisodeContext, EpisodeResult
+from .hooks import Hooks
+from .metrics import RunMetrics
+from .output import RunOutput, latest_records, result_of, write_derived
+from .runtime import Runtime
+from .sampling import derive_seed
+from .verifier import VerifierPool
+
+log = logging.getLogger("scaffold.rollout")
+
+
+@dataclass
+class Components:
+    task: Any
+    controller: Any
+    verifier: Any
+    engine: Any
+    trajectory_maker: Any
+
+
+def build_components(config: Config, registry: Any = None) -> Components:
+    """Construct every component (cheap: nothing loads until the engine starts)."""
+    if registry is None:
+        from .plugins import get_registry
+
+        registry = get_registry()
+
+    def make(section: str, kind: str) -> Any:
+        comp = getattr(config, section)
+        return registry.create(kind, comp.name, comp.options, path=section)
+
+    return Components(
+        task=make("task", "task"),
+        controller=make("controller", "controller"),
+        verifier=make("verifier", "verifier"),
+        engine=make("engine", "engine"),
+        trajectory_maker=make("trajectory", "trajectory_maker"),
+    )
+
+
+def expand_output_dir(config: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    text = config.output.dir.format(task=config.task.name, controller=config.controller.name, time=stamp)
+    return Path(text)
+
+
+def shard(index: int, rank: int, world_size: int) -> bool:
+    return index % world_size == rank
+
+
+class Rollout:
+    """One process's share of a run (rank ``rank`` of ``world_size``)."""
+
+    def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
+                 rank: int = 0, world_size: int = 1, local_rank: int = 0, progress: bool | None = None, registry: Any = None,
+                 plugins: Any = None, ledger_name: str = "episodes.jsonl", finalize: bool = True):
+        from .plugins import get_plugins
+
+        self.config = config
+        self.plugins = plugins or get_plugins()
+        self.registry = registry or self.plugins.registry
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.dir = Path(output_dir) if output_dir is not None else expand_output_dir(config)
+        # Both of these validate before any model loads.
+        self.components = build_components(config, self.registry)
+        self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, ledger_name=ledger_name)
+        self.progress = config.rollout.progress if progress is None else progress
+        self.finalize_outputs = finalize
+        self.metrics = RunMetrics()
+        self.hooks = Hooks(self.plugins.pm)
+        self.interrupted: str | None = None
+        self.runtime: Runtime | None = None
+
+    # -- episodes -------------------------------------------------------
+    def _rows(self) -> list[tuple[int, dict[str, Any]]]:
+        task = self.components.task
+        rows = []
+        for i, row in enumerate(task.load()):
+            if shard(i, self.rank, self.world_size):
+                rows.append((i, row))
+        for reason, count in (getattr(task, "skipped", None) or {}).items():
+            self.metrics.skipped_rows[reason] += count
+        return rows
+
+    def _contexts(self, rows: list[tuple[int, dict[str, Any]]], done: set[str]) -> Iterator[Any]:
+        task = self.components.task
+        tokenizer = self.components.engine.tokenizer
+        sampling = self.config.sampling.params()
+        for index, row in rows:
+            episode_id = str(row.get("id", index))
+            if episode_id in done:
+                continue
+            reference = task.reference(row)
+            try:
+                prompt = task.build_prompt(row, tokenizer)
+            except Exception as exc:  # this row only
+                yield EpisodeResult(episode_id=episode_id, index=index, status="failed", reference=reference,
+                                    error=f"building the prompt failed: {type(exc).__name__}: {exc}",
+                                    error_component="task", row=row)
+                continue
+            yield EpisodeContext(
+                episode_id=episode_id, index=index, row=row, prompt_ids=prompt.ids, sampling=sampling,
+                seed=derive_seed(sampling.seed, episode_id), reference=reference, prompt_text=prompt.text,
+                messages=prompt.messages, tokenizer=tokenizer,
+            )
+
+    # -- running --------------------------------------------------------
+    async def run_async(self) -> dict[str, Any]:
+        cfg = self.config
+        comps = self.components
+        if self.rank == 0:
+            self.output.write_config(cfg)
+        done = self.output.completed_ids()
+        self.metrics.resumed = len(done)
+        pool = VerifierPool(comps.verifier, timeout=cfg.verifier_timeout, workers=cfg.verifier_workers,
+                            name=cfg.verifier.name)
+        self.hooks.run_start(cfg, str(self.dir))
+        bar = None
+        try:
+            attach = getattr(comps.engine, "attach_run", None)
+            if attach is not None:
+                from .engine import RunInfo
+                from .ports import rank_slice
+
+                attach(RunInfo(output_dir=self.dir, rank=self.rank, world_size=self.world_size,
+                               local_rank=self.local_rank, port_range=rank_slice(self.rank, self.world_size)))
+            await comps.engine.start()
+            rows = self._rows()
+            todo = sum(1 for _, row in rows if str(row.get("id", _)) not in done)
+            self.runtime = runtime = Runtime(
+                engine=comps.engine, controller=comps.controller, verifier=pool,
+                trajectory_maker=comps.trajectory_maker, hooks=self.hooks, engine_name=cfg.engine.name,
+                concurrency=cfg.rollout.concurrency, request_timeout=cfg.rollout.request_timeout,
+                episode_timeout=cfg.rollout.episode_timeout, retries=cfg.rollout.retries,
+            )
+            bar = _progress_bar(todo, self.progress, position=self.rank if self.world_size > 1 else None)
+            self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
+            self.output.open()
+            last = [0.0]
+
+            def on_result(result: EpisodeResult) -> None:
+                self.output.append(result)
+                self.metrics.add(result)
+                if bar is not None:
+                    bar.update(1)
+                    now = time.perf_counter()
+                    if now - last[0] > 0.5:
+                        last[0] = now
+                        bar.set_postfix_str(
+                            f"tok/s={self.metrics.tokens_per_s:.1f} reward={self.metrics.reward_mean:.3f} "
+                            f"failed={self.metrics.failed}", refresh=False)
+
+            with _signals(self):
+                await runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
+        finally:
+            if bar is not None:
+                bar.close()
+            self.output.close()
+            pool.close()
+            await comps.engine.close()
+        return self._summary()
+
+    def _pre_failed(self, items: Iterator[Any], on_result: Any) -> Iterator[EpisodeContext]:
+        """Report episodes that failed before running (bad prompt) and pass the rest on."""
+        for item in items:
+            if isinstance(item, EpisodeResult):
+                self.hooks.episode_end(item)
+                on_result(item)
+            else:
+                yield item
+
+    def _summary(self) -> dict[str, Any]:
+        engine_stats = {}
+        try:
+            engine_stats = self.components.engine.stats()
+        except Exception:
+            pass
+        summary = self.metrics.summary(engine=engine_stats)
+        if self.hooks.errors:
+            summary["hook_errors"] = dict(self.hooks.errors)
+        if self.metrics.resumed:
+            summary["resumed_episodes"] = self.metrics.resumed
+        if self.interrupted:
+            summary["interrupted"] = self.interrupted
+        return summary
+
+    def finalize(self, live: dict[str, Any], ledgers: list[Path] | None = None) -> dict[str, Any]:
+        """Derive samples, failures, dataset and metrics from the ledger(s); returns metrics."""
+        records = latest_records(ledgers or [self.output.ledger_path])
+        totals = RunMetrics()
+        for reason, count in self.metrics.skipped_rows.items():
+            totals.skipped_rows[reason] += count
+        for record in records.values():
+            totals.add(result_of(record))
+        metrics = totals.summary()
+        # Throughput and time are this session's own measurements (a resumed run adds to the totals).
+        for key in ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_errors", "interrupted",
+                    "resumed_episodes"):
+            if key in live:
+                metrics[key] = live[key]
+        if "resumed_episodes" in live:
+            metrics["session"] = {k: live[k] for k in ("episodes", "completed", "failed", "generated_tokens")}
+        write_derived(self.dir, records, save_dataset=self.config.output.save_dataset)
+        metrics["output_dir"] = str(self.dir)
+        self.output.write_metrics(metrics)
+        self.hooks.run_end(metrics, str(self.dir))
+        return metrics
+
+    def run(self) -> dict[str, Any]:
+        live = asyncio.run(self.run_async())
+        return self.finalize(live) if self.finalize_outputs else live
+
+
+def _progress_bar(total: int, enabled: bool | None, position: int | None = None) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="ep", desc="episodes", disable=(None if enabled is None else not enabled),
+                dynamic_ncols=True, mininterval=0.5, position=position, leave=True)
+
+
+class _signals:
+    """First SIGINT/SIGTERM: stop taking episodes and let in-flight ones finish within
+    ``rollout.shutdown_timeout``; a second signal (or the timeout) cancels them."""
+
+    def __init__(self, rollout: Rollout):
+        self.rollout = rollout
+        self.installed: list[int] = []
+
+    def __enter__(self) -> _signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._handle, sig)
+                self.installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                pass
+        return self
+
+    def _handle(self, sig: int) -> None:
+        rollout = self.rollout
+        runtime = rollout.runtime
+        name = signal.Signals(sig).name
+        loop = asyncio.get_running_loop()
+        if rollout.interrupted is None:
+            rollout.interrupted = name
+            timeout = rollout.config.rollout.shutdown_timeout
+            print(f"\nscaffold: {name} received: finishing episodes in flight (up to {timeout:g} s); "
+                  "send it again to stop now", file=sys.stderr)
+            if runtime is not None:
+                runtime.stopping = True
+            loop.call_later(timeout, self._cancel_all)
+        else:
+            self._cancel_all()
+
+    def _cancel_all(self) -> None:
+        runtime = self.rollout.runtime
+        if runtime is not None:
+            runtime.cancel_in_flight()
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.installed:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,54 @@
+"""The task contract: a dataset loader, a prompt builder and defaults.
+
+A task plugin subclasses :class:`Task` (or provides the same methods):
+
+* ``load()`` yields rows (dicts). A row's ``"id"`` names its episode (the
+  row's position is used when absent). Rows that cannot be used are skipped
+  and counted in ``self.skipped`` (reason -> count), not fatal.
+* ``messages(row)`` returns the chat messages of the prompt; the runtime
+  renders them with the engine tokenizer's chat template. Override
+  ``build_prompt`` for prompts that are not chats.
+* ``reference(row)`` returns the gold answer the verifier compares against.
+* ``default_config`` supplies defaults for the ``sampling``, ``verifier`` and
+  ``controller`` sections; the user's explicit config always wins.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable
+
+from .tokenizers import render_chat
+
+
+@dataclass(slots=True)
+class Prompt:
+    text: str
+    ids: list[int]
+    messages: list[dict[str, Any]] | None = None
+
+
+class Task:
+    """Base class of tasks."""
+
+    #: Defaults for other config sections, e.g. ``{"sampling": {"max_tokens": 512},
+    #: "verifier": {"name": "gsm8k"}}``.
+    default_config: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self) -> None:
+        self.skipped: Counter[str] = Counter()
+
+    def load(self) -> Iterable[dict[str, Any]]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def messages(self, row: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def reference(self, row: dict[str, Any]) -> str | None:
+        return row.get("reference")
+
+    def build_prompt(self, row: dict[str, Any], tokenizer: Any) -> Prompt:
+        messages = self.messages(row)
+        text, ids = render_chat(tokenizer, messages)
+        return Prompt(text=text, ids=ids, messages=messages)

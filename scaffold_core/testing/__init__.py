@@ -1,0 +1,17 @@
+"""Test helpers for scaffold and its plugins (also a pytest plugin: see ``pytest_plugin``).
+
+* :func:`plugin_set` builds a registry with given plugins registered (and,
+  by default, none of the installed entry points), for fast isolated tests.
+* :class:`ScriptedEngine` is a tiny deterministic engine: a function of the
+  prompt text decides the response; optional delays and injected faults.
+* :class:`ListTask` is a task over an in-memory list of rows.
+* :func:`run_episodes` runs contexts through a :class:`Runtime` and returns
+  the results.
+"""
+
+from __future__ import annotations
+
+from .engines import ScriptedEngine
+from .helpers import ListTask, make_contexts, plugin_set, run_episodes
+
+__all__ = ["ScriptedEngine", "ListTask", "plugin_set", "make_contexts", "run_episodes"]

@@ -1,0 +1,81 @@
+"""A deterministic engine for tests: responses are a function of the prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from typing import Any, Callable
+
+from ..engine import Engine
+from ..errors import EngineError
+from ..generation import GenerationRequest, GenerationResult
+from ..tokenizers import ByteTokenizer
+
+
+class ScriptedEngine(Engine):
+    """Answers with ``respond(prompt_text, request)``; honours max_tokens, stop strings and stop ids.
+
+    ``delay`` (seconds, or a (low, high) range drawn per request from a
+    seeded RNG) simulates latency; ``fail`` is a predicate on the prompt text
+    that makes the request raise; ``hang`` one that makes it never return.
+    Logprobs are a deterministic function of the token id.
+    """
+
+    def __init__(self, respond: Callable[..., str] | str = "#### 42", *, delay: Any = 0.0,
+                 fail: Callable[[str], bool] | None = None, hang: Callable[[str], bool] | None = None,
+                 seed: int = 0):
+        self.tokenizer = ByteTokenizer()
+        self.respond = respond
+        self.delay = delay
+        self.fail = fail
+        self.hang = hang
+        self.rng = random.Random(seed)
+        self.context_length = 1 << 16
+        self.requests: list[GenerationRequest] = []
+        self.started = False
+        self.closed = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.requests.append(request)
+        prompt = self.tokenizer.decode(request.prompt_ids)
+        if self.fail is not None and self.fail(prompt):
+            raise EngineError("injected engine failure")
+        if self.hang is not None and self.hang(prompt):
+            await asyncio.Event().wait()
+        delay = self.delay
+        if isinstance(delay, (tuple, list)):
+            delay = self.rng.uniform(*delay)
+        if delay:
+            await asyncio.sleep(delay)
+        text = self.respond(prompt, request) if callable(self.respond) else self.respond
+        return self.result_for(text, request)
+
+    def result_for(self, text: str, request: GenerationRequest) -> GenerationResult:
+        tok = self.tokenizer
+        sp = request.sampling
+        ids = tok.encode(text) + [tok.eos_token_id]
+        finish = "stop"
+        out: list[int] = []
+        for tid in ids:
+            out.append(tid)
+            if tid == tok.eos_token_id or tid in sp.stop_token_ids:
+                break
+            if sp.stop and any(s in tok.decode(out) for s in sp.stop):
+                break
+            if len(out) >= sp.max_tokens:
+                finish = "length"
+                break
+        decoded = tok.decode(out, skip_special_tokens=True)
+        for s in sp.stop:
+            at = decoded.find(s)
+            if at >= 0:
+                decoded = decoded[:at]
+        logprobs = [-(1.0 + math.sin(t)) / 2.0 - 0.01 for t in out]
+        return GenerationResult(out, logprobs, finish, decoded, 0)

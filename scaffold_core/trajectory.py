@@ -1,0 +1,142 @@
+"""Training samples and their conversion to AReaL-compatible padded tensor dicts.
+
+Token faithfulness: a training sample is ``prompt_ids + output_ids`` exactly
+as the engine saw and sampled them (never re-tokenized text). Prompt tokens
+and environment tokens get loss mask 0, logprob 0.0 and version -1; tokens
+the model generated get loss mask 1, the engine's behaviour logprob, and the
+engine's weight version (0 when the engine reports none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+from .episode import EpisodeResult, Sample
+
+
+@dataclass(slots=True)
+class TrainingSample:
+    """One training sequence, ready for a trainer."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    reward: float
+    advantage: float
+    episode_id: str
+    sample_index: int
+    group_id: str
+    prompt_len: int
+    finish_reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check(self) -> TrainingSample:
+        n = len(self.input_ids)
+        for key in ("loss_mask", "logprobs", "versions"):
+            if len(getattr(self, key)) != n:
+                raise ValueError(f"{key} has {len(getattr(self, key))} entries for {n} input_ids")
+        return self
+
+
+def version_number(version: Any) -> int:
+    """Integer policy version for the ``versions`` tensor (non-numeric versions map to 0)."""
+    if isinstance(version, bool):
+        return int(version)
+    if isinstance(version, int):
+        return version
+    try:
+        return int(str(version))
+    except (TypeError, ValueError):
+        return 0
+
+
+def sample_tokens(sample: Sample) -> tuple[list[int], list[int], list[float], list[int]]:
+    """(input_ids, loss_mask, logprobs, versions) for one sample."""
+    n_prompt = len(sample.prompt_ids)
+    version = version_number(sample.weight_version)
+    mask = sample.output_mask
+    input_ids = [*sample.prompt_ids, *sample.output_ids]
+    loss_mask = [0] * n_prompt + list(mask)
+    logprobs = [0.0] * n_prompt + [lp if m else 0.0 for lp, m in zip(sample.output_logprobs, mask)]
+    versions = [-1] * n_prompt + [version if m else -1 for m in mask]
+    return input_ids, loss_mask, logprobs, versions
+
+
+class TrajectoryMaker:
+    """Base class: turn a finished (successful) episode into training samples."""
+
+    def make(self, episode: EpisodeResult) -> list[TrainingSample]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    @staticmethod
+    def build(episode: EpisodeResult, sample: Sample, reward: float, advantage: float) -> TrainingSample:
+        input_ids, loss_mask, logprobs, versions = sample_tokens(sample)
+        return TrainingSample(
+            input_ids=input_ids, loss_mask=loss_mask, logprobs=logprobs, versions=versions,
+            reward=float(reward), advantage=float(advantage), episode_id=episode.episode_id,
+            sample_index=sample.sample_index, group_id=episode.episode_id,
+            prompt_len=len(sample.prompt_ids), finish_reason=sample.finish_reason,
+        )
+
+
+TENSOR_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards")
+
+
+def to_padded_tensor_dict(samples: Iterable[TrainingSample | dict[str, Any]], *, pad_token_id: int = 0,
+                          pad_to: int | None = None) -> dict[str, Any]:
+    """Right-pad samples into the tensor dict AReaL trainers consume.
+
+    Keys: ``input_ids`` [B, L] int64, ``attention_mask`` [B, L] bool,
+    ``loss_mask`` [B, L] int32, ``logprobs`` [B, L] float32, ``versions``
+    [B, L] int32 (-1 on padding), ``rewards`` [B] float32, and
+    ``advantages`` [B] float32. Accepts TrainingSample objects or rows of the
+    saved trajectories dataset. Needs torch.
+    """
+    import torch
+
+    rows = [s.to_dict() if isinstance(s, TrainingSample) else dict(s) for s in samples]
+    if not rows:
+        raise ValueError("no samples to pad")
+    lengths = [len(r["input_ids"]) for r in rows]
+    width = max(lengths) if pad_to is None else pad_to
+    if width < max(lengths):
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest sample ({max(lengths)} tokens)")
+    batch = len(rows)
+
+    def padded(key: str, fill: Any, dtype: Any) -> Any:
+        out = torch.full((batch, width), fill, dtype=dtype)
+        for i, row in enumerate(rows):
+            values = row[key]
+            if values:
+                out[i, : len(values)] = torch.tensor(values, dtype=dtype)
+        return out
+
+    attention = torch.zeros((batch, width), dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        attention[i, :n] = True
+    return {
+        "input_ids": padded("input_ids", pad_token_id, torch.int64),
+        "attention_mask": attention,
+        "loss_mask": padded("loss_mask", 0, torch.int32),
+        "logprobs": padded("logprobs", 0.0, torch.float32),
+        "versions": padded("versions", -1, torch.int32),
+        "rewards": torch.tensor([float(r["reward"]) for r in rows], dtype=torch.float32),
+        "advantages": torch.tensor([float(r.get("advantage", 0.0)) for r in rows], dtype=torch.float32),
+    }
+
+
+def group_normalized(rewards: Sequence[float], *, scale: bool = True, eps: float = 1e-6) -> list[float]:
+    """GRPO advantages: (r - mean) / (std + eps) within a group (population std)."""
+    n = len(rewards)
+    if n == 0:
+        return []
+    mean = sum(rewards) / n
+    centered = [r - mean for r in rewards]
+    if not scale:
+        return centered
+    std = (sum(c * c for c in centered) / n) ** 0.5
+    return [c / (std + eps) for c in centered]
