@@ -43,7 +43,7 @@ MAX_BOXED_BRACES = 64
 
 # A number: an optional sign (attached) and currency in either order, digits with
 # optional thousands separators, an optional decimal part, an optional "/q".
-# Every repetition is followed by a character it cannot consume, so matching is linear.
+# Matching at one position costs time linear in the length of the number found there.
 _NUMBER = re.compile(
     r"""
     (?P<sign>[-+])?(?:\$[ \t]?)?(?P<sign2>[-+])?
@@ -56,7 +56,7 @@ _NUMBER = re.compile(
     re.VERBOSE | re.ASCII,
 )
 _DIGIT = re.compile(r"\d", re.ASCII)
-_MAX_PREFIX = 4
+_MAX_PREFIX = 5  # the longest prefix before a number's first digit, as in "-$ -.5"
 _FRAC_LATEX = re.compile(r"\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(\d+)\s*\}", re.ASCII)
 _LATEX_WORDS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|boxed|displaystyle|left|right)\b")
 _BRACE = re.compile(r"[{}]")
@@ -167,19 +167,14 @@ def canonical_number(text: str) -> str:
     digit = _DIGIT.search(cleaned)
     if digit is None:
         raise AnswerError("not a number")
-    # A number's prefix (sign, '$', space, sign, or '.') is at most 4 characters before its first digit;
-    # starting there keeps a megabyte of '-' or '$' from being tried as a prefix at every position.
+    # Start the search just before the first digit: a megabyte of '-' or '$' is then never tried,
+    # position by position, as a number's prefix.
     match = _NUMBER.search(cleaned, max(0, digit.start() - _MAX_PREFIX))
     if match is None:  # pragma: no cover - a digit always starts a match
         raise AnswerError("not a number")
     if _DIGIT.search(cleaned, match.end()) is not None:
         raise AnswerError("more than one number")
     return _key_of(match)
-
-
-def numbers_equal(a: str, b: str) -> bool:
-    """Whether two texts hold the same single number (raises AnswerError if either holds none)."""
-    return canonical_number(a) == canonical_number(b)
 
 
 def gold_answer(answer: str) -> str:

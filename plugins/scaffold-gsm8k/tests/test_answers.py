@@ -78,6 +78,7 @@ def test_canonical_number(text, key):
     ("5 - 3 = 2", "more than one number"),
     ("3 1/2", "more than one number"),
     ("-$-3", "two signs on one number"),
+    ("-$ -.5", "two signs on one number"),
     ("3/0", "a fraction with denominator 0"),
     ("1.5/2", "a fraction with a decimal numerator"),
     ("1/" + "7" * 5000, "a fraction with more than 1000 digits"),
