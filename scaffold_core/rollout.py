@@ -128,7 +128,6 @@ class Rollout:
         if self.rank == 0:
             self.output.write_config(cfg)
         done = self.output.completed_ids()
-        self.metrics.resumed = len(done)
         pool = VerifierPool(comps.verifier, timeout=cfg.verifier_timeout, workers=cfg.verifier_workers,
                             name=cfg.verifier.name)
         self.hooks.run_start(cfg, str(self.dir))
@@ -149,6 +148,7 @@ class Rollout:
             await comps.engine.start()
             rows = self._rows()
             todo = sum(1 for _, row in rows if str(row.get("id", _)) not in done)
+            self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
             self.runtime = runtime = Runtime(
                 engine=comps.engine, controller=comps.controller, verifier=pool,
                 trajectory_maker=comps.trajectory_maker, hooks=self.hooks, engine_name=cfg.engine.name,
