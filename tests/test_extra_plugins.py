@@ -16,6 +16,8 @@ def test_extra_plugins_from_the_environment_register_and_a_broken_one_is_listed(
     assert plugins.infos["scaffold_core.testing.plugin"].status == "ok"
 
 
-def test_module_attribute_specs(monkeypatch):
+def test_module_attribute_specs():
+    import scaffold_core.testing.plugin  # noqa: F401  (makes it an attribute of scaffold_core.testing)
+
     plugins = PluginSet().load(entry_points=False, extra={"x": "scaffold_core.testing:plugin"})
     assert "arithmetic" in plugins.registry.names("task")
