@@ -132,6 +132,11 @@ class TransformersEngine(Engine):
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (min(eos) if eos else 0)
         self._torch = torch
+        import inspect
+
+        # transformers >= 5.2x renamed the KV-cache argument of forward(); support both.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     async def close(self) -> None:
         self._closing.set()
@@ -262,8 +267,9 @@ class TransformersEngine(Engine):
 
         cache = DynamicCache()
         active = list(range(len(rows)))
+        kv = {self._cache_arg: cache}
         logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+                       use_cache=True, logits_to_keep=1, **kv).logits[:, -1, :]
         next_pos = positions[:, -1:] + 1
         while True:
             self._stats["decode_steps"] += 1
@@ -292,7 +298,7 @@ class TransformersEngine(Engine):
             last = torch.tensor([[rows[i].output_ids[-1]] for i in active], dtype=torch.long, device=device)
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
             logits = model(input_ids=last, attention_mask=attention, position_ids=next_pos,
-                           past_key_values=cache, use_cache=True).logits[:, -1, :]
+                           use_cache=True, **kv).logits[:, -1, :]
             next_pos = next_pos + 1
 
     def _hit_stop_string(self, row: _Row) -> bool:
