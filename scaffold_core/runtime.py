@@ -296,7 +296,8 @@ class Runtime:
         try:
             result.check()
         except (ValueError, AttributeError) as exc:
-            raise EngineError(f"engine {self.engine_name!r} returned a malformed result: {exc}") from exc
+            raise EngineError(f"engine {self.engine_name!r} returned a malformed result: {exc}",
+                              retryable=False) from exc
         if result.finish_reason == "abort":
             raise EngineError(
                 f"engine {self.engine_name!r} aborted request {request.request_id}"

@@ -168,11 +168,11 @@ class TransformersEngine(Engine):
             raise EngineError("the transformers engine is not started: await engine.start() first")
         n_prompt = len(request.prompt_ids)
         if n_prompt == 0:
-            raise EngineError("empty prompt: a request needs at least one prompt token")
+            raise EngineError("empty prompt: a request needs at least one prompt token", retryable=False)
         if self.context_length and n_prompt >= self.context_length:
             raise EngineError(
                 f"prompt has {n_prompt} tokens but the model's context is {self.context_length} tokens; "
-                "shorten the prompt (fewer few-shot examples, a shorter system prompt)")
+                "shorten the prompt (fewer few-shot examples, a shorter system prompt)", retryable=False)
         loop = asyncio.get_running_loop()
         pending = _Pending(request, loop.create_future(), loop)
         self._queue.put_nowait(pending)
