@@ -25,7 +25,9 @@ class NativeController(Controller):
         self.samples = _check_samples(samples)
 
     def clone(self) -> NativeController:
-        return copy.copy(self)  # holds no mutable state
+        twin = object.__new__(type(self))  # holds no mutable state: a shallow copy is a full copy
+        twin.__dict__.update(self.__dict__)
+        return twin
 
     def process(self, ctx: EpisodeContext):
         tasks = [ctx.generation_task(i) for i in range(self.samples)]

@@ -313,27 +313,26 @@ class TransformersEngine(Engine):
     def _sample(self, rows: list[_Row], logits: Any) -> list[tuple[int, float]]:
         """Pick one token per row; return (token, logprob) pairs."""
         torch = self._torch
-        n, vocab = logits.shape
         greedy = [r.generator is None for r in rows]
+        if all(greedy):
+            choice = torch.argmax(logits, dim=-1)
+            picked = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None]).squeeze(1)
+            return list(zip(choice.tolist(), picked.tolist()))
+        vocab = logits.shape[-1]
         temps = torch.tensor([1.0 if g else r.pending.request.sampling.temperature for r, g in zip(rows, greedy)],
                              dtype=logits.dtype, device=logits.device)
         scaled = logits / temps[:, None]
-        logp = torch.log_softmax(scaled, dim=-1)
-        filtered = self._truncate(rows, scaled) if not all(greedy) else scaled
-        if self.logprobs_mode == "processed" and filtered is not scaled:
-            report = torch.log_softmax(filtered, dim=-1)
-        else:
-            report = logp
-        choice = torch.empty(n, dtype=torch.long, device=logits.device)
-        if any(greedy):
-            choice_greedy = torch.argmax(logits, dim=-1)
-        filtered_logp = torch.log_softmax(filtered, dim=-1)
+        filtered = self._truncate(rows, scaled)
+        report = torch.log_softmax(filtered if self.logprobs_mode == "processed" else scaled, dim=-1)
+        choice = torch.argmax(logits, dim=-1)  # kept for greedy rows
         for i, row in enumerate(rows):
-            if greedy[i]:
-                choice[i] = choice_greedy[i]
-            else:  # Gumbel-max with this request's own generator: batch-independent sampling
+            if not greedy[i]:  # Gumbel-max with this request's own generator: batch-independent sampling
                 u = torch.rand(vocab, generator=row.generator).clamp_(min=1e-20).to(logits.device)
-                choice[i] = torch.argmax(filtered_logp[i] - torch.log(-torch.log(u)))
+                choice[i] = torch.argmax(filtered[i] - torch.log(-torch.log(u)))
+        if any(greedy):  # greedy rows report the untempered distribution
+            plain = torch.log_softmax(logits, dim=-1)
+            mask = torch.tensor(greedy, device=logits.device)[:, None]
+            report = torch.where(mask, plain, report)
         picked = report.gather(1, choice[:, None]).squeeze(1)
         return list(zip(choice.tolist(), picked.tolist()))
 
