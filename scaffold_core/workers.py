@@ -374,6 +374,9 @@ class LocalLauncher:
         try:
             self.start()
             self.wait()
+        except BaseException:
+            self._stop_all("stopped because the launch failed")  # no worker outlives a failed launch
+            raise
         finally:
             _restore_sigterm(previous)
         results = self.results()

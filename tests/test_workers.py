@@ -212,3 +212,25 @@ def test_auto_device_gives_each_local_worker_its_own_gpu():
 
     assert auto_device(False, 0, 3) == "cpu"
     assert [auto_device(True, 4, r) for r in range(6)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+
+
+def test_a_failed_launch_leaves_no_worker_behind(test_plugins, tmp_path, monkeypatch):
+    import scaffold_core.workers as workers_module
+
+    real_popen = subprocess.Popen
+    calls = []
+
+    def popen(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError(24, "Too many open files")
+        return real_popen(*args, **kwargs)
+
+    data = canned(tmp_path, workers=2)
+    data["task"] = {"name": "flaky_list", "rows": ROWS, "crash_rank": 0, "crash": "hang"}  # rank 0 stays up
+    launcher = LocalLauncher(load_config(data=data))
+    monkeypatch.setattr(workers_module.subprocess, "Popen", popen)
+    with pytest.raises(OSError, match="Too many open files"):
+        launcher.run()
+    assert len(launcher.procs) == 1 and launcher.procs[0].poll() is not None
+    assert not processes_mentioning(str(tmp_path))
