@@ -234,3 +234,33 @@ def test_a_failed_launch_leaves_no_worker_behind(test_plugins, tmp_path, monkeyp
         launcher.run()
     assert len(launcher.procs) == 1 and launcher.procs[0].poll() is not None
     assert not processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_killed_launcher(test_plugins, tmp_path):
+    data = canned(tmp_path, workers=2, concurrency=1)
+    data["engine"]["delay_s"] = 0.3
+    data["task"] = {"name": "arithmetic", "count": 200}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(processes_mentioning(str(out))) < 2:
+            time.sleep(0.2)
+        workers = processes_mentioning(str(out))
+        assert len(workers) == 2
+        proc.kill()  # SIGKILL: the launcher gets no chance to clean up
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and processes_mentioning(str(out)):
+            time.sleep(0.2)
+        assert not processes_mentioning(str(out))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for pid in processes_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
