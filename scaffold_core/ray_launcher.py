@@ -14,7 +14,8 @@ actor's ledger is not visible from the driver, the driver copies it from
 the actor after the run, so nothing is lost either way. A failed actor is
 reported by rank and shard like a failed worker process; every wait is
 bounded (``rollout.ray_startup_timeout`` for placing the actors,
-``rollout.worker_timeout`` for the run). ``ray`` is an optional extra:
+``rollout.worker_timeout`` for the run); actors still running then, or at
+Ctrl-C, are killed, and their ledgers keep what they finished. ``ray`` is an optional extra:
 ``pip install "scaffold-core[ray]"``.
 """
 
@@ -166,18 +167,17 @@ def run_ray(config: Config, *, output_dir: str | Path | None = None, resume: boo
 
 
 def _wait(ray: Any, refs: dict[int, Any], timeout_s: float) -> str | None:
-    """Wait for every actor's run, bounded; Ctrl-C cancels them (their ledgers keep what finished)."""
+    """Wait for every actor's run, bounded by ``timeout_s``; returns "SIGINT" on Ctrl-C.
+
+    Actors still running afterwards are killed by the caller; their ledgers keep what finished.
+    """
     deadline = time.monotonic() + timeout_s
     pending = list(refs.values())
     try:
         while pending and time.monotonic() < deadline:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(POLL_S, timeout_s))
     except KeyboardInterrupt:
-        for ref in pending:
-            ray.cancel(ref, force=True)
         return "SIGINT"
-    for ref in pending:  # past rollout.worker_timeout
-        ray.cancel(ref, force=True)
     return None
 
 

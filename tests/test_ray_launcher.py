@@ -102,3 +102,16 @@ def test_a_failed_actor_is_reported_by_rank_and_shard(tmp_path):
     assert failure["rank"] == 1 and failure["error"] == "ActorDied" and "index % 2 == 1" in failure["shard"]
     assert "worker exit code 3" in failure["log_tail"]
     assert live["episodes"] == 3
+
+
+def test_actors_past_worker_timeout_are_reported_as_timed_out(tmp_path):
+    from scaffold_core.ray_launcher import _collect, _wait
+
+    class NeverReady:
+        @staticmethod
+        def wait(refs, num_returns=1, timeout=None):
+            return [], list(refs)
+
+    assert _wait(NeverReady, {0: "a", 1: "b"}, 0.3) is None
+    results = _collect(NeverReady, {0: "a", 1: "b"}, [None, None], tmp_path, 2, None)
+    assert [r.error for r in results] == ["timed out after rollout.worker_timeout"] * 2
