@@ -270,7 +270,8 @@ class LocalLauncher:
         config_path = self.dir / "config.yaml"
         self.rollout.output.write_config(self.config)
         master_addr = loopback_host()
-        reservation = reserve_port(port_range=control_port_range(), host=master_addr)
+        # Held on every address (as torch's TCP store binds it), released just before the workers start.
+        reservation = reserve_port(port_range=control_port_range())
         plans = []
         for rank in range(self.workers):
             log, result = worker_paths(self.dir, rank)

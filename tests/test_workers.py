@@ -264,3 +264,39 @@ def test_workers_die_with_a_killed_launcher(test_plugins, tmp_path):
             proc.wait(timeout=10)
         for pid in processes_mentioning(str(out)):
             os.kill(pid, signal.SIGKILL)
+
+
+PG_PROBE = '''
+import json, os
+from pathlib import Path
+from scaffold_core import hookimpl
+
+
+@hookimpl
+def on_run_start(config, output_dir):
+    from scaffold_core.distributed import all_reduce_sum, init_process_group
+
+    groups = init_process_group("gloo", timeout_s=60)  # from the launcher's torchrun variables
+    try:
+        total = all_reduce_sum(groups.rank + 1)
+        Path(output_dir, f"pg-{groups.rank}.json").write_text(json.dumps(
+            {"sum": total, "world": groups.world_size, "url": groups.init_method,
+             "local_rank": os.environ["LOCAL_RANK"]}))
+    finally:
+        groups.destroy()
+'''
+
+
+@pytest.mark.slow
+def test_launched_workers_can_form_a_process_group_from_their_variables(test_plugins, tmp_path, monkeypatch):
+    (tmp_path / "pg_probe_plugin.py").write_text(PG_PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin,pg_probe_plugin")
+    set_plugins(None)
+    metrics = run_workers(load_config(data=canned(tmp_path, workers=2)))
+    assert "worker_failures" not in metrics and "hook_errors" not in metrics, metrics
+    probes = [json.loads((tmp_path / "out" / f"pg-{r}.json").read_text()) for r in (0, 1)]
+    assert [p["sum"] for p in probes] == [3.0, 3.0] and {p["world"] for p in probes} == {2}
+    assert [p["local_rank"] for p in probes] == ["0", "1"]
+    assert probes[0]["url"] == probes[1]["url"] and probes[0]["url"].startswith("tcp://")
