@@ -241,7 +241,6 @@ class LocalLauncher:
         self.dir = self.rollout.dir.resolve()
         self.progress = config.rollout.progress if progress is None else progress
         self.procs: dict[int, subprocess.Popen] = {}
-        self.started: dict[int, float] = {}
         self.ended: dict[int, tuple[int | None, str | None]] = {}
         self.interrupted: str | None = None
 
@@ -285,7 +284,6 @@ class LocalLauncher:
                 self.procs[rank] = subprocess.Popen(
                     self._command(config_path), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                     env=self._env(rank, master_addr, port, result), start_new_session=True, cwd=os.getcwd())
-            self.started[rank] = time.monotonic()
 
     # -- waiting -----------------------------------------------------------
     def wait(self) -> None:
@@ -300,7 +298,8 @@ class LocalLauncher:
                     bar.update()
                     now = time.monotonic()
                     if now > deadline:
-                        self._stop_all(f"timed out after rollout.worker_timeout={self.config.rollout.worker_timeout:g} s")
+                        limit = self.config.rollout.worker_timeout
+                        self._stop_all(f"timed out after rollout.worker_timeout={limit:g} s")
                         break
                     if kill_at is not None and now > kill_at:
                         self._stop_all("did not stop within rollout.shutdown_timeout after Ctrl-C")
@@ -310,8 +309,8 @@ class LocalLauncher:
                     if self.interrupted is None:
                         self.interrupted = "SIGINT"
                         timeout = self.config.rollout.shutdown_timeout
-                        print(f"\nscaffold: interrupted: workers finish their episodes in flight (up to {timeout:g} s); "
-                              "press Ctrl-C again to stop now", file=sys.stderr)
+                        print(f"\nscaffold: interrupted: workers finish their episodes in flight "
+                              f"(up to {timeout:g} s); press Ctrl-C again to stop now", file=sys.stderr)
                         for proc in self._running():
                             _kill_group(proc, signal.SIGINT)
                         kill_at = time.monotonic() + timeout + KILL_GRACE_S

@@ -71,7 +71,8 @@ def test_ray_launcher_runs_the_config_on_2_actors(test_plugins, tmp_path):
     ids = sorted(json.loads(line)["episode_id"] for line in (out / "samples.jsonl").read_text().splitlines())
     assert ids == sorted(r["id"] for r in ROWS)
     for rank in (0, 1):
-        indices = [json.loads(line)["index"] for line in (out / f"episodes.rank-{rank:05d}.jsonl").read_text().splitlines()]
+        ledger = out / f"episodes.rank-{rank:05d}.jsonl"
+        indices = [json.loads(line)["index"] for line in ledger.read_text().splitlines()]
         assert sorted(indices) == list(range(rank, 6, 2))
 
 

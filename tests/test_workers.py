@@ -140,9 +140,8 @@ def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(
-                (out / f"episodes.rank-{r:05d}.jsonl").exists() and (out / f"episodes.rank-{r:05d}.jsonl").stat().st_size
-                for r in (0, 1)):
+        ledgers = [out / f"episodes.rank-{r:05d}.jsonl" for r in (0, 1)]
+        while time.monotonic() < deadline and not all(p.exists() and p.stat().st_size for p in ledgers):
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)

@@ -118,7 +118,8 @@ def _ask(procs: list[subprocess.Popen], command: str, deadline: float) -> list[d
         while len(replies) < len(procs):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"children did not answer {command!r} in time ({len(replies)} of {len(procs)})")
+                raise TimeoutError(f"children did not answer {command!r} in time "
+                                   f"({len(replies)} of {len(procs)} did)")
             for key, _ in sel.select(timeout=left):
                 line = key.fileobj.readline()  # type: ignore[union-attr]
                 if not line:
