@@ -74,6 +74,9 @@ class RolloutConfig(BaseModel):
     workers: int = Field(1, ge=1, description="integer >= 1 (worker processes)")
     launcher: Literal["local", "ray"] = Field("local", description="'local' or 'ray'")
     ray_address: str | None = Field(None, description="Ray cluster address, or null for a local Ray")
+    ray_num_cpus: float = Field(1.0, ge=0, description="number >= 0 (CPUs each Ray worker actor reserves)")
+    ray_num_gpus: float = Field(0.0, ge=0, description="number >= 0 (GPUs each Ray worker actor reserves)")
+    ray_startup_timeout: float = Field(600.0, gt=0, description="seconds > 0 to place and start the Ray actors")
     retries: int = Field(0, ge=0, description="integer >= 0 (extra attempts for a failed episode)")
     request_timeout: float = Field(3600.0, gt=0, description="seconds > 0 per engine request")
     episode_timeout: float = Field(7200.0, gt=0, description="seconds > 0 per episode")
@@ -279,9 +282,9 @@ def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = N
         core_keys = CORE_KEYS.get(section, ())
         core = {k: body[k] for k in core_keys if k in body}
         options = {k: v for k, v in body.items() if k != "name" and k not in core_keys}
-        from .options import validate_options
-
-        validate_options(info.factory, options, path=section, label=f"{kind.replace('_', ' ')} {name!r}")
+        # Build once to validate: factories are cheap (nothing loads before an engine starts),
+        # and this catches what a signature cannot (e.g. samples >= 1) before any model loads.
+        registry.create(kind, name, options, path=section)
         components[section] = ComponentConfig(name, options, core)
 
     vcore = components["verifier"].core
