@@ -292,7 +292,7 @@ def _run(tmp_path, respond, **sections):
            "rollout": {"progress": False}, **sections}
     config = load_config(data=raw, registry=plugins.registry)
     metrics = Rollout(config, output_dir=tmp_path / "run", plugins=plugins).run()
-    return engines.made[0], metrics
+    return engines.made[-1], metrics  # the last one built: load_config builds one to validate
 
 
 def test_task_defaults_reach_the_engine_explicitly(tmp_path):
