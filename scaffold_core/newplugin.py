@@ -186,10 +186,13 @@ def create_plugin(name: str, *, kind: str = "task", parent: str | Path = ".") ->
 
 def next_steps(target: Path, name: str, kind: str) -> str:
     """What to do after generating, as printed by the CLI."""
-    return (
-        f"Created {target} ({kind.replace('_', ' ')} plugin {name!r}). Next:\n"
-        f"  pip install -e '{target}[test]'   # install it (editable) with its test extra\n"
-        f"  scaffold list-plugins              # it is listed as {name!r}\n"
-        f"  pytest {target}/tests              # its conformance tests pass out of the box\n"
-        f"Then edit {target}/{target.name.replace('-', '_')}/ and see {target}/README.md."
-    )
+    steps = [
+        (f"pip install -e '{target}[test]'", "install it (editable) with its test extra"),
+        ("scaffold list-plugins", f"it is listed as {name!r}"),
+        (f"pytest {target}", "its conformance tests pass out of the box"),
+    ]
+    width = max(len(command) for command, _ in steps)
+    lines = [f"Created {target} ({kind.replace('_', ' ')} plugin {name!r}). Next:"]
+    lines += [f"  {command.ljust(width)}  # {comment}" for command, comment in steps]
+    lines.append(f"Then edit {target / target.name.replace('-', '_')} and see {target / 'README.md'}.")
+    return "\n".join(lines)

@@ -5,7 +5,6 @@ own tests pass."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -135,26 +134,16 @@ def test_generated_plugin_registers_in_process(tmp_path, monkeypatch):
 # -- acceptance: a fresh venv ---------------------------------------------------------
 
 
-def copy_core_source(dest: Path) -> Path:
-    """The core's source (pyproject, README, package) copied out, so building it never writes in the repo."""
-    if not (REPO / "pyproject.toml").is_file():
-        pytest.skip("needs scaffold-core's source tree")
-    dest.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, dest / name)
-    shutil.copytree(REPO / "scaffold_core", dest / "scaffold_core",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-    return dest
-
-
 @pytest.fixture(scope="module")
 def fresh_venv():
     """One fresh venv with the core installed non-editable from a copy of this source tree (no torch)."""
     from scaffold_core.testing.freshenv import FreshVenv
 
+    if not (REPO / "pyproject.toml").is_file():
+        pytest.skip("needs scaffold-core's source tree")
     venv = FreshVenv.create()
     try:
-        venv.install(copy_core_source(venv.root / "core-src"), "pytest>=8")
+        venv.install_project(REPO, "pytest>=8")
         yield venv
     finally:
         venv.close()

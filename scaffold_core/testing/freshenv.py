@@ -25,6 +25,13 @@ _LEAKY = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX", "PYTHONSTAR
           "PYTEST_PLUGINS")
 
 
+#: What a project copy leaves out at any depth: build outputs, caches, environments, version control.
+_NOT_SOURCE = ("build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv", ".git", ".pytest_cache",
+               ".hypothesis")
+#: Top-level folders of a project a non-editable install does not need (the default ``skip``).
+SKIP_TOP = ("tests", "docs", "bench", "plugins", "runs", "examples")
+
+
 def find_uv() -> str | None:
     """The ``uv`` executable, if the ``uv`` package or binary is installed."""
     if importlib.util.find_spec("uv") is not None:
@@ -112,6 +119,29 @@ class FreshVenv:
         else:
             args = [str(self.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reqs]
         return run_bounded(args, timeout=timeout, env=self.env())
+
+    def install_project(self, project: str | Path, *more: str | Path, skip: Sequence[str] = SKIP_TOP,
+                        timeout: float = 900.0) -> Path:
+        """Copy the project folder ``project`` out (so building it never writes into the source tree)
+        and install the copy, non-editable, together with ``more`` requirements.
+
+        The copy leaves out build outputs and caches, and the top-level folders in ``skip``.
+        """
+        source = Path(project).resolve()
+        if not (source / "pyproject.toml").is_file():
+            raise FileNotFoundError(f"{source} has no pyproject.toml: not a project folder")
+        copy = self.root / "src" / source.name
+        anywhere = shutil.ignore_patterns(*_NOT_SOURCE)
+
+        def ignore(folder: str, names: list[str]) -> set[str]:
+            ignored = set(anywhere(folder, names))
+            if Path(folder).resolve() == source:
+                ignored.update(n for n in names if n in skip)
+            return ignored
+
+        shutil.copytree(source, copy, ignore=ignore)
+        self.install(copy, *more, timeout=timeout)
+        return copy
 
     def run(self, args: Sequence[str | Path], *, timeout: float = 300.0, cwd: str | Path | None = None,
             check: bool = True, **env: str) -> subprocess.CompletedProcess:
