@@ -196,3 +196,25 @@ def test_tutorial_runs_as_written():
                 assert result.stdout == second, f"tutorial block {number} printed:\n{result.stdout}"
         metrics = json.loads((work / "runs" / "smoke" / "metrics.json").read_text())
         assert metrics["episodes"] == 4 and metrics["failed"] == 0
+
+
+# -- plugins.md ----------------------------------------------------------------------
+
+
+def test_trace_plugins_shows_loading_and_registration(tmp_path):
+    """The debugging aid plugins.md documents: SCAFFOLD_TRACE_PLUGINS=1 traces loading and registration."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SCAFFOLD_TRACE_PLUGINS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "list-plugins", "--json"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)  # the trace goes to stderr only
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("scaffold-trace: ")]
+    assert "scaffold-trace: builtin:controllers: register_controllers added native, majority_vote, best_of_n" in lines
+    assert "scaffold-trace: builtin:verifiers: register_verifiers added exact_match" in lines
+    listed = {p["name"] for p in json.loads(proc.stdout)}
+    for name in listed:
+        assert any(line.startswith(f"scaffold-trace: loaded plugin {name!r}") for line in lines), name
