@@ -189,6 +189,17 @@ class TestStateful(Base):
 class TestRewardsEverything(Base):
     def make_verifier(self):
         return RewardsEverything()
+
+class RaisesOnMissingReference:
+    """Fails the episode loudly when the task gave no reference: allowed, never a silent reward."""
+    def verify(self, response, reference):
+        if not (reference or "").strip():
+            raise ValueError("no reference answer")
+        return Verdict(float(response.strip() == reference), response, None, "")
+
+class TestRaisesOnMissingReference(Base):
+    def make_verifier(self):
+        return RaisesOnMissingReference()
 '''
 
 
@@ -199,7 +210,9 @@ def test_verifier_conformance_catches_broken_verifiers(pytester):
     assert "TestSlowOnHuge::test_huge_input_is_bounded" in out["failed"]
     assert "TestSlowOnHuge::test_garbage_is_handled" in out["passed"]
     assert "TestStateful::test_thread_safe" in out["failed"]
-    assert {"TestRewardsEverything::test_wrong_fails", "TestRewardsEverything::test_garbage_is_handled"} <= out["failed"]
+    assert {"TestRewardsEverything::test_wrong_fails",
+            "TestRewardsEverything::test_missing_reference_is_not_rewarded"} <= out["failed"]
+    assert "TestRaisesOnMissingReference::test_missing_reference_is_not_rewarded" in out["passed"]
     assert "TestRewardsEverything::test_gold_passes" in out["passed"]
 
 

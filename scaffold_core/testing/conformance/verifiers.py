@@ -60,7 +60,7 @@ class VerifierConformance(ComponentConformance):
     time_limit: ClassVar[float] = 10.0
     #: Characters in the huge inputs.
     huge_size: ClassVar[int] = 1_000_000
-    #: Whether the verifier scores against a reference (then a missing reference must not be rewarded).
+    #: Whether the verifier scores against a reference (then a missing one must not be rewarded).
     needs_reference: ClassVar[bool] = True
 
     def make_verifier(self) -> Any:
@@ -130,14 +130,26 @@ class VerifierConformance(ComponentConformance):
             assert isinstance(verdict.reason, str)
 
     def test_garbage_is_handled(self) -> None:
-        """Garbage responses and missing references give a Verdict (not an error), in bounded time."""
+        """Garbage responses give a Verdict (not an error) with a finite reward, in bounded time."""
         reference = self.gold[0][1] if self.gold else "42"
         pairs: list[tuple[str, str | None]] = [(g, reference) for g in GARBAGE_RESPONSES]
-        pairs += [(self.gold[0][0] if self.gold else "42", None), ("42", ""), ("", None)]
-        for (response, ref), verdict in zip(pairs, self.verify_all(pairs)):
+        for (response, _), verdict in zip(pairs, self.verify_all(pairs)):
             assert math.isfinite(verdict.reward), f"reward {verdict.reward!r} for {short(response)}"
-            if ref is None and self.needs_reference:
-                assert verdict.reward <= 0, f"rewarded {short(response)} with no reference: {verdict}"
+
+    def test_missing_reference_is_not_rewarded(self) -> None:
+        """A missing or empty reference is never rewarded: a Verdict with reward <= 0, or an error
+        (which fails the episode with the reason; never a silent reward), in bounded time."""
+        if not self.needs_reference:
+            pytest.skip("needs_reference is False")
+        response = self.gold[0][0] if self.gold else "42"
+        for reference in (None, "", "   "):
+            try:
+                [verdict] = self.verify_all([(response, reference)])
+            except AssertionError as exc:
+                if any(t in str(exc) for t in ("did not finish", "not a Verdict", "expected Verdict")):
+                    raise
+                continue  # raised: the runtime fails the episode and reports why
+            assert verdict.reward <= 0, f"rewarded {short(response)} against reference {reference!r}: {verdict}"
 
     def test_huge_input_is_bounded(self) -> None:
         """Responses of ``huge_size`` characters are each verified within ``time_limit``."""
