@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+import scaffold_core.testing.plugin as test_tasks
 from scaffold_core.testing import ScriptedEngine
 from scaffold_core.testing.conformance import (
     ControllerConformance,
     EngineConformance,
+    TaskConformance,
     TrajectoryMakerConformance,
     VerifierConformance,
 )
@@ -24,6 +26,21 @@ class TestExactMatchIgnoringCase(VerifierConformance):
     options = {"ignore_case": True}
     gold = [("paris", "Paris"), ("STRASSE", "strasse")]
     wrong = [("Lyon", "Paris")]
+
+
+class TestArithmeticTestTask(TaskConformance):
+    """The test kit's own tasks (scaffold_core.testing.plugin) keep the task contract."""
+
+    plugin = test_tasks
+    name = "arithmetic"
+    options = {"count": 6}
+
+
+class TestListTestTask(TaskConformance):
+    plugin = test_tasks
+    name = "list"
+    options = {"rows": [{"id": "a", "question": "What is 1 + 1?", "answer": "2"},
+                        {"id": "b", "question": "Capital of France?", "answer": "Paris"}]}
 
 
 class TestNativeController(ControllerConformance):

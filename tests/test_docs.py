@@ -207,7 +207,7 @@ def test_trace_plugins_shows_loading_and_registration(tmp_path):
     import subprocess
     import sys
 
-    env = {**os.environ, "SCAFFOLD_TRACE_PLUGINS": "1"}
+    env = {**os.environ, "SCAFFOLD_TRACE_PLUGINS": "1", "SCAFFOLD_EXTRA_PLUGINS": "scaffold_core.testing.plugin"}
     proc = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "list-plugins", "--json"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -216,5 +216,6 @@ def test_trace_plugins_shows_loading_and_registration(tmp_path):
     assert "scaffold-trace: builtin:controllers: register_controllers added native, majority_vote, best_of_n" in lines
     assert "scaffold-trace: builtin:verifiers: register_verifiers added exact_match" in lines
     listed = {p["name"] for p in json.loads(proc.stdout)}
-    for name in listed:
+    assert "scaffold-trace: loaded extra plugin 'scaffold_core.testing.plugin'" in lines
+    for name in listed - {"scaffold_core.testing.plugin"}:
         assert any(line.startswith(f"scaffold-trace: loaded plugin {name!r}") for line in lines), name
