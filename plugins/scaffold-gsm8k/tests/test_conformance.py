@@ -6,12 +6,8 @@ import importlib.util
 
 import pytest
 
-# Runs once the plugin's task module exists (this file was written against the gsm8k branch before it
-# landed on main; drop the guard after the merge).
-pytest.importorskip("scaffold_gsm8k.task", reason="scaffold-gsm8k's task is not in this checkout yet")
-
-import scaffold_gsm8k  # noqa: E402
-from scaffold_core.testing.conformance import TaskConformance, VerifierConformance  # noqa: E402
+import scaffold_gsm8k
+from scaffold_core.testing.conformance import TaskConformance, VerifierConformance
 
 
 class TestGSM8KTaskConformance(TaskConformance):

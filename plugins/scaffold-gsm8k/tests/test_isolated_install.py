@@ -49,7 +49,9 @@ def _copy_sources(dest: Path) -> tuple[Path, Path]:
 
 @pytest.fixture
 def fresh_env(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "SCAFFOLD_"))}
+    # A clean environment, except the test-session marker (the leak guard finds stray processes by it).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "SCAFFOLD_")) or k == "SCAFFOLD_TEST_SESSION"}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"),
                SCAFFOLD_CACHE_DIR=str(tmp_path / "scaffold-cache"))
     venv = tmp_path / "venv"
