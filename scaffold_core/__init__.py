@@ -24,6 +24,7 @@ _LAZY = {
     "Sample": "episode",
     "GenerationTask": "generation",
     "VerificationTask": "generation",
+    "AwaitTask": "generation",
     "GenerationRequest": "generation",
     "GenerationResult": "generation",
     "SamplingParams": "sampling",

@@ -8,12 +8,15 @@ results written into the task objects:
   token ids, logprobs, finish reason and text out).
 * :class:`VerificationTask` goes to the verifier (response and reference in;
   a :class:`~scaffold_core.verifier.Verdict` out), off the event loop.
+* :class:`AwaitTask` awaits a coroutine the controller needs on the runtime's
+  event loop (an environment's reply from a second engine, a tool call),
+  bounded by its own timeout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .sampling import SamplingParams
 
@@ -121,3 +124,24 @@ class VerificationTask:
     response: str
     reference: str | None
     verdict: Verdict | None = None
+
+
+@dataclass(slots=True, eq=False)
+class AwaitTask:
+    """Await ``make()`` on the runtime's event loop; its value lands in ``result``.
+
+    For work a controller (or a multi-turn environment) needs that is neither
+    a generation on the run's engine nor a verification: a reply from a second
+    engine, a tool call over HTTP. ``make`` is called once, when the task runs,
+    and must return an awaitable. The await is bounded by ``timeout`` seconds.
+    An error (or the timeout) is raised at the controller's ``yield``; uncaught,
+    it fails the episode with ``component`` as the failing part and ``what``
+    naming the call. :class:`~scaffold_core.errors.EpisodeError` subclasses
+    (e.g. an ``EngineError``, which is retryable) pass through unchanged.
+    """
+
+    make: Callable[[], Awaitable[Any]]
+    timeout: float
+    component: str = "controller"
+    what: str = "awaited call"
+    result: Any = None

@@ -271,6 +271,46 @@ def write_derived(directory: Path, records: dict[str, dict[str, Any]], *, save_d
     return {"samples": n_samples, "failed": n_failed, "trajectories": n_traj}
 
 
+def extra_features(rows: list[dict[str, Any]], known: Any) -> dict[str, Any]:
+    """Dataset columns for keys a trajectory maker adds beyond the standard ones (e.g. a multi-turn
+    maker's ``turn_rewards``): numbers, strings, booleans and lists of numbers are kept; other
+    values stay in ``episodes.jsonl`` only."""
+    import datasets
+
+    def kind(value: Any) -> str | None:
+        if isinstance(value, bool):
+            return "bool"
+        if isinstance(value, int):
+            return "int64"
+        if isinstance(value, float):
+            return "float32"
+        if isinstance(value, str):
+            return "string"
+        return None
+
+    seen: dict[str, set[str]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key in known or value is None:
+                continue
+            if isinstance(value, (list, tuple)):
+                kinds = {kind(v) for v in value} or {"int64"}
+                seen.setdefault(key, set()).update("list:" + k if k in ("int64", "float32") else "other"
+                                                   for k in kinds)
+            else:
+                seen.setdefault(key, set()).add(kind(value) or "other")
+    out: dict[str, Any] = {}
+    for key, kinds in seen.items():
+        if "other" in kinds:
+            continue
+        if all(k.startswith("list:") for k in kinds):
+            dtype = "float32" if "list:float32" in kinds else "int64"
+            out[key] = datasets.Sequence(datasets.Value(dtype))
+        elif len(kinds) == 1 or kinds == {"int64", "float32"}:
+            out[key] = datasets.Value("float32" if "float32" in kinds else next(iter(kinds)))
+    return out
+
+
 def save_trajectories(directory: Path, ordered: list[dict[str, Any]]) -> None:
     """Save the training sequences with ``datasets`` (load with ``datasets.load_from_disk``)."""
     import datasets
@@ -289,6 +329,7 @@ def save_trajectories(directory: Path, ordered: list[dict[str, Any]]) -> None:
         "prompt_len": datasets.Value("int32"),
         "finish_reason": datasets.Value("string"),
     })
+    features.update(extra_features(rows, features))
     columns = {name: [row.get(name) for row in rows] for name in features}
     dataset = datasets.Dataset.from_dict(columns, features=features)
     target = directory / "trajectories"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .config import Config
+from .controller import close_controller, start_controller
 from .episode import EpisodeContext, EpisodeResult
 from .hooks import Hooks
 from .metrics import RunMetrics
@@ -132,6 +133,7 @@ class Rollout:
                             name=cfg.verifier.name)
         self.hooks.run_start(cfg, str(self.dir))
         bar = None
+        controller_started = False
         try:
             attach = getattr(comps.engine, "attach_run", None)
             if attach is not None:
@@ -146,6 +148,8 @@ class Rollout:
                 attach(RunInfo(output_dir=self.dir, rank=self.rank, world_size=self.world_size,
                                local_rank=self.local_rank, port_range=port_range))
             await comps.engine.start()
+            controller_started = True  # a start that fails half-way is still closed
+            await start_controller(comps.controller)
             rows = self._rows()
             todo = sum(1 for _, row in rows if str(row.get("id", _)) not in done)
             self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
@@ -179,7 +183,11 @@ class Rollout:
                 bar.close()
             self.output.close()
             pool.close()
-            await comps.engine.close()
+            try:
+                if controller_started:
+                    await close_controller(comps.controller)
+            finally:
+                await comps.engine.close()
         return self._summary()
 
     def _pre_failed(self, items: Iterator[Any], on_result: Any) -> Iterator[EpisodeContext]:

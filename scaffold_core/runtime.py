@@ -24,7 +24,7 @@ from typing import Any, AsyncIterable, Callable, Iterable
 from .controller import Controller, Parallel
 from .episode import EpisodeContext, EpisodeResult, Outcome, Sample
 from .errors import EngineError, EpisodeError, VerifierError
-from .generation import GenerationRequest, GenerationTask, VerificationTask
+from .generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
 from .hooks import Hooks
 from .verifier import VerifierPool
 
@@ -271,18 +271,34 @@ class Runtime:
     async def _run_tasks(self, tasks: list[Any], ctx: EpisodeContext) -> None:
         generations = []
         verifications = []
+        awaits = []
         for task in tasks:
             if isinstance(task, GenerationTask):
                 generations.append(task)
             elif isinstance(task, VerificationTask):
                 verifications.append(task)
+            elif isinstance(task, AwaitTask):
+                awaits.append(task)
             else:
-                raise ControllerError(f"cannot run a {type(task).__name__}: yield GenerationTask or VerificationTask")
+                raise ControllerError(
+                    f"cannot run a {type(task).__name__}: yield GenerationTask, VerificationTask or AwaitTask")
         coros = [self._generate(t, ctx) for t in generations]
         if verifications:
             coros.append(self._verify(verifications))
+        coros += [self._await(t) for t in awaits]
         if coros:
             await gather_or_cancel(coros)
+
+    async def _await(self, task: AwaitTask) -> None:
+        try:
+            task.result = await bounded(task.make(), task.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise EpisodeError(f"{task.what} did not finish within {task.timeout:g} s",
+                               component=task.component) from None
+        except (EpisodeError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise EpisodeError(f"{task.what} raised {type(exc).__name__}: {exc}", component=task.component) from exc
 
     async def _verify(self, tasks: list[VerificationTask]) -> None:
         if self.verifier is None:

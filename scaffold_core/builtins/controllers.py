@@ -6,7 +6,7 @@ import copy
 from collections import Counter
 from typing import Any
 
-from ..controller import Controller
+from ..controller import Controller, close_controller, start_controller
 from ..episode import EpisodeContext, Outcome
 from ..generation import VerificationTask
 from ..hookimpl import hookimpl
@@ -61,6 +61,12 @@ class _SampleThenVerify(Controller):
         twin = copy.copy(self)
         twin.generator = self.generator.clone()
         return twin
+
+    async def start(self) -> None:
+        await start_controller(self.generator)
+
+    async def close(self) -> None:
+        await close_controller(self.generator)
 
     def _sample_and_verify(self, ctx: EpisodeContext):
         outcomes = yield self.parallel(self.generator, [ctx.branch(i) for i in range(self.samples)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Iterable
 
+from ..controller import close_controller, start_controller
 from ..episode import EpisodeContext, EpisodeResult
 from ..plugins import PluginSet
 from ..runtime import Runtime
@@ -73,15 +74,22 @@ def run_episodes(contexts: list[EpisodeContext], *, engine: Any, controller: Any
         results: list[EpisodeResult] = []
         if live is None:
             await raw_engine.start()
+        controller_started = False
         try:
+            controller_started = True  # a start that fails half-way is still closed
+            await start_controller(controller)
             runtime = Runtime(engine=raw_engine, controller=controller, verifier=pool,
                               trajectory_maker=trajectory_maker, **runtime_options)
             await asyncio.wait_for(runtime.run(contexts, results.append), timeout)
         finally:
             if pool is not None:
                 pool.close()
-            if live is None:
-                await raw_engine.close()
+            try:
+                if controller_started:
+                    await close_controller(controller)
+            finally:
+                if live is None:
+                    await raw_engine.close()
         order = {c.episode_id: i for i, c in enumerate(contexts)}
         return sorted(results, key=lambda r: order.get(r.episode_id, 0))
 
