@@ -1,3 +1,47 @@
-"""scaffold-multiturn: Multi-turn chat rollouts with token-faithful trajectories for scaffold."""
+"""scaffold-multiturn: multi-turn chat rollouts with token-faithful trajectories for scaffold.
+
+Components (hookimpls only; the logic lives in sibling modules):
+
+* controller ``multiturn_chat`` (:class:`scaffold_multiturn.controller.MultiTurnChatController`)
+* environments ``verifier_feedback`` (:mod:`scaffold_multiturn.feedback`) and
+  ``simulated_user`` (:mod:`scaffold_multiturn.simulated_user`); the protocol
+  third parties implement is in :mod:`scaffold_multiturn.environment`
+* trajectory maker ``multiturn`` (:class:`scaffold_multiturn.trajectory.MultiTurnTrajectoryMaker`)
+* task ``multiturn_gsm8k`` (:class:`scaffold_multiturn.task.MultiTurnGSM8KTask`)
+"""
+
+from __future__ import annotations
+
+from scaffold_core import hookimpl
 
 __version__ = "0.1.0"
+
+
+@hookimpl
+def register_controllers(registry):
+    from .controller import MultiTurnChatController
+
+    registry.add("multiturn_chat", MultiTurnChatController)
+
+
+@hookimpl
+def register_environments(registry):
+    from .feedback import VerifierFeedbackEnvironment
+    from .simulated_user import SimulatedUserEnvironment
+
+    registry.add("verifier_feedback", VerifierFeedbackEnvironment)
+    registry.add("simulated_user", SimulatedUserEnvironment)
+
+
+@hookimpl
+def register_trajectory_makers(registry):
+    from .trajectory import MultiTurnTrajectoryMaker
+
+    registry.add("multiturn", MultiTurnTrajectoryMaker)
+
+
+@hookimpl
+def register_tasks(registry):
+    from .task import MultiTurnGSM8KTask
+
+    registry.add("multiturn_gsm8k", MultiTurnGSM8KTask)

@@ -1,0 +1,200 @@
+"""The ``multiturn_chat`` controller: the model speaks, the environment answers, until done or ``max_turns``."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from scaffold_core.controller import Controller
+from scaffold_core.episode import EpisodeContext, Outcome, Sample
+from scaffold_core.errors import ConfigError, EpisodeError, PluginLoadError, UnknownComponentError
+from scaffold_core.generation import VerificationTask
+from scaffold_core.verifier import Verdict
+
+from .conversation import Conversation, DriftReport
+from .environment import EnvStep, run_step
+
+
+def build_environment(spec: Any) -> tuple[Any, str]:
+    """(environment, name) from a registered name, a ``{name: ..., options...}`` mapping, or an object."""
+    if spec is None:
+        from scaffold_core.registry import current_registry
+
+        names = ", ".join(current_registry().names("environment")) or "(none installed)"
+        raise ValueError(f"multiturn_chat needs an environment: set controller.environment to one of: {names} "
+                         "(e.g. environment: {name: verifier_feedback})")
+    if hasattr(spec, "step") and not isinstance(spec, (str, dict)):
+        return spec, type(spec).__name__
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"environment must be a registered name or {{name: ..., options...}}, got {spec!r}")
+    from scaffold_core.registry import current_registry
+
+    options = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        env = current_registry().create("environment", spec["name"], options, path="controller.environment")
+    except (UnknownComponentError, PluginLoadError) as exc:
+        raise ConfigError(str(exc)) from exc
+    if not callable(getattr(env, "step", None)):
+        raise ValueError(f"environment {spec['name']!r} built a {type(env).__name__}, which has no step() method")
+    return env, spec["name"]
+
+
+def discounted(reward: float, turns: int, turn_discount: float) -> float:
+    """The episode's reward: the final verdict's reward times ``turn_discount ** (turns - 1)``."""
+    return float(reward) * turn_discount ** max(0, turns - 1)
+
+
+class MultiTurnChatController(Controller):
+    """A conversation loop: the model speaks, the environment answers, until it says done or ``max_turns``.
+
+    Options:
+
+    * ``environment``: a registered environment name, or ``{name: ...,
+      options...}`` (required; tasks such as ``multiturn_gsm8k`` set one).
+    * ``max_turns`` (3): model turns at most.
+    * ``turn_discount`` (1.0): the episode's reward is the final verdict's
+      reward times ``turn_discount ** (turns - 1)``.
+    * ``samples`` (1): independent conversations per prompt, run
+      concurrently (each its own training sequence, e.g. for GRPO).
+    * ``max_total_tokens`` (none): the conversation stops (``context``)
+      rather than grow past this many tokens; each turn's ``max_tokens`` is
+      clamped to the room left.
+    * ``drift_check`` (true): compare the accumulated ids with a fresh render
+      of the whole conversation; reported as ``drift`` metrics.
+    * ``environment_timeout`` (600 s): bound on an async environment step.
+
+    The episode is one :class:`~scaffold_core.Sample` whose ``output_ids``
+    interleave model turns (mask 1) and environment turns (mask 0).
+    """
+
+    def __init__(self, environment: str | dict[str, Any] | None = None, max_turns: int = 3,
+                 turn_discount: float = 1.0, samples: int = 1, max_total_tokens: int | None = None,
+                 drift_check: bool = True, environment_timeout: float = 600.0):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if not 0.0 <= turn_discount <= 1.0:
+            raise ValueError(f"turn_discount must be in [0, 1], got {turn_discount}")
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        if max_total_tokens is not None and max_total_tokens < 2:
+            raise ValueError(f"max_total_tokens must be >= 2 (or null for no limit), got {max_total_tokens}")
+        if environment_timeout <= 0:
+            raise ValueError(f"environment_timeout must be > 0 seconds, got {environment_timeout}")
+        self.environment, self.environment_name = build_environment(
+            copy.deepcopy(environment) if isinstance(environment, dict) else environment)
+        self.max_turns = max_turns
+        self.turn_discount = turn_discount
+        self.samples = samples
+        self.max_total_tokens = max_total_tokens
+        self.drift_check = drift_check
+        self.environment_timeout = environment_timeout
+
+    def clone(self) -> MultiTurnChatController:
+        """A new controller sharing the environment (which keeps no per-conversation state on itself)."""
+        return copy.copy(self)
+
+    async def start(self) -> None:
+        start = getattr(self.environment, "start", None)
+        if start is not None:
+            await start()
+
+    async def close(self) -> None:
+        close = getattr(self.environment, "close", None)
+        if close is not None:
+            await close()
+
+    # -- episodes --------------------------------------------------------
+    def process(self, ctx: EpisodeContext):
+        if self.samples == 1:
+            sample, metrics = yield from self.converse(ctx)
+            return Outcome(samples=[sample], chosen=0, metrics=metrics)
+        single = copy.copy(self)
+        single.samples = 1
+        outcomes = yield self.parallel(single, [ctx.branch(i) for i in range(self.samples)])
+        samples = [s for outcome in outcomes for s in outcome.samples]
+        names = sorted({k for outcome in outcomes for k in outcome.metrics})
+        metrics = {k: sum(o.metrics.get(k, 0.0) for o in outcomes) / len(outcomes) for k in names}
+        return Outcome(samples=samples, metrics=metrics)
+
+    def converse(self, ctx: EpisodeContext):
+        """One conversation; returns (its Sample, its metrics)."""
+        if ctx.messages is None:
+            raise EpisodeError("multiturn_chat needs the task's prompt as chat messages, and this task built its "
+                               "prompt without them (override messages(row) instead of build_prompt)",
+                               component="task")
+        if ctx.tokenizer is None:
+            raise EpisodeError("multiturn_chat needs the engine's tokenizer in the episode context", component="task")
+        conv = Conversation(ctx.tokenizer, ctx.messages, ctx.prompt_ids, ctx.prompt_text)
+        if self.max_total_tokens is not None and len(conv) >= self.max_total_tokens:
+            raise EpisodeError(f"the prompt has {len(conv)} tokens, no fewer than controller.max_total_tokens "
+                               f"({self.max_total_tokens}): raise max_total_tokens or shorten the prompt",
+                               component="task")
+        state = self.environment.reset(ctx)
+        steps: list[EnvStep] = []
+        end = "max_turns"
+        for turn in range(self.max_turns):
+            sampling = ctx.sampling
+            if self.max_total_tokens is not None:
+                sampling = sampling.replace(max_tokens=min(sampling.max_tokens, self.max_total_tokens - len(conv)))
+            task = ctx.generation_task(0, prompt_ids=conv.ids, sampling=sampling, turn=turn)
+            yield [task]
+            model_turn = conv.add_model_turn(task.result)
+            step = yield from run_step(self.environment, self.environment_name, state, model_turn.text,
+                                       timeout=self.environment_timeout)
+            steps.append(step)
+            if step.done:
+                end = "done"
+                break
+            if turn + 1 == self.max_turns:
+                break
+            ids, text = conv.environment_tokens(step.messages or [])
+            if self.max_total_tokens is not None and len(conv) + len(ids) >= self.max_total_tokens:
+                end = "context"
+                break
+            conv.add_environment(step.messages or [], ids, text)
+
+        verdict = steps[-1].verdict
+        if verdict is None:
+            check = VerificationTask(conv.turns[-1].text, ctx.reference)
+            yield [check]
+            verdict = check.verdict
+        turns = len(conv.turns)
+        reward = discounted(verdict.reward, turns, self.turn_discount)
+        reason = verdict.reason + (f"; turn {turns} of {self.max_turns}, x{self.turn_discount ** (turns - 1):g}"
+                                   if turns > 1 and self.turn_discount != 1.0 else "")
+        final = Verdict(reward, verdict.extracted, verdict.key, reason)
+        turn_rewards = [float(s.reward) if s.reward is not None else (s.verdict.reward if s.verdict else 0.0)
+                        for s in steps]
+        if steps[-1].reward is None and steps[-1].verdict is None:
+            turn_rewards[-1] = float(verdict.reward)
+        report = conv.drift() if self.drift_check else None
+        last = conv.turns[-1]
+        metadata: dict[str, Any] = {
+            "turns": [t.to_dict(len(conv.prompt_ids)) for t in conv.turns],
+            "end": end,
+            "messages": conv.messages[len(ctx.messages):],
+            "environment": self.environment_name,
+        }
+        infos = [s.info for s in steps]
+        if any(infos):
+            metadata["environment_info"] = infos
+        if report is not None:
+            metadata["drift"] = report.to_dict()
+        sample = Sample(
+            prompt_ids=list(ctx.prompt_ids), output_ids=conv.output_ids, output_logprobs=conv.output_logprobs,
+            output_mask=conv.output_mask, text=last.text, finish_reason=last.finish_reason,
+            sample_index=ctx.sample_base, weight_version=conv.turns[0].weight_version, verdict=final,
+            turn_rewards=turn_rewards, metadata=metadata,
+        )
+        return sample, self._metrics(turns, end, report)
+
+    def _metrics(self, turns: int, end: str, report: DriftReport | None) -> dict[str, float]:
+        metrics = {"turns": float(turns), "max_turns_reached": float(end == "max_turns")}
+        if report is not None:
+            metrics["drift"] = float(report.drift)
+            metrics["drift_template"] = float(report.kind == "template")
+            metrics["drift_boundary"] = float(report.kind == "boundary")
+            metrics["retokenize_mismatch"] = float(bool(report.noncanonical_turns))
+        return metrics

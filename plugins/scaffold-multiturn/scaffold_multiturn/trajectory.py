@@ -1,0 +1,92 @@
+"""The ``multiturn`` trajectory maker: one training sequence per conversation, with its turns exposed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from scaffold_core.episode import EpisodeResult, Sample
+from scaffold_core.trajectory import TrainingSample, TrajectoryMaker, group_normalized, version_number
+
+
+@dataclass(slots=True)
+class MultiTurnTrainingSample(TrainingSample):
+    """A :class:`~scaffold_core.TrainingSample` plus where each model turn sits and what it earned.
+
+    ``turn_starts``/``turn_ends``: for each model turn, the half-open range
+    of its tokens in ``input_ids``. ``turn_rewards``: each turn's reward
+    (from the environment; see the plugin README). ``reward`` is the
+    episode's (discounted) reward.
+    """
+
+    turn_starts: list[int] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_spans(sample: Sample) -> list[tuple[int, int]]:
+    """(start, end) in ``input_ids`` of each run of model-generated tokens (output mask 1)."""
+    spans = []
+    offset = len(sample.prompt_ids)
+    start = None
+    for i, m in enumerate(sample.output_mask):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((offset + start, offset + i))
+            start = None
+    if start is not None:
+        spans.append((offset + start, offset + len(sample.output_mask)))
+    return spans
+
+
+class MultiTurnTrajectoryMaker(TrajectoryMaker):
+    """One training sequence per conversation: model turns trained, environment turns masked out.
+
+    ``advantage: reward`` (default) uses the episode's reward as the
+    advantage; ``advantage: grpo`` normalises rewards over the episode's
+    conversations (``controller.samples > 1``), like the ``grpo`` maker
+    (``scale: false`` only centres). Each generated token carries the policy
+    version of the turn that sampled it.
+    """
+
+    def __init__(self, advantage: Literal["reward", "grpo"] = "reward", scale: bool = True, eps: float = 1e-6):
+        if advantage not in ("reward", "grpo"):
+            raise ValueError(f"advantage must be 'reward' or 'grpo', got {advantage!r}")
+        if eps <= 0:
+            raise ValueError("eps must be > 0")
+        self.advantage = advantage
+        self.scale = scale
+        self.eps = eps
+
+    def make(self, episode: EpisodeResult) -> list[TrainingSample]:
+        rewards = [s.reward or 0.0 for s in episode.samples]
+        if self.advantage == "grpo":
+            advantages = group_normalized(rewards, scale=self.scale, eps=self.eps)
+        else:
+            advantages = list(rewards)
+        return [self._one(episode, s, r, a) for s, r, a in zip(episode.samples, rewards, advantages)]
+
+    def _one(self, episode: EpisodeResult, sample: Sample, reward: float, advantage: float) -> MultiTurnTrainingSample:
+        base = self.build(episode, sample, reward, advantage)
+        spans = model_spans(sample)
+        turns = (sample.metadata or {}).get("turns")
+        versions = list(base.versions)
+        if isinstance(turns, list) and len(turns) == len(spans):
+            for (start, end), turn in zip(spans, turns):
+                version = version_number(turn.get("weight_version")) if isinstance(turn, dict) else None
+                if version is not None:
+                    versions[start:end] = [version] * (end - start)
+        if sample.turn_rewards is not None and len(sample.turn_rewards) == len(spans):
+            turn_rewards = [float(r) for r in sample.turn_rewards]
+        else:  # no per-turn rewards recorded: the episode's reward on its last turn
+            turn_rewards = [0.0] * len(spans)
+            if spans:
+                turn_rewards[-1] = float(reward)
+        fields = {name: getattr(base, name) for name in TrainingSample.__dataclass_fields__}
+        fields["versions"] = versions
+        return MultiTurnTrainingSample(**fields, turn_starts=[s for s, _ in spans], turn_ends=[e for _, e in spans],
+                                       turn_rewards=turn_rewards).check()

@@ -1,0 +1,63 @@
+"""scaffold-multiturn against scaffold's conformance kit: controller, trajectory maker and task keep their contracts."""
+
+from __future__ import annotations
+
+import scaffold_multiturn
+from mt_helpers import registry
+from scaffold_core.testing.conformance import ControllerConformance, TaskConformance, TrajectoryMakerConformance
+from scaffold_core.testing.conformance.trajectories import example_episodes
+
+
+class _WithGSM8K:
+    """Build components through a registry that also holds scaffold-gsm8k (the task and verifier they use)."""
+
+    def scaffold_registry(self):
+        return registry()
+
+
+class TestMultiTurnChatConformance(_WithGSM8K, ControllerConformance):
+    """Conversations of up to 3 turns with the verifier_feedback environment (wrong answers are retried)."""
+
+    plugin = scaffold_multiturn
+    name = "multiturn_chat"
+    options = {"environment": "verifier_feedback", "max_turns": 3, "turn_discount": 0.5}
+
+
+class TestMultiTurnChatSeveralConversationsConformance(TestMultiTurnChatConformance):
+    options = {"environment": {"name": "verifier_feedback", "wrong_message": "No: {answer} is wrong."},
+               "max_turns": 2, "samples": 3}
+
+
+def multiturn_episode():
+    """A real multi-turn episode (two model turns, an environment turn between) from the controller."""
+    from mt_helpers import controller, run
+    from scaffold_core.testing import ListTask, ScriptedEngine
+
+    def respond(prompt, request):
+        return "5" if prompt.count("<|assistant|>") == 2 else "6"
+
+    rows = [{"id": "mt", "question": "What is 2 + 3?", "answer": "5"}]
+    return run(ListTask(rows), ScriptedEngine(respond), controller(max_turns=3, turn_discount=0.5))[0]
+
+
+class TestMultiTurnTrajectoryMakerConformance(_WithGSM8K, TrajectoryMakerConformance):
+    plugin = scaffold_multiturn
+    name = "multiturn"
+
+    def make_episodes(self):
+        return [*example_episodes(), multiturn_episode()]
+
+
+class TestMultiTurnGRPOTrajectoryMakerConformance(TestMultiTurnTrajectoryMakerConformance):
+    options = {"advantage": "grpo", "scale": False}
+
+
+class TestMultiTurnGSM8KTaskConformance(_WithGSM8K, TaskConformance):
+    """The bundled offline sample: rows load, prompts build, each worked solution passes the gsm8k verifier."""
+
+    plugin = scaffold_multiturn
+    name = "multiturn_gsm8k"
+    options = {"source": "sample", "limit": 20}
+
+    def gold_response(self, row, reference):
+        return row["answer"]
