@@ -125,3 +125,73 @@ def test_score_rescores_saved_samples(plugins, tmp_path, cli):
     bad.write_text('{"response": "1"}\n')
     proc = cli("score", "--verifier", "exact_match", "--input", str(bad))
     assert proc.returncode == 1 and "bad.jsonl:1: each line needs 'response' and 'answer'" in proc.stderr
+
+
+class ClosingController:
+    """A controller outside the class hierarchy with a lifecycle: scaffold run starts and closes it."""
+
+    events: list = []
+
+    def __init__(self, fail_start: bool = False):
+        self.fail_start = fail_start
+
+    def clone(self):
+        return self
+
+    async def start(self):
+        ClosingController.events.append("start")
+        if self.fail_start:
+            raise RuntimeError("could not start the tool server")
+
+    async def close(self):
+        ClosingController.events.append("close")
+
+    def process(self, ctx):
+        from scaffold_core.episode import Outcome, Sample
+
+        task = ctx.generation_task(0)
+        yield [task]
+        sample = Sample.from_task(task)
+        return Outcome(samples=[sample])
+
+
+class TurnsMaker:
+    """A trajectory maker that adds columns of its own to every training sample."""
+
+    def make(self, episode):
+        from dataclasses import asdict
+
+        from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
+
+        out = []
+        for t in SingleTurnTrajectoryMaker().make(episode):
+            row = asdict(t)
+            extra = {"turn_rewards": [0.0, t.reward], "turn_ends": [3, len(t.input_ids)], "note": "x",
+                     "blob": {"not": "a column"}}
+            out.append(type("Row", (), {"to_dict": lambda self, r={**row, **extra}: r})())
+        return out
+
+
+class LifecyclePlugin:
+    @hookimpl
+    def register_controllers(self, registry):
+        registry.add("closing", ClosingController)
+
+    @hookimpl
+    def register_trajectory_makers(self, registry):
+        registry.add("turns", TurnsMaker)
+
+
+def test_run_starts_and_closes_the_controller_and_keeps_extra_trajectory_columns(tmp_path):
+    plugins = plugin_set(numbers=Plugin(), lifecycle=LifecyclePlugin())
+    ClosingController.events = []
+    metrics, out = run(plugins, tmp_path, BASE + "controller: {name: closing}\ntrajectory: {name: turns}\n")
+    assert metrics["completed"] == 6
+    assert ClosingController.events == ["start", "close"]
+    ds = datasets.load_from_disk(str(out / "trajectories"))
+    assert ds[0]["turn_rewards"] == [0.0, 1.0] and ds[0]["turn_ends"][0] == 3 and ds[0]["note"] == "x"
+    assert "blob" not in ds.column_names  # not a column type: kept in episodes.jsonl only
+    ClosingController.events = []
+    with pytest.raises(RuntimeError, match="could not start the tool server"):
+        run(plugins, tmp_path, BASE + "controller: {name: closing, fail_start: true}\n", out="failed")
+    assert ClosingController.events == ["start", "close"]  # a failed start is still closed

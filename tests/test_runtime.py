@@ -389,3 +389,91 @@ def test_concurrency_is_bounded():
     results = run_episodes(make_contexts(ListTask(rows(200)), engine.tokenizer), engine=engine,
                            controller=NativeController(), verifier=ExactMatchVerifier(), concurrency=16)
     assert len(results) == 200 and peak <= 16
+
+
+class AwaitingController(Controller):
+    """Awaits a coroutine between two generations (what a multi-turn environment backed by a second engine does)."""
+
+    def __init__(self, make, timeout=1.0, catch=False):
+        self.make, self.timeout, self.catch = make, timeout, catch
+
+    def process(self, ctx):
+        from scaffold_core.errors import EpisodeError
+        from scaffold_core.generation import AwaitTask
+
+        first = ctx.generation_task(0)
+        call = AwaitTask(lambda: self.make(ctx), timeout=self.timeout, component="environment", what="the tool")
+        try:
+            yield [first, call]
+        except EpisodeError as exc:
+            if not self.catch:
+                raise
+            return Outcome(samples=[], metrics={"caught": float("the tool raised ValueError: tool down" in str(exc))})
+        return Outcome(samples=[first], metrics={"awaited": float(call.result)})
+
+
+def test_await_tasks_run_on_the_loop_alongside_generations():
+    async def tool(ctx):
+        await asyncio.sleep(0.01)
+        return int(ctx.episode_id[2:]) * 2
+
+    engine = ScriptedEngine(echo_answer)
+    results = run_episodes(make_contexts(ListTask(rows(20)), engine.tokenizer), engine=engine,
+                           controller=AwaitingController(tool), verifier=ExactMatchVerifier(), concurrency=20)
+    assert [r.metrics["awaited"] for r in results] == [2.0 * i for i in range(20)]
+    assert all(r.ok and r.samples[0].reward == 1.0 for r in results)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda ctx: asyncio.Event().wait(), "the tool did not finish within 0.05 s"),
+    (lambda ctx: asyncio.sleep(0, result=1 / 0), None),  # raises while building the awaitable
+])
+def test_a_failing_or_hanging_await_task_fails_the_episode_with_its_component(make, match):
+    engine = ScriptedEngine(echo_answer)
+    started = time.perf_counter()
+    result = run_episodes(make_contexts(ListTask(rows(1)), engine.tokenizer), engine=engine,
+                          controller=AwaitingController(make, timeout=0.05), verifier=ExactMatchVerifier())[0]
+    assert time.perf_counter() - started < 10
+    assert result.status == "failed" and result.error_component == "environment"
+    assert match is None or match in result.error
+
+
+def test_an_await_task_error_is_thrown_into_the_controller():
+    async def broken(ctx):
+        raise ValueError("tool down")
+
+    engine = ScriptedEngine(echo_answer)
+    result = run_episodes(make_contexts(ListTask(rows(1)), engine.tokenizer), engine=engine,
+                          controller=AwaitingController(broken, catch=True), verifier=ExactMatchVerifier())[0]
+    assert result.ok and result.metrics["caught"] == 1.0
+
+
+class LifecycleController(NativeController):
+    """Records start/close calls and the event loop they ran on."""
+
+    calls: list = []
+
+    async def start(self):
+        LifecycleController.calls.append(("start", id(asyncio.get_running_loop())))
+
+    async def close(self):
+        LifecycleController.calls.append(("close", id(asyncio.get_running_loop())))
+
+
+def test_run_episodes_starts_and_closes_the_controller_once_on_the_runs_loop():
+    LifecycleController.calls = []
+    engine = ScriptedEngine(echo_answer)
+    results = run_episodes(make_contexts(ListTask(rows(5)), engine.tokenizer), engine=engine,
+                           controller=LifecycleController(), verifier=ExactMatchVerifier())
+    assert all(r.ok for r in results)
+    assert [c[0] for c in LifecycleController.calls] == ["start", "close"]
+    assert LifecycleController.calls[0][1] == LifecycleController.calls[1][1]
+
+
+def test_majority_vote_passes_start_and_close_to_its_generator():
+    LifecycleController.calls = []
+    engine = ScriptedEngine(echo_answer)
+    run_episodes(make_contexts(ListTask(rows(2)), engine.tokenizer), engine=engine,
+                 controller=MajorityVoteController(samples=2, generator=LifecycleController()),
+                 verifier=ExactMatchVerifier())
+    assert [c[0] for c in LifecycleController.calls] == ["start", "close"]
