@@ -53,7 +53,8 @@ class MultiTurnChatController(Controller):
 
     * ``environment``: a registered environment name, or ``{name: ...,
       options...}`` (required; tasks such as ``multiturn_gsm8k`` set one).
-    * ``max_turns`` (3): model turns at most.
+    * ``max_turns`` (3): model turns at most. The environment answers every
+      turn but the last allowed one, which only the verifier scores.
     * ``turn_discount`` (1.0): the episode's reward is the final verdict's
       reward times ``turn_discount ** (turns - 1)``.
     * ``samples`` (1): independent conversations per prompt, run
@@ -141,13 +142,13 @@ class MultiTurnChatController(Controller):
             task = ctx.generation_task(0, prompt_ids=conv.ids, sampling=sampling, turn=turn)
             yield [task]
             model_turn = conv.add_model_turn(task.result)
+            if turn + 1 == self.max_turns:
+                break  # the last turn allowed: the verifier scores it; the environment is not asked to reply
             step = yield from run_step(self.environment, self.environment_name, state, model_turn.text,
                                        timeout=self.environment_timeout)
             steps.append(step)
             if step.done:
                 end = "done"
-                break
-            if turn + 1 == self.max_turns:
                 break
             ids, text = conv.environment_tokens(step.messages or [])
             if self.max_total_tokens is not None and len(conv) + len(ids) >= self.max_total_tokens:
@@ -155,7 +156,8 @@ class MultiTurnChatController(Controller):
                 break
             conv.add_environment(step.messages or [], ids, text)
 
-        verdict = steps[-1].verdict
+        scored = len(steps) == len(conv.turns)  # the environment answered the last turn
+        verdict = steps[-1].verdict if scored else None
         if verdict is None:
             check = VerificationTask(conv.turns[-1].text, ctx.reference)
             yield [check]
@@ -167,7 +169,9 @@ class MultiTurnChatController(Controller):
         final = Verdict(reward, verdict.extracted, verdict.key, reason)
         turn_rewards = [float(s.reward) if s.reward is not None else (s.verdict.reward if s.verdict else 0.0)
                         for s in steps]
-        if steps[-1].reward is None and steps[-1].verdict is None:
+        if not scored:
+            turn_rewards.append(float(verdict.reward))
+        elif steps[-1].reward is None and steps[-1].verdict is None:
             turn_rewards[-1] = float(verdict.reward)
         report = conv.drift() if self.drift_check else None
         last = conv.turns[-1]

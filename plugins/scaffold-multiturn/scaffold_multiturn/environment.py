@@ -11,7 +11,9 @@ answers each assistant turn:
   per-conversation data lives in the state, never on the environment
   object**, which every concurrent episode shares.
 * ``step(state, response) -> EnvStep``: ``response`` is the assistant turn's
-  text (special tokens removed). Return an :class:`EnvStep`: the messages to
+  text (special tokens removed). It is called after every assistant turn
+  except the last one ``max_turns`` allows (that one only the verifier
+  scores). Return an :class:`EnvStep`: the messages to
   append (usually one ``user`` message), or ``done``. ``step`` may instead be
   a **generator** that yields lists of runtime tasks (``VerificationTask`` to
   score the response with the run's verifier, ``AwaitTask`` to await a

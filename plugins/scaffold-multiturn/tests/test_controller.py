@@ -43,8 +43,9 @@ def test_retries_until_right_and_discounts_the_reward_per_turn():
         expected = 0.5 ** (turns - 1) if right_on <= 3 else 0.0
         assert sample.reward == pytest.approx(expected)
         assert sample.turn_rewards == [0.0] * (turns - 1) + [1.0 if right_on <= 3 else 0.0]
-        assert sample.metadata["end"] == ("done" if right_on <= 3 else "max_turns")
-        assert result.metrics["max_turns_reached"] == float(right_on > 3)
+        # the third turn is the last allowed: the verifier scores it, the environment is not asked
+        assert sample.metadata["end"] == ("done" if right_on < 3 else "max_turns")
+        assert result.metrics["max_turns_reached"] == float(right_on >= 3)
         assert result.trajectories[0].reward == pytest.approx(expected)
         assert result.trajectories[0].turn_rewards == sample.turn_rewards
         assert result.metrics["drift"] == 0.0
@@ -227,7 +228,7 @@ def test_500_concurrent_episodes_with_random_delays_share_no_state():
     rows = [{"id": f"e{i}", "question": f"Episode tag={i}.", "answer": "x", "tag": i, "stop_at": rng.randint(1, 4)}
             for i in range(n)]
     engine = ScriptedEngine(respond, delay=(0.0, 0.01), seed=11)
-    ctrl = MultiTurnChatController(environment=TagEnv(), max_turns=4)  # an environment object, from Python
+    ctrl = MultiTurnChatController(environment=TagEnv(), max_turns=5)  # an environment object, from Python
     results = run(ListTask(rows), engine, ctrl, concurrency=n, timeout=300)
     tok = ByteTokenizer()
     assert len(results) == n
