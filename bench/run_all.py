@@ -18,6 +18,7 @@ SCRIPTS = [
     ("batching efficiency (issue 3)", "batching_efficiency.py", []),
     ("GSM8K verifier (issue 4)", "gsm8k_verifier.py", []),
     ("SGLang client (issue 5)", "sglang_client.py", []),
+    ("multi-turn drift and speed (issue 6)", "multiturn_drift.py", []),
     ("multi-worker speed-up (issue 7)", "multiworker.py", []),
 ]
 

@@ -42,7 +42,8 @@ class SimulatedUserEnvironment(Environment):
         spec = dict(engine or {"name": "transformers"})
         name = spec.pop("name", None)
         if not isinstance(name, str):
-            raise ValueError(f"engine must be an engine section with a name, e.g. {{name: transformers}}; got {engine!r}")
+            raise ValueError(f"engine must be an engine section with a name, e.g. {{name: transformers}}; "
+                             f"got {engine!r}")
         if start_timeout <= 0 or request_timeout <= 0:
             raise ValueError("start_timeout and request_timeout must be > 0 seconds")
         if done_phrase is not None and not done_phrase.strip():

@@ -51,7 +51,10 @@ class TokenizerScriptedEngine(ScriptedEngine):
 
 
 class IdsEngine(Engine):
-    """Answers with raw token ids: ``respond(prompt_ids, request) -> (ids, finish_reason)``; records results."""
+    """Answers with raw token ids: ``respond(prompt_ids, request) -> (ids, finish_reason)``; records results.
+
+    Each result's policy ``weight_version`` is the number of requests served before it (as if the weights
+    were updated between turns)."""
 
     def __init__(self, respond: Callable[..., tuple[list[int], str]], tokenizer: Any = None):
         self.tokenizer = tokenizer or ByteTokenizer()
@@ -61,7 +64,8 @@ class IdsEngine(Engine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         ids, finish = self.respond(request.prompt_ids, request)
         logprobs = [-0.5 - 0.001 * (i % 97) for i in range(len(ids))]
-        result = GenerationResult(list(ids), logprobs, finish, self.tokenizer.decode(ids, skip_special_tokens=True), 7)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        result = GenerationResult(list(ids), logprobs, finish, text, len(self.results))
         self.results.append((request, result))
         return result
 

@@ -72,6 +72,32 @@ def test_environment_turns_are_masked_and_the_model_turns_are_exactly_what_was_s
     assert all(traj.logprobs[i] < 0 for i in trained)
 
 
+def test_each_turn_keeps_its_results_logprobs_and_policy_version_and_a_cut_turn_is_closed():
+    tok = ByteTokenizer()
+
+    def respond(prompt_ids, request):
+        turn = tok.decode(prompt_ids).count("<|assistant|>")
+        if turn == 1:
+            return tok.encode("It is 6 becau"), "length"  # cut: no end-of-turn token
+        return tok.encode("5") + [tok.eos_token_id], "stop"
+
+    engine = IdsEngine(respond)
+    result = run(ListTask([{"id": "a", "question": "What is 2 + 3?", "answer": "5"}]), engine,
+                 controller(max_turns=3))[0]
+    assert result.ok and result.samples[0].reward == 1.0
+    traj = result.trajectories[0]
+    (first_req, first), (second_req, second) = engine.results
+    assert second_req.prompt_ids == traj.input_ids[:traj.turn_starts[1]]
+    for (start, end), res in zip(zip(traj.turn_starts, traj.turn_ends), (first, second)):
+        assert traj.input_ids[start:end] == res.output_ids
+        assert traj.logprobs[start:end] == res.logprobs
+        assert traj.versions[start:end] == [res.weight_version] * (end - start)
+    assert (first.weight_version, second.weight_version) == (0, 1)
+    assert traj.input_ids[traj.turn_ends[0]] == tok.eos_token_id  # the cut turn closed by the environment turn
+    assert traj.loss_mask[traj.turn_ends[0]] == 0
+    assert result.samples[0].metadata["drift"]["kind"] is None
+
+
 def test_samples_gives_independent_conversations_with_their_own_indices_and_seeds():
     engine = ScriptedEngine(right_on_turn(lambda i: 2))
     result = run(ListTask(ROWS[:2]), engine, controller(samples=3, max_turns=2))[0]
