@@ -33,7 +33,13 @@ def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_gener
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(f"tokenizer {type(tokenizer).__name__} has no chat template: multi-turn chat needs one "
                             "(use an instruct/chat model)")
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    try:
+        return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except Exception as exc:
+        roles = ", ".join(str(m.get("role")) for m in messages)
+        raise TemplateError(f"the chat template could not render the conversation (roles: {roles}): "
+                            f"{type(exc).__name__}: {exc}") from exc
 
 
 def decode_keep_special(tokenizer: Any, ids: Sequence[int]) -> str:
