@@ -65,6 +65,15 @@ class SGLangClient:
     def urls(self) -> list[str]:
         return [s.url for s in self.pool.servers]
 
+    def set_urls(self, urls: list[str]) -> None:
+        """Replace the servers (e.g. a launched server restarted on another port before it was ready)."""
+        self.pool = ServerPool(urls, sticky=self.pool.sticky)
+        if self._session is not None:
+            import yarl
+
+            for server in self.pool.servers:
+                server.generate_url = yarl.URL(server.url + "/generate")
+
     # -- lifecycle ------------------------------------------------------------
     async def open(self) -> None:
         """Create the pooled session on the running loop (imports aiohttp here, not at import time)."""

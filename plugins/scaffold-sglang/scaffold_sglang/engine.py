@@ -139,6 +139,7 @@ class SGLangEngine(Engine):
                 client = self._client_for([s.url for s in servers], api_key)
                 await client.open()
                 await self._launcher.wait_ready(self._probe(client), self.setup_timeout)
+                client.set_urls([s.url for s in servers])  # a server may have moved to another port
             else:
                 client = self._client_for(self.urls, api_key)
                 await client.open()

@@ -349,51 +349,69 @@ class Launcher:
                     server.port)
 
     async def wait_ready(self, probe: Callable[[str, str, float], Awaitable[str | None]], timeout: float) -> None:
-        """Poll every server's health endpoint until all answer 200; raise LaunchError with the log tail."""
+        """Poll every server's health endpoint until all answer 200; raise LaunchError with the log tail.
+
+        Probes run concurrently with watching the processes, so a server that
+        exits is reported at once, whatever its probe is doing.
+        """
         path = self.options.health_path
         started = time.monotonic()
         deadline = started + timeout
         pending = list(self.servers)
-        delay, next_note = 0.1, started + 30.0
-        while True:
-            for server in list(pending):
-                code = server.exit_code()
-                if code is None:
-                    continue
-                tail = server.log_tail()
-                if server.launches < 3 and any(e in tail.lower() for e in BIND_ERRORS):
-                    self._relaunch(server)
-                    continue
-                raise LaunchError(
-                    f"sglang server {server.index} ({server.url}) exited with code {code} before it was ready. "
-                    f"Command: {server.display}\nLast lines of {server.log_path}:\n{tail}")
-            remaining = deadline - time.monotonic()
-            if pending:
-                probe_timeout = max(0.1, min(30.0, remaining))
-                answers = await asyncio.gather(*(probe(s.url, path, probe_timeout) for s in pending))
-                for server, why in zip(list(pending), answers):
+        probes: dict[ServerProcess, asyncio.Future] = {}
+        next_probe = {s: started for s in pending}
+        interval = {s: 0.1 for s in pending}
+        next_note = started + 30.0
+        try:
+            while True:
+                now = time.monotonic()
+                for server in list(pending):
+                    code = server.exit_code()
+                    if code is None:
+                        continue
+                    if server in probes:
+                        probes.pop(server).cancel()
+                    tail = server.log_tail()
+                    if server.launches < 3 and any(e in tail.lower() for e in BIND_ERRORS):
+                        self._relaunch(server)
+                        continue
+                    raise LaunchError(
+                        f"sglang server {server.index} ({server.url}) exited with code {code} before it was "
+                        f"ready. Command: {server.display}\nLast lines of {server.log_path}:\n{tail}")
+                for server, task in list(probes.items()):
+                    if not task.done():
+                        continue
+                    del probes[server]
+                    why = task.result()
                     if why is None and server.exit_code() is None:
                         pending.remove(server)
                         log.info("sglang server %d at %s is ready (%.1f s)", server.index, server.url,
-                                 time.monotonic() - started)
+                                 now - started)
                     elif why is not None:
                         server.last_probe = why
-            if not pending:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                server = pending[0]
-                raise LaunchError(
-                    f"{len(pending)} sglang server(s) not ready within setup_timeout={timeout:g} s: "
-                    + ", ".join(f"{s.url} ({s.last_probe})" for s in pending)
-                    + f". Command: {server.display}\nLast lines of {server.log_path}:\n{server.log_tail()}")
-            if time.monotonic() >= next_note:
-                next_note += 30.0
-                log.warning("still waiting for %d sglang server(s) after %.0f s (setup_timeout %g s): %s",
-                            len(pending), time.monotonic() - started, timeout,
-                            ", ".join(f"{s.url}: {s.last_probe}" for s in pending))
-            await asyncio.sleep(min(delay, max(remaining, 0.0)))
-            delay = min(delay * 1.5, 2.0)
+                        next_probe[server] = now + interval[server]
+                        interval[server] = min(interval[server] * 1.5, 2.0)
+                if not pending:
+                    return
+                if now >= deadline:
+                    first = pending[0]
+                    raise LaunchError(
+                        f"{len(pending)} sglang server(s) not ready within setup_timeout={timeout:g} s: "
+                        + ", ".join(f"{s.url} ({s.last_probe})" for s in pending)
+                        + f". Command: {first.display}\nLast lines of {first.log_path}:\n{first.log_tail()}")
+                for server in pending:
+                    if server not in probes and now >= next_probe[server]:
+                        probe_timeout = max(0.1, min(10.0, deadline - now))
+                        probes[server] = asyncio.ensure_future(probe(server.url, path, probe_timeout))
+                if now >= next_note:
+                    next_note += 30.0
+                    log.warning("still waiting for %d sglang server(s) after %.0f s (setup_timeout %g s): %s",
+                                len(pending), now - started, timeout,
+                                ", ".join(f"{s.url}: {s.last_probe}" for s in pending))
+                await asyncio.sleep(max(0.0, min(0.05, deadline - now)))
+        finally:
+            for task in probes.values():
+                task.cancel()
 
     # -- stopping -------------------------------------------------------------
     def stop_now(self, timeout: float | None = None) -> None:

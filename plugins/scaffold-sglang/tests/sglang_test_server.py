@@ -622,6 +622,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-version", default="default")
     p.add_argument("--context-length", type=int, default=8192)
     p.add_argument("--random-seed", type=int, default=0)
+    p.add_argument("--base-gpu-id", type=int, default=0)
     p.add_argument("--skip-server-warmup", action="store_true")
     p.add_argument("--log-level", default="info")
     # Test-only flags.
@@ -656,7 +657,7 @@ def _hold_port(host: str, port: int) -> socket.socket:
 async def serve(args: argparse.Namespace) -> int:
     log = print
     log(f"test server: model {args.model_path}, backend {args.backend}, host {args.host}, port {args.port}, "
-        f"nccl port {args.nccl_port}, tp {args.tp_size}", flush=True)
+        f"nccl port {args.nccl_port}, tp {args.tp_size}, base gpu {args.base_gpu_id}", flush=True)
     held: list[socket.socket] = []
     try:
         if args.nccl_port is not None:
