@@ -95,6 +95,7 @@ class SGLangEngine(Engine):
         self._launcher: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resumed: asyncio.Event | None = None
+        self._final_stats: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------
     def _api_key(self) -> str | None:
@@ -229,6 +230,8 @@ class SGLangEngine(Engine):
         """Close the HTTP session and stop every server this engine launched. Safe to call twice."""
         client, self._client = self._client, None
         launcher, self._launcher = self._launcher, None
+        if client is not None:
+            self._final_stats = self._stats_of(client)  # metrics.json is written after close
         try:
             if client is not None:
                 await client.close()
@@ -249,10 +252,15 @@ class SGLangEngine(Engine):
         return list(self._launcher.servers) if self._launcher is not None else []
 
     def stats(self) -> dict[str, Any]:
+        """Request, retry and error counters, per server too (kept after close for metrics.json)."""
         if self._client is None:
-            return {}
-        out = dict(self._client.stats)
-        out["servers"] = {s.url: {"requests": s.requests, "failures": s.failures} for s in self._client.pool.servers}
+            return dict(self._final_stats)
+        return self._stats_of(self._client)
+
+    @staticmethod
+    def _stats_of(client: Any) -> dict[str, Any]:
+        out = dict(client.stats)
+        out["servers"] = {s.url: {"requests": s.requests, "failures": s.failures} for s in client.pool.servers}
         return out
 
     # -- generation -----------------------------------------------------------

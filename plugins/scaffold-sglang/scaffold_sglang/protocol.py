@@ -122,7 +122,12 @@ class BodyEncoder:
             if len(self._sampling) >= self.cache_size:
                 self._sampling.clear()
             fragment = self._sampling[sp] = encode_json(sampling_params(request, extra=self.extra))
-        return b"".join((b'{"input_ids":', encode_json(request.prompt_ids), b',"rid":', encode_json(rid),
+        ids = request.prompt_ids
+        if not all(type(t) is int for t in ids):  # numpy ints or other: take the general path
+            ids_json = encode_json([int(t) for t in ids])
+        else:
+            ids_json = b"[" + ",".join(map(str, ids)).encode() + b"]"
+        return b"".join((b'{"input_ids":', ids_json, b',"rid":', encode_json(rid),
                          b',"sampling_params":', fragment, b',"return_logprob":true}'))
 
 
@@ -237,6 +242,9 @@ def error_message(status: int, payload: bytes | str) -> str:
     return f"HTTP {status}: {message}"
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_json(data: Any) -> bytes:
     """Compact JSON bytes (what the client sends)."""
-    return json.dumps(data, separators=(",", ":")).encode()
+    return _COMPACT.encode(data).encode()

@@ -54,8 +54,11 @@ def _load_gguf_tokenizer(gguf: Path, *, use_cache: bool = True) -> Any:
     """A tokenizer from a GGUF file, converted once and cached (atomically) under the scaffold cache."""
     transformers = _transformers()
     cache = _gguf_cache_dir(gguf)
-    if use_cache and (cache / "complete").exists():
-        return transformers.AutoTokenizer.from_pretrained(str(cache))
+    if use_cache:
+        # The embedded engine's converted-model cache holds the tokenizer too (same key) when it exists.
+        for done in (cache, cache.parent.parent / "models" / cache.name):
+            if (done / "complete").exists() and (done / "tokenizer_config.json").exists():
+                return transformers.AutoTokenizer.from_pretrained(str(done))
     try:
         import gguf as _gguf  # noqa: F401
     except ImportError as exc:
