@@ -128,7 +128,7 @@ class SGLangClient:
                     server.in_flight -= 1
             except aiohttp.ConnectionTimeoutError:
                 self.stats["connection_errors"] += 1
-                self.pool.mark_down(server, self._backoff(attempt))
+                self.pool.mark_down(server)
                 last = f"connecting to {server.url} took longer than {self.connect_timeout:g} s (connect_timeout)"
             except (asyncio.TimeoutError, TimeoutError):
                 self.stats["timeouts"] += 1
@@ -137,7 +137,7 @@ class SGLangClient:
                     f"{self.request_timeout:g} s (engine.request_timeout)", retryable=True) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 self.stats["connection_errors"] += 1
-                self.pool.mark_down(server, self._backoff(attempt))
+                self.pool.mark_down(server)
                 last = f"{server.url}: {type(exc).__name__}: {exc}"
             else:
                 if status == 200:
@@ -150,7 +150,7 @@ class SGLangClient:
                         self.stats["aborted"] += 1
                     if "null_logprobs" in result.meta:
                         self.stats["null_logprobs"] += result.meta["null_logprobs"]
-                    if server.down_until:
+                    if server.consecutive_failures:
                         self.pool.mark_up(server)
                     result.meta["server"] = server.url
                     result.meta["attempts"] = attempt + 1

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from scaffold_core.net import format_url, is_ipv6
 
 STICKY_LIMIT = 200_000  # episodes remembered; the oldest are forgotten first
+COOL_DOWN_S = (1.0, 30.0)  # a failing server is skipped 1 s, doubling per consecutive failure, at most 30 s
 
 
 def normalize_url(text: str) -> str:
@@ -75,6 +76,7 @@ class Server:
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
+    consecutive_failures: int = 0
     down_until: float = 0.0
     generate_url: object = field(default=None, repr=False)  # a prebuilt yarl.URL, set by the client
 
@@ -111,13 +113,19 @@ class ServerPool:
                 self._episodes.popitem(last=False)
         return best
 
-    def mark_down(self, server: Server, seconds: float) -> None:
-        """Skip ``server`` for ``seconds`` (it refused a connection or dropped one)."""
+    def mark_down(self, server: Server) -> float:
+        """Skip ``server`` for a while (it refused or dropped a connection); returns the cool-down in seconds."""
+        base, most = COOL_DOWN_S
         server.failures += 1
+        seconds = min(most, base * 2 ** server.consecutive_failures)
+        server.consecutive_failures += 1
         server.down_until = max(server.down_until, time.monotonic() + seconds)
+        return seconds
 
     def mark_up(self, server: Server) -> None:
+        """``server`` answered: use it again."""
         server.down_until = 0.0
+        server.consecutive_failures = 0
 
     def episode_server(self, episode_id: str) -> Server | None:
         return self._episodes.get(episode_id)

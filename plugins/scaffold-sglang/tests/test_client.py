@@ -16,7 +16,7 @@ from sglang_testkit import byte_backend, byte_server, free_port, run, ts
 
 def req(i: int | str = 0, *, prompt=None, episode: str | None = None, **sampling) -> GenerationRequest:
     sp = SamplingParams(**{"max_tokens": 16, "temperature": 0.0, **sampling})
-    return GenerationRequest(f"req-{i}", prompt or [40 + (hash(str(i)) % 50), 41, 42], sp,
+    return GenerationRequest(f"req-{i}", prompt or [40 + sum(map(ord, str(i))) % 50, 41, 42], sp,
                              episode_id=episode or f"ep-{i}")
 
 
@@ -87,19 +87,22 @@ def test_stop_token_ids_end_generation_at_the_matched_token():
 
 
 def test_text_is_decoded_locally_when_the_server_sends_none_and_cut_at_stop_strings():
-    server = byte_server()
+    server = byte_server(backend_options={"mean_tokens": 40})
 
     async def main():
         async with ts.running(server) as url:
             async with engine(url) as eng:
-                plain = await eng.generate(req(5, max_tokens=12))
-                text = eng.tokenizer.decode(plain.output_ids, skip_special_tokens=True)
+                for i in range(20):  # a response long enough to hold a stop string in its middle
+                    plain = await eng.generate(req(i, max_tokens=12))
+                    text = eng.tokenizer.decode(plain.output_ids, skip_special_tokens=True)
+                    if len(text) >= 8:
+                        break
                 stop = text[3:5]
-                cut = await eng.generate(req(5, max_tokens=12, stop=(stop,)))
+                cut = await eng.generate(req(i, max_tokens=12, stop=(stop,)))
                 return plain, text, stop, cut
 
     plain, text, stop, cut = run(main())
-    assert plain.text == text
+    assert plain.text == text and len(text) >= 8
     assert cut.text == text[: text.find(stop)] and cut.output_ids == plain.output_ids
 
 

@@ -222,7 +222,7 @@ def test_pool_balances_by_in_flight_and_keeps_episodes_on_one_server():
     assert pool.pick("ep-1") is b
     assert pool.pick("ep-2") is c
     assert pool.pick(None) is c  # no episode: least in flight
-    pool.mark_down(b, 60)
+    assert pool.mark_down(b) == 1.0 and pool.mark_down(b) == 2.0  # doubling cool-down
     moved = pool.pick("ep-1")
     assert moved is c and pool.episode_server("ep-1") is c  # a down server's episodes move, and stay moved
     pool.mark_up(b)
