@@ -50,6 +50,7 @@ class SGLangEngine(Engine):
         send_sampling_seed: bool = False,
         sampling_extra: dict[str, Any] | None = None,
         sticky_episodes: bool = True,
+        gc_threshold: int | None = 50_000,
     ):
         from .protocol import check_extra_sampling
         from .servers import parse_urls
@@ -66,6 +67,8 @@ class SGLangEngine(Engine):
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if retry_backoff < 0:
             raise ValueError(f"retry_backoff must be >= 0 seconds, got {retry_backoff}")
+        if gc_threshold is not None and gc_threshold < 1:
+            raise ValueError(f"gc_threshold must be >= 1 or null, got {gc_threshold}")
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self.urls = parse_urls(url) if url is not None else []
@@ -88,6 +91,8 @@ class SGLangEngine(Engine):
         self.send_sampling_seed = send_sampling_seed
         self.sampling_extra = check_extra_sampling(sampling_extra)
         self.sticky_episodes = sticky_episodes
+        self.gc_threshold = gc_threshold
+        self._gc_held = False
         self.tokenizer: Any = None
         self.model_info: dict[str, Any] = {}
         self.server_info: dict[str, Any] = {}
@@ -165,6 +170,9 @@ class SGLangEngine(Engine):
                 self._launcher = None
             raise
         self._client = client
+        from . import gc_tuning
+
+        self._gc_held = gc_tuning.acquire(self.gc_threshold)
 
     def _launch_tokenizer_name(self) -> str:
         if self.tokenizer_name is not None:
@@ -232,6 +240,11 @@ class SGLangEngine(Engine):
         launcher, self._launcher = self._launcher, None
         if client is not None:
             self._final_stats = self._stats_of(client)  # metrics.json is written after close
+        if self._gc_held:
+            from . import gc_tuning
+
+            gc_tuning.release()
+            self._gc_held = False
         try:
             if client is not None:
                 await client.close()

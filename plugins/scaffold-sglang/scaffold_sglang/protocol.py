@@ -122,11 +122,8 @@ class BodyEncoder:
             if len(self._sampling) >= self.cache_size:
                 self._sampling.clear()
             fragment = self._sampling[sp] = encode_json(sampling_params(request, extra=self.extra))
-        ids = request.prompt_ids
-        if not all(type(t) is int for t in ids):  # numpy ints or other: take the general path
-            ids_json = encode_json([int(t) for t in ids])
-        else:
-            ids_json = b"[" + ",".join(map(str, ids)).encode() + b"]"
+        # Token ids are integers (Python or numpy): their str() is their JSON.
+        ids_json = b"[" + ",".join(map(str, request.prompt_ids)).encode() + b"]"
         return b"".join((b'{"input_ids":', ids_json, b',"rid":', encode_json(rid),
                          b',"sampling_params":', fragment, b',"return_logprob":true}'))
 
