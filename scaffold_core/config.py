@@ -279,9 +279,9 @@ def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = N
         core_keys = CORE_KEYS.get(section, ())
         core = {k: body[k] for k in core_keys if k in body}
         options = {k: v for k, v in body.items() if k != "name" and k not in core_keys}
-        from .options import validate_options
-
-        validate_options(info.factory, options, path=section, label=f"{kind.replace('_', ' ')} {name!r}")
+        # Build once to validate: factories are cheap (nothing loads before an engine starts),
+        # and this catches what a signature cannot (e.g. samples >= 1) before any model loads.
+        registry.create(kind, name, options, path=section)
         components[section] = ComponentConfig(name, options, core)
 
     vcore = components["verifier"].core

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .generation import GenerationTask
-from .sampling import SamplingParams, derive_seed
+from .sampling import SamplingParams, mix_seed
 from .verifier import Verdict
 
 
@@ -138,7 +138,7 @@ class EpisodeContext:
             prompt_ids=self.prompt_ids if prompt_ids is None else prompt_ids,
             sampling=sampling or self.sampling,
             sample_index=sample_index,
-            seed=derive_seed(self.seed, sample_index, n),
+            seed=mix_seed(self.seed, sample_index, n),
             request_id=f"{self.episode_id}/{self.attempt}/{sample_index}/{n}",
             metadata=metadata,
         )

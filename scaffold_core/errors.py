@@ -39,9 +39,14 @@ class EpisodeError(ScaffoldError):
 
 
 class EngineError(EpisodeError):
-    """The inference engine failed to serve a request."""
+    """The inference engine failed to serve a request.
 
-    def __init__(self, message: str, *, retryable: bool = False):
+    ``retryable`` (default True) says whether running the episode again may
+    succeed; errors that would repeat (a prompt longer than the context) set it
+    to False so ``rollout.retries`` is not wasted on them.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True):
         super().__init__(message, component="engine")
         self.retryable = retryable
 

@@ -7,6 +7,7 @@ the package at fault.
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,6 +23,21 @@ KINDS: dict[str, str] = {
     "trajectory_maker": "register_trajectory_makers",
     "environment": "register_environments",
 }
+
+#: The registry whose ``create`` is running: factories that build sub-components (a controller
+#: naming its generator) look names up in it. See :func:`current_registry`.
+_BUILDING: contextvars.ContextVar[Registry | None] = contextvars.ContextVar("scaffold_registry", default=None)
+
+
+def current_registry() -> Registry:
+    """The registry building the current component, else the process-wide one."""
+    registry = _BUILDING.get()
+    if registry is None:
+        from .plugins import get_registry
+
+        registry = get_registry()
+    return registry
+
 
 #: Which distribution adds a well-known component name (for install hints).
 KNOWN_PROVIDERS: dict[str, str] = {
@@ -170,7 +186,13 @@ class Registry:
         return msg
 
     def create(self, kind: str, name: str, options: dict[str, Any] | None = None, *, path: str | None = None) -> Any:
-        return self.get(kind, name, path=path).create(options, path=path or kind)
+        """Validate ``options`` and build the component (raises ConfigError naming ``path``)."""
+        info = self.get(kind, name, path=path)
+        token = _BUILDING.set(self)
+        try:
+            return info.create(options, path=path or kind)
+        finally:
+            _BUILDING.reset(token)
 
 
 def _shell_quote(spec: str) -> str:

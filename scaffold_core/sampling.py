@@ -53,6 +53,20 @@ class SamplingParams:
         return out
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(seed: int, *numbers: int) -> int:
+    """A fast, stable 63-bit seed from a seed and small integers (splitmix64 steps)."""
+    x = seed & _MASK64
+    for n in numbers:
+        x = (x + 0x9E3779B97F4A7C15 * (n + 1)) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x ^= x >> 31
+    return x >> 1
+
+
 def derive_seed(base: int | None, *parts: object) -> int:
     """A stable 63-bit seed from a base seed and identifying parts (episode id, sample index)."""
     import hashlib

@@ -25,7 +25,9 @@ class NativeController(Controller):
         self.samples = _check_samples(samples)
 
     def clone(self) -> NativeController:
-        return copy.copy(self)  # holds no mutable state
+        twin = object.__new__(type(self))  # holds no mutable state: a shallow copy is a full copy
+        twin.__dict__.update(self.__dict__)
+        return twin
 
     def process(self, ctx: EpisodeContext):
         tasks = [ctx.generation_task(i) for i in range(self.samples)]
@@ -38,12 +40,14 @@ def _sub_controller(spec: Any) -> Controller:
         return spec
     if spec is None:
         return NativeController()
-    from ..plugins import get_registry
+    from ..registry import current_registry
 
     if isinstance(spec, str):
         spec = {"name": spec}
-    options = {k: v for k, v in dict(spec).items() if k != "name"}
-    return get_registry().create("controller", spec["name"], options, path="controller.generator")
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ValueError(f"generator must be a controller name or {{name: ..., options...}}, got {spec!r}")
+    options = {k: v for k, v in spec.items() if k != "name"}
+    return current_registry().create("controller", spec["name"], options, path="controller.generator")
 
 
 class _SampleThenVerify(Controller):

@@ -132,6 +132,11 @@ class TransformersEngine(Engine):
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (min(eos) if eos else 0)
         self._torch = torch
+        import inspect
+
+        # transformers >= 5.2x renamed the KV-cache argument of forward(); support both.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     async def close(self) -> None:
         self._closing.set()
@@ -163,11 +168,11 @@ class TransformersEngine(Engine):
             raise EngineError("the transformers engine is not started: await engine.start() first")
         n_prompt = len(request.prompt_ids)
         if n_prompt == 0:
-            raise EngineError("empty prompt: a request needs at least one prompt token")
+            raise EngineError("empty prompt: a request needs at least one prompt token", retryable=False)
         if self.context_length and n_prompt >= self.context_length:
             raise EngineError(
                 f"prompt has {n_prompt} tokens but the model's context is {self.context_length} tokens; "
-                "shorten the prompt (fewer few-shot examples, a shorter system prompt)")
+                "shorten the prompt (fewer few-shot examples, a shorter system prompt)", retryable=False)
         loop = asyncio.get_running_loop()
         pending = _Pending(request, loop.create_future(), loop)
         self._queue.put_nowait(pending)
@@ -262,8 +267,9 @@ class TransformersEngine(Engine):
 
         cache = DynamicCache()
         active = list(range(len(rows)))
+        kv = {self._cache_arg: cache}
         logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+                       use_cache=True, logits_to_keep=1, **kv).logits[:, -1, :]
         next_pos = positions[:, -1:] + 1
         while True:
             self._stats["decode_steps"] += 1
@@ -292,7 +298,7 @@ class TransformersEngine(Engine):
             last = torch.tensor([[rows[i].output_ids[-1]] for i in active], dtype=torch.long, device=device)
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
             logits = model(input_ids=last, attention_mask=attention, position_ids=next_pos,
-                           past_key_values=cache, use_cache=True).logits[:, -1, :]
+                           use_cache=True, **kv).logits[:, -1, :]
             next_pos = next_pos + 1
 
     def _hit_stop_string(self, row: _Row) -> bool:
@@ -307,27 +313,26 @@ class TransformersEngine(Engine):
     def _sample(self, rows: list[_Row], logits: Any) -> list[tuple[int, float]]:
         """Pick one token per row; return (token, logprob) pairs."""
         torch = self._torch
-        n, vocab = logits.shape
         greedy = [r.generator is None for r in rows]
+        if all(greedy):
+            choice = torch.argmax(logits, dim=-1)
+            picked = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None]).squeeze(1)
+            return list(zip(choice.tolist(), picked.tolist()))
+        vocab = logits.shape[-1]
         temps = torch.tensor([1.0 if g else r.pending.request.sampling.temperature for r, g in zip(rows, greedy)],
                              dtype=logits.dtype, device=logits.device)
         scaled = logits / temps[:, None]
-        logp = torch.log_softmax(scaled, dim=-1)
-        filtered = self._truncate(rows, scaled) if not all(greedy) else scaled
-        if self.logprobs_mode == "processed" and filtered is not scaled:
-            report = torch.log_softmax(filtered, dim=-1)
-        else:
-            report = logp
-        choice = torch.empty(n, dtype=torch.long, device=logits.device)
-        if any(greedy):
-            choice_greedy = torch.argmax(logits, dim=-1)
-        filtered_logp = torch.log_softmax(filtered, dim=-1)
+        filtered = self._truncate(rows, scaled)
+        report = torch.log_softmax(filtered if self.logprobs_mode == "processed" else scaled, dim=-1)
+        choice = torch.argmax(logits, dim=-1)  # kept for greedy rows
         for i, row in enumerate(rows):
-            if greedy[i]:
-                choice[i] = choice_greedy[i]
-            else:  # Gumbel-max with this request's own generator: batch-independent sampling
+            if not greedy[i]:  # Gumbel-max with this request's own generator: batch-independent sampling
                 u = torch.rand(vocab, generator=row.generator).clamp_(min=1e-20).to(logits.device)
-                choice[i] = torch.argmax(filtered_logp[i] - torch.log(-torch.log(u)))
+                choice[i] = torch.argmax(filtered[i] - torch.log(-torch.log(u)))
+        if any(greedy):  # greedy rows report the untempered distribution
+            plain = torch.log_softmax(logits, dim=-1)
+            mask = torch.tensor(greedy, device=logits.device)[:, None]
+            report = torch.where(mask, plain, report)
         picked = report.gather(1, choice[:, None]).squeeze(1)
         return list(zip(choice.tolist(), picked.tolist()))
 

@@ -1,0 +1,57 @@
+"""Shared fixtures of the core's tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURE_PLUGINS = Path(__file__).parent / "fixtures" / "plugins"
+
+
+@pytest.fixture(scope="session")
+def fixture_site(tmp_path_factory) -> Path:
+    """The fixture plugin distributions, pip-installed (for real: dist-info, entry points) into a temp dir."""
+    target = tmp_path_factory.mktemp("site")
+    build = tmp_path_factory.mktemp("build")
+    packages = sorted(str(p) for p in FIXTURE_PLUGINS.iterdir() if (p / "pyproject.toml").exists())
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--target", str(target), *packages],
+        check=True, timeout=300, cwd=build, capture_output=True,
+    )
+    return target
+
+
+def scaffold_cli(*args: str, site: Path | None = None, disable: str = "", env: dict | None = None,
+                 cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the ``scaffold`` CLI in a subprocess, with ``site`` on its path (real entry points)."""
+    full_env = dict(os.environ)
+    if site is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join([str(site), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    full_env["SCAFFOLD_DISABLE_PLUGINS"] = disable
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "scaffold_core.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)
+
+
+def listing(site: Path | None = None, disable: str = "", *extra: str) -> dict[str, dict]:
+    proc = scaffold_cli("list-plugins", "--json", *extra, site=site, disable=disable)
+    assert proc.returncode == 0, proc.stderr
+    return {p["name"]: p for p in json.loads(proc.stdout)}
+
+
+@pytest.fixture
+def cli():
+    """``cli(*args, site=..., disable=...)`` runs the scaffold CLI in a subprocess."""
+    return scaffold_cli
+
+
+@pytest.fixture
+def list_plugins():
+    """``list_plugins(site, disable, *extra)`` -> name -> plugin JSON object."""
+    return listing

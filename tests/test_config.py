@@ -1,0 +1,168 @@
+"""Configuration: YAML loading, --set overrides, task defaults, and every error path's message."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from scaffold_core import hookimpl
+from scaffold_core.config import load_config
+from scaffold_core.errors import ConfigError
+from scaffold_core.testing import ListTask, plugin_set
+
+
+class MathTask(ListTask):
+    """A task with defaults for other sections."""
+
+    default_config = {"sampling": {"max_tokens": 300, "temperature": 0.7}, "verifier": {"name": "exact_match"},
+                      "controller": {"name": "majority_vote", "samples": 3}}
+
+    def __init__(self, limit: int = 4, split: str = "test"):
+        super().__init__([{"question": "q", "answer": "1"}] * limit)
+        self.split = split
+
+
+class Plugin:
+    @hookimpl
+    def register_tasks(self, registry):
+        registry.add("math", MathTask)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return plugin_set(math=Plugin()).registry
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path, registry, text: str, overrides=()):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides), registry=registry)
+    message = str(info.value)
+    assert message.startswith(str(path)), message  # every error names the file
+    return message
+
+
+def test_task_defaults_fill_in_and_explicit_config_wins(tmp_path, registry):
+    cfg = load_config(write(tmp_path, "task: {name: math}\nsampling: {temperature: 0.2}\n"), registry=registry)
+    assert cfg.sampling.max_tokens == 300  # from the task
+    assert cfg.sampling.temperature == 0.2  # explicit wins
+    assert cfg.verifier.name == "exact_match"
+    assert cfg.controller.name == "majority_vote" and cfg.controller.options == {"samples": 3}
+    cfg = load_config(write(tmp_path, "task: {name: math}\ncontroller: {name: native}\n"), registry=registry)
+    assert cfg.controller.name == "native" and cfg.controller.options == {}  # switching drops the default's options
+
+
+def test_set_overrides_take_yaml_typed_values(tmp_path, registry):
+    cfg = load_config(write(tmp_path, "task: {name: math}\n"),
+                      ["sampling.max_tokens=64", "task.limit=2", 'sampling.stop=["\\n\\n", "####"]',
+                       "rollout.progress=false", "sampling.seed=null"], registry=registry)
+    assert cfg.sampling.max_tokens == 64 and cfg.task.options["limit"] == 2
+    assert cfg.sampling.stop == ["\n\n", "####"]
+    assert cfg.rollout.progress is False and cfg.sampling.seed is None
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path, registry):
+    cfg = load_config(write(tmp_path, "task: {name: math, limit: 2}\n"), registry=registry)
+    data = yaml.safe_load(cfg.to_yaml())
+    assert data["task"] == {"name": "math", "limit": 2}
+    assert data["sampling"]["max_tokens"] == 300
+    again = load_config(data=data, registry=registry)
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_unknown_section_suggests_the_closest(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "task: {name: math}\nsampling_params: {max_tokens: 5}\n")
+    assert "sampling_params: unknown section" in msg and "Did you mean 'sampling'?" in msg
+
+
+def test_missing_task_lists_installed_tasks(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "sampling: {max_tokens: 5}\n")
+    assert "task.name: required" in msg and "math" in msg
+
+
+def test_unknown_component_name_lists_installed_and_suggests(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "task: {name: math}\ncontroller: {name: majority_votes}\n")
+    assert "controller.name: unknown controller 'majority_votes'" in msg
+    assert "best_of_n, majority_vote, native" in msg and "Did you mean 'majority_vote'?" in msg
+    assert "pip install scaffold-majority-votes" in msg
+
+
+def test_known_plugin_component_gets_its_distribution_in_the_hint(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "task: {name: math}\nengine: {name: sglang}\n")
+    assert "pip install scaffold-sglang" in msg
+
+
+def test_wrong_type_names_key_value_and_allowed(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "task: {name: math}\nsampling: {max_tokens: lots}\n")
+    assert "sampling.max_tokens" in msg and "'lots'" in msg and "integer >= 1" in msg
+
+
+@pytest.mark.parametrize("text,key,allowed", [
+    ("sampling: {max_tokens: 0}", "sampling.max_tokens", "integer >= 1"),
+    ("sampling: {top_p: 1.5}", "sampling.top_p", "(0, 1]"),
+    ("sampling: {top_k: 0}", "sampling.top_k", "-1"),
+    ("sampling: {temperature: -1}", "sampling.temperature", ">= 0"),
+    ("rollout: {concurrency: 0}", "rollout.concurrency", "integer >= 1"),
+    ("rollout: {launcher: slurm}", "rollout.launcher", "'local' or 'ray'"),
+    ("verifier: {name: exact_match, timeout: -3}", "verifier.timeout", "seconds > 0"),
+])
+def test_out_of_range_values(tmp_path, registry, text, key, allowed):
+    msg = error_of(tmp_path, registry, f"task: {{name: math}}\n{text}\n")
+    assert key in msg and allowed in msg
+
+
+def test_unknown_key_in_fixed_section_suggests(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "task: {name: math}\nsampling: {max_token: 10}\n")
+    assert "sampling.max_token: unknown key" in msg and "Did you mean 'max_tokens'?" in msg
+
+
+def test_component_options_are_validated_against_the_factory(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "task: {name: math, limt: 3}\n")
+    assert "task.limt: unknown option for task 'math'" in msg and "Did you mean 'limit'?" in msg
+    assert "limit, split" in msg
+    msg = error_of(tmp_path, registry, "task: {name: math, limit: many}\n")
+    assert "task.limit" in msg and "'many'" in msg and "int" in msg
+    msg = error_of(tmp_path, registry, "task: {name: math}\ncontroller: {name: native, samples: 0}\n")
+    assert "controller" in msg and "samples must be >= 1" in msg
+
+
+def test_section_must_be_a_mapping(tmp_path, registry):
+    msg = error_of(tmp_path, registry, "task: math\n")
+    assert "task: must be a mapping" in msg
+
+
+def test_bad_files_and_overrides(tmp_path, registry):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml", registry=registry)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: {name: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad, registry=registry)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- task\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(listy, registry=registry)
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(write(tmp_path, "task: {name: math}\n"), ["sampling.max_tokens"], registry=registry)
+
+
+def test_yaml_is_loaded_safely(tmp_path, registry):
+    evil = "task: !!python/object/apply:os.system ['echo pwned']\n"
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, evil), registry=registry)
+
+
+def test_scaffold_config_prints_the_resolved_config(tmp_path, cli, fixture_site):
+    path = write(tmp_path, "task: {name: hello}\n")
+    proc = cli("config", str(path), "--set", "sampling.temperature=0", site=fixture_site, disable="dupe")
+    assert proc.returncode == 0, proc.stderr
+    data = yaml.safe_load(proc.stdout)
+    assert data["sampling"]["temperature"] == 0 and data["sampling"]["max_tokens"] == 64
+    assert data["verifier"]["name"] == "hello_exact" and data["engine"]["name"] == "transformers"
+    assert set(data) == {"task", "controller", "engine", "sampling", "verifier", "trajectory", "rollout", "output"}

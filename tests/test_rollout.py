@@ -1,0 +1,127 @@
+"""`scaffold run` end to end on the benchmark engine: output files, metrics, resume, `scaffold score`."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+
+from scaffold_core import hookimpl
+from scaffold_core.config import load_config
+from scaffold_core.errors import ConfigError
+from scaffold_core.rollout import Rollout
+from scaffold_core.testing import ListTask, plugin_set
+
+
+class NumbersTask(ListTask):
+    default_config = {"verifier": {"name": "exact_match"}}
+
+    def __init__(self, n: int = 6, answer: str = "42"):
+        super().__init__([{"id": f"n{i}", "question": f"Q{i}", "answer": answer} for i in range(n)])
+
+
+class Plugin:
+    @hookimpl
+    def register_tasks(self, registry):
+        registry.add("numbers", NumbersTask)
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return plugin_set(numbers=Plugin())
+
+
+def run(plugins, tmp_path, text: str, *overrides, resume=False, out="out"):
+    config = load_config(data=__import__("yaml").safe_load(text), registry=plugins.registry,
+                         overrides=list(overrides))
+    rollout = Rollout(config, output_dir=tmp_path / out, resume=resume, plugins=plugins, progress=False)
+    return rollout.run(), tmp_path / out
+
+
+BASE = "task: {name: numbers}\nengine: {name: benchmark_canned, response: '42'}\nsampling: {max_tokens: 16}\n"
+
+
+def test_run_writes_samples_metrics_dataset_and_config(plugins, tmp_path):
+    metrics, out = run(plugins, tmp_path, BASE + "controller: {name: majority_vote, samples: 4}\n")
+    assert metrics["episodes"] == 6 and metrics["completed"] == 6 and metrics["failed"] == 0
+    assert metrics["maj@4"] == 1.0 and metrics["pass@4"] == 1.0 and metrics["accuracy"] == 1.0
+    assert metrics["generated_tokens"] == 6 * 4 * 3  # "42" + EOS in bytes
+    assert json.loads((out / "metrics.json").read_text())["maj@4"] == 1.0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 24
+    assert {s["episode_id"] for s in samples} == {f"n{i}" for i in range(6)}
+    first = samples[0]
+    for key in ("prompt", "response", "answer", "extracted", "reward", "finish_reason"):
+        assert key in first
+    assert first["prompt"].startswith("<|user|>\nQ0") and first["answer"] == "42" and first["reward"] == 1.0
+    ds = datasets.load_from_disk(str(out / "trajectories"))
+    assert len(ds) == 24
+    assert {"input_ids", "loss_mask", "logprobs", "versions", "reward", "advantage"} <= set(ds.column_names)
+    row = ds[0]
+    assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["logprobs"]) == len(row["versions"])
+    assert sum(row["loss_mask"]) == 3
+    resolved = (out / "config.yaml").read_text()
+    assert "majority_vote" in resolved and "max_tokens: 16" in resolved
+
+
+def test_length_truncation_is_reported(plugins, tmp_path, capsys):
+    from scaffold_core.cli import print_summary
+
+    metrics, _ = run(plugins, tmp_path, BASE, "sampling.max_tokens=1")
+    assert metrics["truncated_fraction"] == 1.0
+    print_summary(metrics)
+    assert "100% of responses stopped because they hit max_tokens" in capsys.readouterr().err
+
+
+def test_existing_output_dir_is_never_clobbered(plugins, tmp_path):
+    run(plugins, tmp_path, BASE)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run(plugins, tmp_path, BASE)
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    metrics, out = run(plugins, tmp_path, BASE, "output.overwrite=true")
+    assert metrics["completed"] == 6 and (out / "notes.txt").read_text() == "mine"
+
+
+def test_resume_redoes_no_completed_episode(plugins, tmp_path):
+    _, out = run(plugins, tmp_path, BASE)
+    ledger = out / "episodes.jsonl"
+    lines = ledger.read_text().splitlines(keepends=True)
+    # Simulate a kill after 3 episodes, mid-write of the 4th.
+    ledger.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    metrics, _ = run(plugins, tmp_path, BASE, resume=True)
+    assert metrics["resumed_episodes"] == 3 and metrics["session"]["episodes"] == 3
+    records = [json.loads(line) for line in ledger.read_text().splitlines()]
+    ids = [r["episode_id"] for r in records]
+    assert sorted(ids) == sorted(f"n{i}" for i in range(6)) and len(ids) == len(set(ids))
+    assert metrics["completed"] == 6
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 6
+
+
+def test_failed_episodes_are_listed_with_reasons(plugins, tmp_path):
+    metrics, out = run(plugins, tmp_path, BASE, "rollout.request_timeout=0.05", "engine.delay_s=1")
+    assert metrics["failed"] == 6 and metrics["failures"] == {"engine": 6}
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert len(failures) == 6 and all("request_timeout" in f["error"] for f in failures)
+    assert (out / "samples.jsonl").read_text() == ""
+
+
+def test_score_rescores_saved_samples(plugins, tmp_path, cli):
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in [
+        {"response": "42", "answer": "42", "episode_id": "a"},
+        {"response": "41", "answer": "42", "episode_id": "b"},
+        {"response": " 42 ", "answer": "42", "episode_id": "c"},
+    ]) + "\n")
+    target = tmp_path / "scored.jsonl"
+    proc = cli("score", "--verifier", "exact_match", "--input", str(source), "--output", str(target))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["lines"] == 3 and summary["correct"] == 2 and summary["accuracy"] == pytest.approx(2 / 3, 1e-4)
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0]
+    assert [r["episode_id"] for r in rows] == ["a", "b", "c"] and rows[1]["extracted"] == "41"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"response": "1"}\n')
+    proc = cli("score", "--verifier", "exact_match", "--input", str(bad))
+    assert proc.returncode == 1 and "bad.jsonl:1: each line needs 'response' and 'answer'" in proc.stderr

@@ -1,0 +1,150 @@
+"""The embedded transformers engine on the real SmolLM2-135M-Instruct model (few, tiny, shared)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from scaffold_core.errors import EngineError
+from scaffold_core.generation import GenerationRequest
+from scaffold_core.sampling import SamplingParams
+from scaffold_core.tokenizers import render_chat
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch")
+
+QUESTIONS = ["What is 2+3?", "Name a color.", "Count to five.", "What is the capital of France?"]
+
+
+class LoopThread:
+    """An event loop on a background thread, so one started engine serves every test."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout=600):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from scaffold_core.engines.transformers_engine import TransformersEngine
+
+    runner = LoopThread()
+    eng = TransformersEngine(max_batch_size=8, batch_wait_ms=20)
+    runner.run(eng.start())
+    eng.runner = runner
+    yield eng
+    runner.run(eng.close())
+    runner.stop()
+
+
+def prompts(engine):
+    return [render_chat(engine.tokenizer, [{"role": "user", "content": q}])[1] for q in QUESTIONS]
+
+
+def generate_all(engine, requests):
+    async def go():
+        return await asyncio.gather(*(engine.generate(r) for r in requests))
+
+    return engine.runner.run(go())
+
+
+def generate_one_by_one(engine, requests):
+    async def go():
+        return [await engine.generate(r) for r in requests]
+
+    return engine.runner.run(go())
+
+
+def teacher_forced_logprobs(engine, prompt_ids, output_ids, temperature):
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor([prompt_ids + output_ids])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    n = len(prompt_ids)
+    return [logp[n - 1 + j, tok].item() for j, tok in enumerate(output_ids)]
+
+
+def test_batched_greedy_equals_unbatched_greedy(engine):
+    reqs = [GenerationRequest(f"g{i}", ids, SamplingParams(max_tokens=12, temperature=0))
+            for i, ids in enumerate(prompts(engine))]
+    batched = generate_all(engine, reqs)
+    single = generate_one_by_one(engine, reqs)
+    assert engine.stats()["max_batch"] >= 2  # the concurrent requests really shared a batch
+    for b, s in zip(batched, single):
+        assert b.output_ids == s.output_ids
+        assert b.finish_reason == s.finish_reason
+        assert max(abs(x - y) for x, y in zip(b.logprobs, s.logprobs)) < 1e-3
+
+
+def test_logprobs_match_a_teacher_forced_forward_pass(engine):
+    reqs = [GenerationRequest(f"s{i}", ids, SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, top_k=40),
+                              seed=100 + i) for i, ids in enumerate(prompts(engine))]
+    results = generate_all(engine, reqs)
+    worst = 0.0
+    for req, res in zip(reqs, results):
+        assert len(res.output_ids) == len(res.logprobs) > 0
+        expected = teacher_forced_logprobs(engine, req.prompt_ids, res.output_ids, 0.7)
+        worst = max(worst, max(abs(a - b) for a, b in zip(expected, res.logprobs)))
+    assert worst <= 1e-3
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(engine):
+    ids = prompts(engine)
+    reqs = [GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=10, temperature=1.0), seed=7 + i)
+            for i, p in enumerate(ids)]
+    together = generate_all(engine, reqs)
+    alone = generate_one_by_one(engine, reqs)
+    assert [r.output_ids for r in together] == [r.output_ids for r in alone]
+    other_seed = generate_one_by_one(engine, [GenerationRequest("x", ids[0], reqs[0].sampling, seed=8)])[0]
+    assert other_seed.output_ids != together[0].output_ids
+
+
+def test_max_tokens_stop_strings_and_stop_ids_are_honoured(engine):
+    ids = prompts(engine)[2]
+    free = generate_one_by_one(engine, [GenerationRequest("f", ids, SamplingParams(max_tokens=12, temperature=0))])[0]
+    assert free.finish_reason == "length" and len(free.output_ids) == 12
+    words = free.text.split()
+    stop_word = words[2]
+    cut = generate_one_by_one(engine, [GenerationRequest(
+        "c", ids, SamplingParams(max_tokens=12, temperature=0, stop=(stop_word,)))])[0]
+    assert cut.finish_reason == "stop" and stop_word not in cut.text
+    assert free.text.startswith(cut.text) and len(cut.output_ids) < 12
+    assert cut.output_ids == free.output_ids[: len(cut.output_ids)]  # the ids are the sampled ones, untrimmed
+    stop_id = free.output_ids[3]
+    by_id = generate_one_by_one(engine, [GenerationRequest(
+        "i", ids, SamplingParams(max_tokens=12, temperature=0, stop_token_ids=(stop_id,)))])[0]
+    assert by_id.finish_reason == "stop" and by_id.output_ids[-1] == stop_id
+    assert len(by_id.output_ids) == free.output_ids.index(stop_id) + 1
+
+
+def test_eos_finishes_with_stop(engine):
+    ids = prompts(engine)[0]
+    res = generate_one_by_one(engine, [GenerationRequest("e", ids, SamplingParams(max_tokens=40, temperature=0))])[0]
+    assert res.finish_reason == "stop" and res.output_ids[-1] in engine.eos_ids
+    assert "5" in res.text and "<|im_end|>" not in res.text
+
+
+def test_prompt_longer_than_context_fails_clearly(engine):
+    too_long = [1] * (engine.context_length + 1)
+    with pytest.raises(EngineError, match="context is 8192 tokens"):
+        generate_one_by_one(engine, [GenerationRequest("l", too_long, SamplingParams(max_tokens=4))])
+
+
+def test_second_load_reads_the_converted_cache(engine):
+    from scaffold_core.engines.model_loading import load_model_and_tokenizer
+
+    model, tokenizer, info = load_model_and_tokenizer(engine.source)
+    assert info["cached"] is True
+    assert tokenizer.encode("hello world") == engine.tokenizer.encode("hello world")
+    first = next(iter(engine.model.state_dict().values()))
+    assert torch.equal(first, next(iter(model.state_dict().values())))
