@@ -108,7 +108,7 @@ class SGLangClient:
         """One ``/generate`` call for ``request``, retried on connection errors and 5xx."""
         session = self._session
         if session is None:
-            raise EngineError("the sglang engine is not started: await engine.start() first")
+            raise EngineError("the sglang engine is not started: await engine.start() first", retryable=False)
         aiohttp = self._aiohttp
         self.stats["requests"] += 1
         last = ""
@@ -145,7 +145,7 @@ class SGLangClient:
                         result = parse_generate_response(json.loads(payload), expect_rid=rid)
                     except (ValueError, ProtocolError) as exc:
                         raise EngineError(f"sglang server {server.url} sent a response scaffold cannot use for "
-                                          f"request {request.request_id}: {exc}") from None
+                                          f"request {request.request_id}: {exc}", retryable=False) from None
                     if result.finish_reason == "abort":
                         self.stats["aborted"] += 1
                     if "null_logprobs" in result.meta:
@@ -178,7 +178,7 @@ class SGLangClient:
                    timeout: float | None = None) -> tuple[int, bytes]:
         """One control call (no retries: these change server state)."""
         if self._session is None:
-            raise EngineError("the sglang engine is not started: await engine.start() first")
+            raise EngineError("the sglang engine is not started: await engine.start() first", retryable=False)
         aiohttp = self._aiohttp
         kwargs: dict[str, Any] = {"timeout": aiohttp.ClientTimeout(total=timeout or self.request_timeout,
                                                                    sock_connect=self.connect_timeout)}
@@ -220,7 +220,8 @@ class SGLangClient:
     async def get_json(self, server: Server, path: str, timeout: float | None = None) -> Any:
         status, body = await self.call(server, "GET", path, timeout=timeout)
         if status != 200:
-            raise EngineError(f"GET {server.url}{path}: {error_message(status, body)}{status_hint(status)}")
+            raise EngineError(f"GET {server.url}{path}: {error_message(status, body)}{status_hint(status)}",
+                              retryable=False)
         return _json_or_text(body)
 
     async def probe(self, url: str, path: str, timeout: float) -> str | None:

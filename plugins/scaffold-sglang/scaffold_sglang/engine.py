@@ -50,7 +50,6 @@ class SGLangEngine(Engine):
         send_sampling_seed: bool = False,
         sampling_extra: dict[str, Any] | None = None,
         sticky_episodes: bool = True,
-        gc_threshold: int | None = 50_000,
     ):
         from .protocol import check_extra_sampling
         from .servers import parse_urls
@@ -67,8 +66,6 @@ class SGLangEngine(Engine):
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if retry_backoff < 0:
             raise ValueError(f"retry_backoff must be >= 0 seconds, got {retry_backoff}")
-        if gc_threshold is not None and gc_threshold < 1:
-            raise ValueError(f"gc_threshold must be >= 1 or null, got {gc_threshold}")
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self.urls = parse_urls(url) if url is not None else []
@@ -91,8 +88,6 @@ class SGLangEngine(Engine):
         self.send_sampling_seed = send_sampling_seed
         self.sampling_extra = check_extra_sampling(sampling_extra)
         self.sticky_episodes = sticky_episodes
-        self.gc_threshold = gc_threshold
-        self._gc_held = False
         self.tokenizer: Any = None
         self.model_info: dict[str, Any] = {}
         self.server_info: dict[str, Any] = {}
@@ -157,7 +152,7 @@ class SGLangEngine(Engine):
                 name = self.model_info.get("tokenizer_path") or self.model_info.get("model_path")
                 if not name:
                     raise EngineError(f"{client.urls[0]}/model_info names no tokenizer_path or model_path; "
-                                      "set engine.tokenizer")
+                                      "set engine.tokenizer", retryable=False)
                 tokenizer_job = asyncio.ensure_future(self._load_tokenizer(str(name)))
             self.tokenizer = await tokenizer_job
         except BaseException:
@@ -170,9 +165,6 @@ class SGLangEngine(Engine):
                 self._launcher = None
             raise
         self._client = client
-        from . import gc_tuning
-
-        self._gc_held = gc_tuning.acquire(self.gc_threshold)
 
     def _launch_tokenizer_name(self) -> str:
         if self.tokenizer_name is not None:
@@ -240,11 +232,6 @@ class SGLangEngine(Engine):
         launcher, self._launcher = self._launcher, None
         if client is not None:
             self._final_stats = self._stats_of(client)  # metrics.json is written after close
-        if self._gc_held:
-            from . import gc_tuning
-
-            gc_tuning.release()
-            self._gc_held = False
         try:
             if client is not None:
                 await client.close()
@@ -280,7 +267,7 @@ class SGLangEngine(Engine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         client = self._client
         if client is None:
-            raise EngineError("the sglang engine is not started: await engine.start() first")
+            raise EngineError("the sglang engine is not started: await engine.start() first", retryable=False)
         if not self._resumed.is_set():  # paused by this engine: hold new requests here, not in the server
             await self._resumed.wait()
         result = await client.generate(request)
@@ -297,7 +284,7 @@ class SGLangEngine(Engine):
     # -- RL control -------------------------------------------------------------
     def _need_client(self) -> Any:
         if self._client is None:
-            raise EngineError("the sglang engine is not started: await engine.start() first")
+            raise EngineError("the sglang engine is not started: await engine.start() first", retryable=False)
         return self._client
 
     async def update_weights_from_disk(self, model_path: str, *, weight_version: str | int | None = None,
@@ -352,5 +339,5 @@ class SGLangEngine(Engine):
         ``engine.submit(engine.update_weights_from_disk(path)).result(timeout)``."""
         if self._loop is None:
             coro.close()
-            raise EngineError("the sglang engine is not started: await engine.start() first")
+            raise EngineError("the sglang engine is not started: await engine.start() first", retryable=False)
         return asyncio.run_coroutine_threadsafe(coro, self._loop)

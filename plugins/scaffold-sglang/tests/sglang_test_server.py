@@ -283,8 +283,11 @@ class TestServer:
         return not self.never_ready and time.monotonic() >= self.ready_at
 
     async def step_gate(self, live: Live, delay: float) -> None:
-        """Per-token pacing; a paused (retract / in_place) request waits here until continue."""
-        await asyncio.sleep(delay)
+        """Per-token pacing (an abort cuts it short); a paused (retract / in_place) request waits here."""
+        try:
+            await asyncio.wait_for(live.abort.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
         if not self.resume.is_set() and not live.abort.is_set():
             if self.paused_mode == "retract":
                 live.retractions += 1

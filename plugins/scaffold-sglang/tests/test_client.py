@@ -416,25 +416,3 @@ def test_unreachable_url_fails_start_within_url_wait_timeout():
 
     run(main())
 
-
-def test_gc_threshold_is_raised_while_engines_run_and_restored_after():
-    import gc
-
-    before = gc.get_threshold()
-
-    async def main():
-        async with ts.running(byte_server()) as url:
-            a, b = engine(url, gc_threshold=123_456), engine(url)
-            await a.start()
-            await b.start()
-            during = gc.get_threshold()
-            await a.close()
-            still = gc.get_threshold()  # b still runs
-            await b.close()
-            async with engine(url, gc_threshold=None):
-                untouched = gc.get_threshold()
-            return during, still, untouched
-
-    during, still, untouched = run(main())
-    assert during == (123_456, *before[1:]) and still == during
-    assert untouched == before and gc.get_threshold() == before
