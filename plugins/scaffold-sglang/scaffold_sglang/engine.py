@@ -139,7 +139,7 @@ class SGLangEngine(Engine):
                 tokenizer_job = asyncio.ensure_future(self._load_tokenizer(self._launch_tokenizer_name()))
                 client = self._client_for([s.url for s in servers], api_key)
                 await client.open()
-                await self._launcher.wait_ready(self._probe(client), self.setup_timeout)
+                await self._launcher.wait_ready(self._probe(client), self.setup_timeout, self.health_path)
                 client.set_urls([s.url for s in servers])  # a server may have moved to another port
             else:
                 client = self._client_for(self.urls, api_key)
@@ -195,7 +195,7 @@ class SGLangEngine(Engine):
         delay = 0.1
         while True:
             remaining = deadline - loop.time()
-            answers = await asyncio.gather(*(client.probe(u, self.health_path, max(0.1, min(30.0, remaining)))
+            answers = await asyncio.gather(*(client.probe(u, self.health_path, max(0.1, min(10.0, remaining)))
                                              for u in client.urls))
             failing = [(u, why) for u, why in zip(client.urls, answers) if why is not None]
             if not failing:

@@ -23,6 +23,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,17 +59,17 @@ class LaunchError(ScaffoldError):
 class LaunchOptions(BaseModel):
     """``engine.launch``: which servers to start and how."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_default=True)
     model_path: str = Field(description="model directory or hub id passed to --model-path")
     count: int = Field(1, ge=1, description="servers this worker starts")
     tp: int = Field(1, ge=1, description="tensor-parallel GPUs per server (--tp-size)")
-    host: str = Field("127.0.0.1", description="address the servers bind (IPv6 raw, e.g. ::1)")
+    host: str | None = Field(None, description="address the servers bind (IPv6 raw, e.g. ::1); default: "
+                                                "the IPv4 loopback, or ::1 on an IPv6-only host")
     extra_args: list[str] = Field(default_factory=list, description="more sglang.launch_server arguments")
     command: list[str] | None = Field(None, description="command prefix; default: python -m sglang.launch_server")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the servers")
     assign_gpus: bool = Field(True, description="pass --base-gpu-id so servers of one host use distinct GPUs")
     use_api_key: bool = Field(False, description="start servers with --api-key from engine.api_key_env")
-    health_path: str = Field("/health_generate", description="readiness endpoint polled until it answers 200")
     stop_timeout: float = Field(30.0, gt=0, description="seconds between SIGTERM and SIGKILL")
     log_dir: str | None = Field(None, description="where server logs go; default <output dir>/sglang")
 
@@ -88,15 +89,22 @@ class LaunchOptions(BaseModel):
             raise ValueError("must be a non-empty list of arguments, e.g. [python, -m, sglang.launch_server]")
         return value
 
-    @field_validator("health_path")
-    @classmethod
-    def _health(cls, value: str) -> str:
-        return value if value.startswith("/") else "/" + value
-
     @field_validator("host")
     @classmethod
-    def _host(cls, value: str) -> str:
-        return strip_brackets(value)  # stored raw; bracketed only inside URLs
+    def _host(cls, value: str | None) -> str:
+        return default_loopback() if value is None else strip_brackets(value)  # raw; bracketed only in URLs
+
+
+def default_loopback() -> str:
+    """``127.0.0.1``, or ``::1`` when this host has no IPv4 loopback (IPv6-only)."""
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((address, 0))
+            return address
+        except OSError:
+            continue
+    return "127.0.0.1"
 
 
 def parse_launch_options(data: Any) -> LaunchOptions:
@@ -348,13 +356,13 @@ class Launcher:
         log.warning("sglang server %d lost its port to another process; restarted on port %d", server.index,
                     server.port)
 
-    async def wait_ready(self, probe: Callable[[str, str, float], Awaitable[str | None]], timeout: float) -> None:
+    async def wait_ready(self, probe: Callable[[str, str, float], Awaitable[str | None]], timeout: float,
+                         path: str = "/health_generate") -> None:
         """Poll every server's health endpoint until all answer 200; raise LaunchError with the log tail.
 
         Probes run concurrently with watching the processes, so a server that
         exits is reported at once, whatever its probe is doing.
         """
-        path = self.options.health_path
         started = time.monotonic()
         deadline = started + timeout
         pending = list(self.servers)
