@@ -139,7 +139,16 @@ class SGLangEngine(Engine):
                 tokenizer_job = asyncio.ensure_future(self._load_tokenizer(self._launch_tokenizer_name()))
                 client = self._client_for([s.url for s in servers], api_key)
                 await client.open()
-                await self._launcher.wait_ready(self._probe(client), self.setup_timeout, self.health_path)
+                # Servers take minutes to load: a tokenizer that cannot load fails the start at once.
+                ready = asyncio.ensure_future(self._launcher.wait_ready(client.probe, self.setup_timeout,
+                                                                        self.health_path))
+                try:
+                    await asyncio.wait({ready, tokenizer_job}, return_when=asyncio.FIRST_EXCEPTION)
+                    if tokenizer_job.done() and tokenizer_job.exception() is not None:
+                        tokenizer_job.result()
+                    await ready
+                finally:
+                    ready.cancel()
                 client.set_urls([s.url for s in servers])  # a server may have moved to another port
             else:
                 client = self._client_for(self.urls, api_key)
@@ -180,13 +189,10 @@ class SGLangEngine(Engine):
     async def _load_tokenizer(self, name: str) -> Any:
         from .tokenizer import load_tokenizer
 
-        return await asyncio.to_thread(load_tokenizer, name, trust_remote_code=self.trust_remote_code)
-
-    def _probe(self, client: Any) -> Any:
-        async def probe(url: str, path: str, timeout: float) -> str | None:
-            return await client.probe(url, path, timeout)
-
-        return probe
+        try:
+            return await asyncio.to_thread(load_tokenizer, name, trust_remote_code=self.trust_remote_code)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"engine.tokenizer: {exc}") from exc
 
     async def _wait_urls(self, client: Any) -> None:
         """Wait (up to ``url_wait_timeout``) until every given server answers its health endpoint."""

@@ -287,3 +287,19 @@ def test_a_failing_test_leaves_no_server_behind(tmp_path):
     assert done.returncode == 1 and "this test fails with its server running" in done.stdout
     server_pid = int(pid_file.read_text())
     assert _wait_gone(server_pid, 10)
+
+
+def test_a_tokenizer_that_cannot_load_fails_the_start_without_waiting_for_the_servers(tmp_path):
+    from scaffold_core.errors import ConfigError
+
+    eng = launched_engine(tmp_path, "--never-ready", setup_timeout=120)
+    eng.tokenizer_name = str(tmp_path / "no-such-tokenizer.gguf")
+
+    async def main():
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="engine.tokenizer: GGUF file .* does not exist"):
+            await eng.start()
+        return time.monotonic() - started
+
+    assert run(main()) < 30
+    assert not live_servers()
