@@ -15,9 +15,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
-import itertools
 import os
 import random
 from typing import Any
@@ -48,8 +48,8 @@ class SGLangClient:
         self.retry_backoff_max = retry_backoff_max
         self.max_connections = max_connections
         self._encoder = BodyEncoder(send_seed=send_seed, extra_sampling=extra_sampling)
-        # Request ids: fixed-length hex, unique per process (a random prefix and a counter). SGLang matches
-        # aborts by prefix, and no fixed-length id is a prefix of another.
+        # Request ids: 32 hex digits, a random per-client prefix and a counter (unique across clients with
+        # overwhelming probability). SGLang matches aborts by prefix; no fixed-length id prefixes another.
         self._rid_prefix = os.urandom(8).hex()
         self._rid_counter = itertools.count()
         self._headers = {"Content-Type": "application/json"}

@@ -182,10 +182,14 @@ class ServerProcess:
         self._log = open(self.log_path, "ab", buffering=0)
         self._log.write(f"# scaffold: starting server {self.index}: {self.display}\n".encode())
         self.launches += 1
-        self.proc = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, close_fds=True, preexec_fn=_die_with_parent if _PRCTL is not None else None,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, close_fds=True,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start sglang server {self.index} ({self.display}): {exc}") from exc
         _LIVE.add(self)
 
     def signal_group(self, sig: int) -> None:

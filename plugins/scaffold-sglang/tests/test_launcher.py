@@ -303,3 +303,12 @@ def test_a_tokenizer_that_cannot_load_fails_the_start_without_waiting_for_the_se
 
     assert run(main()) < 30
     assert not live_servers()
+
+
+def test_a_command_that_does_not_exist_is_a_launch_error(tmp_path):
+    eng = SGLangEngine(launch={"model_path": "m", "command": [str(tmp_path / "no-such-python")]},
+                       tokenizer="builtin:byte")
+    eng.attach_run(RunInfo(output_dir=tmp_path, port_range=free_port_range()))
+    with pytest.raises(LaunchError, match="cannot start sglang server 0"):
+        run(eng.start())
+    assert not live_servers()
