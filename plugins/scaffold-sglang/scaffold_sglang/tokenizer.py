@@ -13,6 +13,7 @@ benchmarks only).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -59,12 +60,10 @@ def _load_gguf_tokenizer(gguf: Path, *, use_cache: bool = True) -> Any:
         for done in (cache, cache.parent.parent / "models" / cache.name):
             if (done / "complete").exists() and (done / "tokenizer_config.json").exists():
                 return transformers.AutoTokenizer.from_pretrained(str(done))
-    try:
-        import gguf as _gguf  # noqa: F401
-    except ImportError as exc:
+    if importlib.util.find_spec("gguf") is None:
         raise MissingDependencyError(
-            f"reading the tokenizer from {gguf} needs the gguf package ({exc}); install it with: pip install gguf, "
-            "or set engine.tokenizer to a tokenizer directory") from exc
+            f"reading the tokenizer from {gguf} needs the gguf package; install it with: pip install gguf, "
+            "or set engine.tokenizer to a tokenizer directory")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if use_cache:
         cache.parent.mkdir(parents=True, exist_ok=True)

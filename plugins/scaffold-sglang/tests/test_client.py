@@ -11,7 +11,7 @@ from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.generation import GenerationRequest
 from scaffold_core.sampling import SamplingParams
 from scaffold_sglang import SGLangEngine
-from sglang_testkit import byte_backend, byte_server, free_port, run, ts
+from sglang_testkit import byte_server, free_port, run, ts
 
 
 def req(i: int | str = 0, *, prompt=None, episode: str | None = None, **sampling) -> GenerationRequest:
