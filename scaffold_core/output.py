@@ -28,8 +28,29 @@ from .episode import EpisodeResult
 from .errors import ConfigError
 
 LEDGER = "episodes.jsonl"
-#: Files and folders a run writes; ``overwrite`` removes only these, never anything else.
-RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", "config.yaml")
+#: Per-worker ledgers of multi-worker runs: ``episodes.rank-00003.jsonl`` (see scaffold_core.workers).
+RANK_LEDGER_GLOB = "episodes.rank-*.jsonl"
+#: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers), never anything else.
+RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", "config.yaml", "workers")
+
+
+def rank_ledger_name(rank: int) -> str:
+    """The ledger file of worker ``rank`` in a multi-worker run."""
+    return f"episodes.rank-{rank:05d}.jsonl"
+
+
+def ledger_paths(directory: str | Path) -> list[Path]:
+    """Every ledger of the run in ``directory``: ``episodes.jsonl`` and the rank ledgers, in rank order."""
+    root = Path(directory)
+    paths = [root / LEDGER] if (root / LEDGER).exists() else []
+    return paths + sorted(root.glob(RANK_LEDGER_GLOB))
+
+
+def run_files(directory: str | Path) -> list[str]:
+    """Names of the run files present in ``directory``."""
+    root = Path(directory)
+    names = [name for name in RUN_FILES if (root / name).exists()]
+    return names + [p.name for p in sorted(root.glob(RANK_LEDGER_GLOB))]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -146,21 +167,26 @@ class RunOutput:
     """Owns one output directory for one process."""
 
     def __init__(self, directory: str | Path, *, resume: bool = False, overwrite: bool = False,
-                 ledger_name: str = LEDGER):
+                 ledger_name: str = LEDGER, prepared: bool = False):
+        """``prepared=True``: a launcher already checked (and, if asked, emptied) the directory for
+        this process, one of several workers writing into it; only the own ledger is opened."""
         self.dir = Path(directory)
         self.resume = resume
         self.ledger_path = safe_child(self.dir, ledger_name)
         self._fd: int | None = None
-        self.prepare(overwrite)
+        if prepared:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.prepare(overwrite)
 
     def prepare(self, overwrite: bool) -> None:
-        existing = [name for name in RUN_FILES if (self.dir / name).exists()]
+        existing = run_files(self.dir)
         if existing and not self.resume and not overwrite:
             raise ConfigError(
                 f"output.dir: {self.dir} already holds a run ({', '.join(existing)}). Continue it with "
                 f"--resume, replace it with --set output.overwrite=true, or choose another directory with -o")
-        if self.resume and not self.ledger_path.exists() and not overwrite:
-            raise ConfigError(f"--resume: {self.dir} has no {self.ledger_path.name} to resume from")
+        if self.resume and not ledger_paths(self.dir) and not overwrite:
+            raise ConfigError(f"--resume: {self.dir} has no {LEDGER} (or {RANK_LEDGER_GLOB}) to resume from")
         if overwrite and not self.resume:
             for name in existing:
                 target = self.dir / name
@@ -168,10 +194,15 @@ class RunOutput:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def completed_ids(self) -> set[str]:
+        """Ids of completed episodes in every ledger of the directory (a run may be resumed with a
+        different number of workers), when resuming."""
         if not self.resume:
             return set()
         self._repair_ledger()
-        return {eid for eid, rec in latest_records([self.ledger_path]).items() if rec["status"] == "ok"}
+        paths = ledger_paths(self.dir)
+        if self.ledger_path.exists() and self.ledger_path not in [p.resolve() for p in paths]:
+            paths.append(self.ledger_path)
+        return {eid for eid, rec in latest_records(paths).items() if rec["status"] == "ok"}
 
     def _repair_ledger(self) -> None:
         """Cut a torn last line so new appends start on a line of their own."""

@@ -12,6 +12,10 @@ Failure policy (all of it lives here):
   is looked up (``scaffold list-plugins`` still lists, and marks both).
 * ``SCAFFOLD_DISABLE_PLUGINS=a,b`` skips plugins by entry-point name before
   they are imported.
+* ``SCAFFOLD_EXTRA_PLUGINS=pkg.module,pkg.other:obj`` registers plugins that
+  have no entry point (a debugging aid; worker processes inherit it). Each
+  spec is a module, or ``module:attribute``; one that fails to import is
+  listed with status ``error`` like a broken entry point.
 * Built-in components register through the very same hooks; a failing
   built-in is a bug in scaffold and raises.
 """
@@ -33,6 +37,7 @@ from .registry import KINDS, BrokenPlugin, ComponentInfo, ComponentRegistry, Reg
 
 ENTRY_POINT_GROUP = "scaffold"
 DISABLE_ENV = "SCAFFOLD_DISABLE_PLUGINS"
+EXTRA_ENV = "SCAFFOLD_EXTRA_PLUGINS"
 BUILTIN = "builtin"
 
 #: Built-in plugin modules, registered exactly like third-party plugins.
@@ -85,7 +90,8 @@ class PluginSet:
     # -- loading ---------------------------------------------------------
     def load(self, *, entry_points: bool = True, extra: dict[str, Any] | None = None) -> PluginSet:
         """Register built-ins, entry-point plugins (unless ``entry_points=False``) and ``extra``
-        plugins (name -> module or object; tests use this), then build the registry."""
+        plugins (name -> module or object, or a ``"module[:attribute]"`` string imported here;
+        tests use this), then build the registry."""
         for modname in DEFAULT_PLUGINS:
             module = importlib.import_module(modname)
             self.pm.register(module, name=f"{BUILTIN}:{modname.rsplit('.', 1)[-1]}")
@@ -94,6 +100,8 @@ class PluginSet:
         for name, plugin in (extra or {}).items():
             self.infos[name] = PluginInfo(name, None, None, "ok")
             try:
+                if isinstance(plugin, str):
+                    plugin = import_spec(plugin)
                 self.pm.register(plugin, name=name)
             except Exception as exc:
                 self._mark_broken(name, exc)
@@ -278,6 +286,23 @@ def _list_entry_points(group: str) -> list[Any]:
     return list(ExtensionManager.make_test_instance([], namespace=group).list_entry_points())
 
 
+def import_spec(spec: str) -> Any:
+    """Import ``"module"`` or ``"module:attribute"`` (dots allowed in the attribute path)."""
+    module_name, _, attr = spec.strip().partition(":")
+    if not module_name:
+        raise PluginError(f"{EXTRA_ENV}: {spec!r} names no module; write module or module:attribute")
+    obj: Any = importlib.import_module(module_name)
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def extra_plugin_specs(environ: Any = None) -> dict[str, str]:
+    """Plugins named by ``$SCAFFOLD_EXTRA_PLUGINS`` (comma-separated specs), keyed by spec."""
+    text = (os.environ if environ is None else environ).get(EXTRA_ENV, "")
+    return {spec.strip(): spec.strip() for spec in text.split(",") if spec.strip()}
+
+
 _LOCK = threading.Lock()
 _CURRENT: PluginSet | None = None
 
@@ -294,7 +319,7 @@ def get_plugins(*, reload: bool = False) -> PluginSet:
             if os.environ.get("SCAFFOLD_TRACE_PLUGINS"):
                 plugins.pm.trace.root.setwriter(sys.stderr.write)
                 plugins.pm.enable_tracing()
-            _CURRENT = plugins.load()
+            _CURRENT = plugins.load(extra=extra_plugin_specs())
         return _CURRENT
 
 

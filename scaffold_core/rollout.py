@@ -15,7 +15,7 @@ from .config import Config
 from .episode import EpisodeContext, EpisodeResult
 from .hooks import Hooks
 from .metrics import RunMetrics
-from .output import RunOutput, latest_records, result_of, write_derived
+from .output import RunOutput, latest_records, ledger_paths, result_of, write_derived
 from .runtime import Runtime
 from .sampling import derive_seed
 from .verifier import VerifierPool
@@ -67,17 +67,20 @@ class Rollout:
 
     def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
                  rank: int = 0, world_size: int = 1, local_rank: int = 0, progress: bool | None = None, registry: Any = None,
-                 plugins: Any = None, ledger_name: str = "episodes.jsonl", finalize: bool = True):
+                 plugins: Any = None, ledger_name: str = "episodes.jsonl", finalize: bool = True,
+                 prepared: bool = False, local_world_size: int | None = None):
         from .plugins import get_plugins
 
         self.config = config
         self.plugins = plugins or get_plugins()
         self.registry = registry or self.plugins.registry
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.local_world_size = local_world_size
         self.dir = Path(output_dir) if output_dir is not None else expand_output_dir(config)
         # Both of these validate before any model loads.
         self.components = build_components(config, self.registry)
-        self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, ledger_name=ledger_name)
+        self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, ledger_name=ledger_name,
+                                prepared=prepared)
         self.progress = config.rollout.progress if progress is None else progress
         self.finalize_outputs = finalize
         self.metrics = RunMetrics()
@@ -125,7 +128,6 @@ class Rollout:
         if self.rank == 0:
             self.output.write_config(cfg)
         done = self.output.completed_ids()
-        self.metrics.resumed = len(done)
         pool = VerifierPool(comps.verifier, timeout=cfg.verifier_timeout, workers=cfg.verifier_workers,
                             name=cfg.verifier.name)
         self.hooks.run_start(cfg, str(self.dir))
@@ -136,11 +138,17 @@ class Rollout:
                 from .engine import RunInfo
                 from .ports import rank_slice
 
+                # Ports are per host: with several hosts, slice by the rank on this host.
+                if self.local_world_size:
+                    port_range = rank_slice(self.local_rank, self.local_world_size)
+                else:
+                    port_range = rank_slice(self.rank, self.world_size)
                 attach(RunInfo(output_dir=self.dir, rank=self.rank, world_size=self.world_size,
-                               local_rank=self.local_rank, port_range=rank_slice(self.rank, self.world_size)))
+                               local_rank=self.local_rank, port_range=port_range))
             await comps.engine.start()
             rows = self._rows()
             todo = sum(1 for _, row in rows if str(row.get("id", _)) not in done)
+            self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
             self.runtime = runtime = Runtime(
                 engine=comps.engine, controller=comps.controller, verifier=pool,
                 trajectory_maker=comps.trajectory_maker, hooks=self.hooks, engine_name=cfg.engine.name,
@@ -200,7 +208,8 @@ class Rollout:
 
     def finalize(self, live: dict[str, Any], ledgers: list[Path] | None = None) -> dict[str, Any]:
         """Derive samples, failures, dataset and metrics from the ledger(s); returns metrics."""
-        records = latest_records(ledgers or [self.output.ledger_path])
+        paths = ledgers or ledger_paths(self.dir) or [self.output.ledger_path]
+        records = latest_records(paths)
         totals = RunMetrics()
         for reason, count in self.metrics.skipped_rows.items():
             totals.skipped_rows[reason] += count
@@ -209,7 +218,7 @@ class Rollout:
         metrics = totals.summary()
         # Throughput and time are this session's own measurements (a resumed run adds to the totals).
         for key in ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_errors", "interrupted",
-                    "resumed_episodes"):
+                    "resumed_episodes", "workers", "worker_failures"):
             if key in live:
                 metrics[key] = live[key]
         if "resumed_episodes" in live:

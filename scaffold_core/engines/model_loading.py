@@ -140,7 +140,14 @@ def load_model_and_tokenizer(source: ModelSource, *, dtype: str = "float32", dev
 
 
 def _save_converted(model: Any, tokenizer: Any, target: Path) -> None:
-    """Save dequantized weights atomically: a half-written cache is never used."""
+    """Save dequantized weights atomically: a half-written cache is never used.
+
+    Several processes may convert at once (workers starting together): each
+    writes its own temp folder and renames it into place; whoever comes second
+    finds a complete cache there and discards its copy.
+    """
+    if (target / "complete").exists():
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
@@ -152,12 +159,15 @@ def _save_converted(model: Any, tokenizer: Any, target: Path) -> None:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         (tmp / "complete").write_text("ok\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except Exception:
+        if target.exists() and not (target / "complete").exists():
+            shutil.rmtree(target, ignore_errors=True)  # a stale half-written folder from a killed run
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "complete").exists():
+                raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _dtype(torch: Any, name: str) -> Any:

@@ -56,6 +56,13 @@ class _Row:
     stop_at: int | None = None  # character offset where a stop string begins
 
 
+def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
+    """``device: auto``: worker ``local_rank`` on a machine with ``gpus`` GPUs uses GPU ``local_rank % gpus``."""
+    if not cuda or gpus < 1:
+        return "cpu"
+    return f"cuda:{local_rank % gpus}"
+
+
 class TransformersEngine(Engine):
     """In-process Hugging Face transformers engine with dynamic batching."""
 
@@ -115,7 +122,8 @@ class TransformersEngine(Engine):
             torch.set_num_threads(self.threads)
         device = self.device_option
         if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+            local_rank = self.run_info.local_rank if self.run_info is not None else 0
+            device = auto_device(torch.cuda.is_available(), torch.cuda.device_count(), local_rank)
         self.device = device
         self.model, self.tokenizer, self.load_info = load_model_and_tokenizer(
             self.source, dtype=self.dtype, device=device, use_cache=self.cache_converted,

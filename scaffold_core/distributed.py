@@ -1,0 +1,338 @@
+"""torch.distributed process groups: torchrun-style set-up, a Gloo CPU group, bounded collectives.
+
+:func:`init_process_group` initialises the default group from torchrun's
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``) or from explicit arguments. The rendezvous URL is built
+with :func:`scaffold_core.net.format_url`, so ``MASTER_ADDR=::1`` (or
+``[::1]``) gives ``tcp://[::1]:PORT``. Next to the default group it always
+creates a Gloo group on the same ranks: the **CPU group**. CPU-side metadata
+collectives (micro-batch counts, object gathers, barriers) use it, never an
+NCCL WORLD group, which needs the right CUDA device and working inter-node
+routing just to agree on a few integers.
+
+Every rendezvous and collective is bounded by ``timeout_s``; a rank that
+never arrives turns into a :class:`DistributedError` naming the URL, the
+rank and the fix, not a hang. torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ScaffoldError
+from .net import format_url, split_hostport, strip_brackets
+
+DEFAULT_TIMEOUT_S = 300.0
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class DistributedError(ScaffoldError):
+    """A process group could not be set up, or a collective failed or timed out."""
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"{name}={raw!r} is not an integer (torchrun sets it; so does "
+                               f"`scaffold run --workers N`)") from None
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in a job: torchrun's variables, validated.
+
+    ``master_addr`` is stored raw (``::1``, never ``[::1]``).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    launched: bool = False  # True when RANK/WORLD_SIZE came from a launcher
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise DistributedError(f"WORLD_SIZE must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise DistributedError(f"RANK {self.rank} is not in [0, WORLD_SIZE={self.world_size})")
+        if self.local_world_size < 1 or not 0 <= self.local_rank < self.local_world_size:
+            raise DistributedError(f"LOCAL_RANK {self.local_rank} is not in "
+                                   f"[0, LOCAL_WORLD_SIZE={self.local_world_size})")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise DistributedError(f"MASTER_PORT must be in 1..65535, got {self.master_port}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
+        """Read torchrun's variables; without ``RANK``/``WORLD_SIZE`` this is a single process."""
+        env = os.environ if environ is None else environ
+        rank = _int_var(env, "RANK", None)
+        world = _int_var(env, "WORLD_SIZE", None)
+        if (rank is None) != (world is None):
+            missing = "WORLD_SIZE" if world is None else "RANK"
+            raise DistributedError(f"{missing} is not set but {'RANK' if world is None else 'WORLD_SIZE'} is: "
+                                   "set both (torchrun does) or neither")
+        local_rank = _int_var(env, "LOCAL_RANK", None)
+        local_world = _int_var(env, "LOCAL_WORLD_SIZE", None)
+        launched = rank is not None
+        rank, world = rank or 0, world or 1
+        if local_rank is None:
+            local_rank = rank if local_world is None else rank % local_world
+        if local_world is None:  # one machine, unless torchrun says otherwise
+            local_world = max(world, local_rank + 1)
+        addr = strip_brackets(env.get("MASTER_ADDR", "") or "127.0.0.1")
+        return cls(rank, world, local_rank, local_world, addr, _int_var(env, "MASTER_PORT", None), launched)
+
+    @property
+    def init_method(self) -> str:
+        """``tcp://host:port`` with IPv6 bracketed."""
+        if self.master_port is None:
+            raise DistributedError("MASTER_PORT is not set: torchrun sets it; pass master_port= or "
+                                   "init_method='tcp://HOST:PORT' explicitly")
+        return format_url("tcp", self.master_addr, self.master_port)
+
+    def to_env(self) -> dict[str, str]:
+        """torchrun's variables for a worker process in this position."""
+        env = {
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size), "GROUP_RANK": str(self.rank // self.local_world_size),
+            "MASTER_ADDR": self.master_addr,
+        }
+        if self.master_port is not None:
+            env["MASTER_PORT"] = str(self.master_port)
+        return env
+
+
+@dataclass
+class ProcessGroups:
+    """The default group (``None`` means torch's WORLD) and the Gloo CPU group beside it."""
+
+    rank: int
+    world_size: int
+    backend: str
+    cpu_group: Any
+    timeout_s: float
+    init_method: str | None = None
+    owned: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        """Wait for every rank (Gloo, bounded); the error names the ranks that did not arrive."""
+        barrier(self.cpu_group, timeout_s=timeout_s or self.timeout_s)
+
+    def destroy(self) -> None:
+        """Destroy the groups (if this object created them)."""
+        global _CURRENT
+        if _CURRENT is self:
+            _CURRENT = None
+        if not self.owned:
+            return
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __enter__(self) -> ProcessGroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+_CURRENT: ProcessGroups | None = None
+
+
+def current() -> ProcessGroups | None:
+    """The groups :func:`init_process_group` set up in this process, if any."""
+    return _CURRENT
+
+
+def _timedelta(seconds: float) -> Any:
+    import datetime
+
+    if not seconds or seconds <= 0:
+        raise DistributedError(f"timeout must be > 0 seconds, got {seconds!r}")
+    return datetime.timedelta(seconds=float(seconds))
+
+
+def normalize_init_method(init_method: str, environ: Mapping[str, str] | None = None) -> str:
+    """A rendezvous URL torch understands: ``env://`` becomes ``tcp://`` from MASTER_ADDR/PORT and IPv6
+    hosts are bracketed exactly once (``tcp://[::1]:29500``)."""
+    text = init_method.strip()
+    if text == "env://":
+        return DistEnv.from_env(environ).init_method
+    if text.startswith("tcp://"):
+        host, port = split_hostport(text)
+        return format_url("tcp", host, port)
+    return text  # file:// and anything else torch supports, unchanged
+
+
+def init_process_group(backend: str | None = None, *, init_method: str | None = None, rank: int | None = None,
+                       world_size: int | None = None, master_addr: str | None = None,
+                       master_port: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                       environ: Mapping[str, str] | None = None) -> ProcessGroups:
+    """Initialise torch.distributed and create the Gloo CPU group beside it.
+
+    Explicit arguments win over torchrun's variables. ``backend`` defaults to
+    ``nccl`` when CUDA is available, else ``gloo``. If torch.distributed is
+    already initialised (by a trainer), only the CPU group is created. Every
+    wait is bounded by ``timeout_s``.
+    """
+    global _CURRENT
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise DistributedError("this torch build has no torch.distributed support")
+    timeout = _timedelta(timeout_s)
+    if dist.is_initialized():
+        cpu = _new_gloo_group(dist, timeout)
+        _CURRENT = ProcessGroups(dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), cpu, timeout_s,
+                                 owned=False)
+        return _CURRENT
+    env = DistEnv.from_env(environ)
+    rank = env.rank if rank is None else rank
+    world_size = env.world_size if world_size is None else world_size
+    if init_method is None:
+        addr = strip_brackets(master_addr) if master_addr else env.master_addr
+        port = master_port if master_port is not None else env.master_port
+        url = DistEnv(rank, world_size, 0, 1, addr, port).init_method
+    else:
+        url = normalize_init_method(init_method, environ)
+    if not 0 <= rank < world_size:
+        raise DistributedError(f"rank {rank} is not in [0, world_size={world_size})")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        dist.init_process_group(backend=backend, init_method=url, rank=rank, world_size=world_size,
+                                timeout=timeout)
+    except Exception as exc:
+        raise DistributedError(
+            f"rank {rank} of {world_size}: rendezvous at {url} ({backend}) failed within {timeout_s:g} s: "
+            f"{type(exc).__name__}: {exc}. Check that every rank started, that MASTER_ADDR is an address of "
+            "rank 0's machine reachable from here, and that MASTER_PORT is free there") from exc
+    try:
+        cpu = _new_gloo_group(dist, timeout)
+    except Exception:
+        dist.destroy_process_group()
+        raise
+    _CURRENT = ProcessGroups(rank, world_size, backend, cpu, timeout_s, init_method=url)
+    return _CURRENT
+
+
+def _new_gloo_group(dist: Any, timeout: Any) -> Any:
+    try:
+        return dist.new_group(backend="gloo", timeout=timeout)
+    except Exception as exc:
+        raise DistributedError(f"creating the Gloo CPU group failed: {type(exc).__name__}: {exc}") from exc
+
+
+def resolve_cpu_group(group: Any = None) -> tuple[Any, int]:
+    """(group, world size) for a CPU-side metadata collective.
+
+    An explicit ``group`` is used as given. Otherwise: the CPU group of
+    :func:`init_process_group`; torch's WORLD only when its backend is Gloo;
+    world size 1 (no collective at all) when torch.distributed is not
+    initialised. A non-Gloo WORLD is refused: pass a Gloo group.
+    """
+    if group is not None:
+        import torch.distributed as dist
+
+        return group, dist.get_world_size(group)
+    if _CURRENT is not None:
+        return _CURRENT.cpu_group, _CURRENT.world_size
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None, 1
+    if not dist.is_available() or not dist.is_initialized():
+        return None, 1
+    backend = str(dist.get_backend())
+    if backend != "gloo":
+        raise DistributedError(
+            f"a CPU-side collective needs a Gloo group, and the default group's backend is {backend!r}: pass "
+            "group=<a gloo group> (dist.new_group(backend='gloo')), or set up with "
+            "scaffold_core.distributed.init_process_group(), which creates one")
+    return None, dist.get_world_size()
+
+
+def _run(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except DistributedError:
+        raise
+    except Exception as exc:
+        raise DistributedError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def all_reduce_max(value: int, group: Any = None) -> int:
+    """The maximum of ``value`` over the ranks of the (Gloo) group."""
+    group, world = resolve_cpu_group(group)
+    if world == 1:
+        return int(value)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([int(value)], dtype=torch.int64)
+    _run("all_reduce(MAX) on the CPU group", dist.all_reduce, tensor, op=dist.ReduceOp.MAX, group=group)
+    return int(tensor.item())
+
+
+def all_reduce_sum(value: float, group: Any = None) -> float:
+    """The sum of ``value`` over the ranks of the (Gloo) group."""
+    group, world = resolve_cpu_group(group)
+    if world == 1:
+        return float(value)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    _run("all_reduce(SUM) on the CPU group", dist.all_reduce, tensor, op=dist.ReduceOp.SUM, group=group)
+    return float(tensor.item())
+
+
+def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, over the Gloo group."""
+    group, world = resolve_cpu_group(group)
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world
+    _run("all_gather_object on the CPU group", dist.all_gather_object, out, obj, group=group)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
+    """``obj`` from rank ``src`` on every rank, over the Gloo group."""
+    group, world = resolve_cpu_group(group)
+    if world == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    _run("broadcast_object_list on the CPU group", dist.broadcast_object_list, box, src=src, group=group)
+    return box[0]
+
+
+def barrier(group: Any = None, *, timeout_s: float | None = None) -> None:
+    """Wait for every rank, bounded; on Gloo the error names the ranks that did not arrive."""
+    group, world = resolve_cpu_group(group)
+    if world == 1:
+        return
+    import torch.distributed as dist
+
+    timeout = _timedelta(timeout_s or (_CURRENT.timeout_s if _CURRENT else DEFAULT_TIMEOUT_S))
+    _run("barrier on the CPU group", dist.monitored_barrier, group=group, timeout=timeout, wait_all_ranks=True)
+
+
+def destroy_process_group() -> None:
+    """Destroy what :func:`init_process_group` created (no-op when nothing is set up)."""
+    if _CURRENT is not None:
+        _CURRENT.destroy()

@@ -1,0 +1,83 @@
+"""A plugin with test and benchmark tasks, for runs that need no dataset plugin.
+
+Not registered by default. Enable it with
+``SCAFFOLD_EXTRA_PLUGINS=scaffold_core.testing.plugin`` (worker processes
+inherit the variable) or ``plugin_set(scaffold_core.testing.plugin)``.
+
+* ``list``: :class:`~scaffold_core.testing.ListTask` over the ``rows`` given
+  in the config (each with ``question``, ``answer`` and optionally ``id``).
+* ``arithmetic``: ``count`` deterministic addition questions
+  (``What is 17 + 25?`` -> ``42``), ids ``arith-00000``...
+* ``flaky_list``: ``list`` whose worker of rank ``crash_rank`` (from
+  ``$RANK``) fails while loading: ``crash: exit`` (exit code 3), ``raise``
+  or ``hang``. For testing launchers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, ClassVar, Iterable
+
+from ..hookimpl import hookimpl
+from .helpers import ListTask
+
+
+class ConfiguredListTask(ListTask):
+    """``list``: the rows come from the config. Defaults to the exact_match verifier."""
+
+    default_config: ClassVar[dict[str, Any]] = {"verifier": {"name": "exact_match"},
+                                                "sampling": {"max_tokens": 32}}
+
+    def __init__(self, rows: list[dict[str, Any]] | None = None, system: str | None = None):
+        super().__init__(rows, system)
+
+
+class ArithmeticTask(ListTask):
+    """``arithmetic``: ``count`` addition questions, the same for every process that builds them."""
+
+    default_config: ClassVar[dict[str, Any]] = {"verifier": {"name": "exact_match"},
+                                                "sampling": {"max_tokens": 32}}
+
+    def __init__(self, count: int = 16, seed: int = 0, system: str | None = None):
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        super().__init__([], system)
+        self.count = count
+        self.seed = seed
+
+    def load(self) -> Iterable[dict[str, Any]]:
+        for i in range(self.count):
+            a = (i * 7919 + self.seed * 104729) % 90 + 10
+            b = (i * 104723 + self.seed * 7907) % 90 + 10
+            yield {"id": f"arith-{i:05d}", "question": f"What is {a} + {b}?", "answer": str(a + b)}
+
+
+class FlakyListTask(ConfiguredListTask):
+    """``flaky_list``: the worker of rank ``crash_rank`` fails while loading its rows."""
+
+    def __init__(self, rows: list[dict[str, Any]] | None = None, crash_rank: int | None = None,
+                 crash: str = "exit", system: str | None = None):
+        if crash not in ("exit", "raise", "hang"):
+            raise ValueError(f"crash must be 'exit', 'raise' or 'hang', got {crash!r}")
+        super().__init__(rows, system)
+        self.crash_rank = crash_rank
+        self.crash = crash
+
+    def load(self) -> Iterable[dict[str, Any]]:
+        if self.crash_rank is not None and int(os.environ.get("RANK", "0")) == self.crash_rank:
+            print(f"flaky_list: rank {self.crash_rank} crashing ({self.crash})", file=sys.stderr, flush=True)
+            if self.crash == "exit":
+                os._exit(3)
+            if self.crash == "raise":
+                raise RuntimeError(f"flaky_list: injected failure on rank {self.crash_rank}")
+            time.sleep(3600)
+        return super().load()
+
+
+@hookimpl
+def register_tasks(registry: Any) -> None:
+    registry.add("list", ConfiguredListTask)
+    registry.add("arithmetic", ArithmeticTask)
+    registry.add("flaky_list", FlakyListTask)

