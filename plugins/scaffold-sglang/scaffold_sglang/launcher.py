@@ -23,7 +23,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scaffold_core.errors import MissingDependencyError, ScaffoldError
-from scaffold_core.net import format_url, strip_brackets
+from scaffold_core.net import format_url, loopback_host, strip_brackets
 
 log = logging.getLogger("scaffold.sglang")
 
@@ -92,19 +91,7 @@ class LaunchOptions(BaseModel):
     @field_validator("host")
     @classmethod
     def _host(cls, value: str | None) -> str:
-        return default_loopback() if value is None else strip_brackets(value)  # raw; bracketed only in URLs
-
-
-def default_loopback() -> str:
-    """``127.0.0.1``, or ``::1`` when this host has no IPv4 loopback (IPv6-only)."""
-    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as s:
-                s.bind((address, 0))
-            return address
-        except OSError:
-            continue
-    return "127.0.0.1"
+        return loopback_host() if value is None else strip_brackets(value)  # raw; bracketed only in URLs
 
 
 def parse_launch_options(data: Any) -> LaunchOptions:
