@@ -416,3 +416,33 @@ def test_unreachable_url_fails_start_within_url_wait_timeout():
 
     run(main())
 
+
+
+def test_aborted_requests_are_rerun_by_the_runtime_after_a_pause_in_abort_mode():
+    from scaffold_core.builtins.controllers import NativeController
+    from scaffold_core.runtime import Runtime
+    from scaffold_core.testing import ListTask, make_contexts
+
+    server = byte_server(backend_options={"token_delay_s": 0.01, "mean_tokens": 30})
+
+    async def main():
+        async with ts.running(server) as url:
+            async with engine(url) as eng:
+                task = ListTask([{"id": f"q{i}", "question": f"{i}?", "answer": "1"} for i in range(4)])
+                contexts = make_contexts(task, eng.tokenizer, SamplingParams(max_tokens=40))
+                results = []
+                runtime = Runtime(engine=eng, controller=NativeController(), verifier=None, retries=1,
+                                  concurrency=4)
+                run_task = asyncio.ensure_future(runtime.run(contexts, results.append))
+                while len(server.live) < 4:
+                    await asyncio.sleep(0.01)
+                await eng.pause_generation("abort")  # in-flight requests end as aborted
+                await asyncio.sleep(0.1)
+                await eng.continue_generation()
+                await run_task
+                return results, eng.stats()
+
+    results, stats = run(main())
+    assert stats["aborted"] == 4
+    assert sorted(r.episode_id for r in results) == ["q0", "q1", "q2", "q3"]
+    assert all(r.status == "ok" and r.attempts == 2 for r in results)
