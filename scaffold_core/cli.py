@@ -47,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="verifier option, e.g. --option mode=flexible (repeatable)")
     p.set_defaults(handler=cmd_score)
+
+    p = sub.add_parser("new-plugin", help="create a ready-to-install plugin package (scaffold-NAME)")
+    p.add_argument("name", help="the plugin's short name: 'arith' makes scaffold-arith, module scaffold_arith")
+    p.add_argument("--kind", default="task",
+                   choices=["task", "verifier", "engine", "controller", "trajectory_maker"],
+                   help="the component the plugin adds (default: task)")
+    p.add_argument("--dir", default=".", help="the folder to create scaffold-NAME/ in (default: the current one)")
+    p.set_defaults(handler=cmd_new_plugin)
     return parser
 
 
@@ -155,6 +163,14 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     summary = score_file(args.verifier, args.input, args.output, args.option)
     print(json.dumps(summary, indent=2))
+    return EXIT_OK
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    from .newplugin import create_plugin, next_steps
+
+    target = create_plugin(args.name, kind=args.kind, parent=args.dir)
+    print(next_steps(target, args.name, args.kind))
     return EXIT_OK
 
 

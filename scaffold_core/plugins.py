@@ -86,6 +86,8 @@ class PluginSet:
         self.registry = Registry()
         self.infos: dict[str, PluginInfo] = {}
         self._dist_of: dict[str, tuple[str | None, str | None]] = {}
+        #: Called with one line per plugin loaded and per registration hook call (SCAFFOLD_TRACE_PLUGINS).
+        self.trace: Any = None
 
     # -- loading ---------------------------------------------------------
     def load(self, *, entry_points: bool = True, extra: dict[str, Any] | None = None) -> PluginSet:
@@ -103,7 +105,11 @@ class PluginSet:
                 if isinstance(plugin, str):
                     plugin = import_spec(plugin)
                 self.pm.register(plugin, name=name)
+                if self.trace:
+                    self.trace(f"loaded extra plugin {name!r}")
             except Exception as exc:
+                if self.trace:
+                    self.trace(f"failed to load extra plugin {name!r}: {type(exc).__name__}: {exc}")
                 self._mark_broken(name, exc)
         self._validate_hooks()
         self._register_components()
@@ -134,8 +140,12 @@ class PluginSet:
             name_order=True,
         )
         for name, exc in failures.items():
+            if self.trace:
+                self.trace(f"failed to import plugin {name!r}: {type(exc).__name__}: {exc}")
             self._mark_broken(name, exc, message=f'error importing plugin "{name}": {type(exc).__name__}: {exc}')
         for ext in manager.extensions:
+            if self.trace:
+                self.trace(f"loaded plugin {ext.name!r} from {getattr(ext.entry_point, 'value', '?')}")
             self.infos[ext.name] = PluginInfo(ext.name, None, None, "ok")
             try:
                 self.pm.register(ext.plugin, name=ext.name)
@@ -194,13 +204,20 @@ class PluginSet:
                 if owner not in order:
                     order.append(owner)
                 view = ComponentRegistry(kind, owner, dist, sink)
+                before = len(sink)
                 try:
                     impl.function(**{arg: view for arg in impl.argnames})
                 except Exception as exc:
+                    if self.trace:
+                        self.trace(f"{plugin_name}: {hook_name} raised {type(exc).__name__}: {exc}")
                     if owner == BUILTIN:
                         raise
                     self._fail_plugin(plugin_name, exc, message=(
                         f"plugin {plugin_name!r} raised in {hook_name}: {type(exc).__name__}: {exc}"), staged=sink)
+                else:
+                    if self.trace:
+                        added = ", ".join(info.name for info in sink[before:]) or "nothing"
+                        self.trace(f"{plugin_name}: {hook_name} added {added}")
         for owner in order:
             if owner in self.registry.broken:
                 continue
@@ -310,7 +327,9 @@ _CURRENT: PluginSet | None = None
 def get_plugins(*, reload: bool = False) -> PluginSet:
     """The process-wide plugin set, loaded on first use.
 
-    ``SCAFFOLD_TRACE_PLUGINS=1`` prints every hook call and its results to stderr.
+    ``SCAFFOLD_TRACE_PLUGINS=1`` prints to stderr each plugin loaded, each
+    registration hook call with what it added (or raised), and pluggy's trace
+    of hooks called through the plugin manager.
     """
     global _CURRENT
     with _LOCK:
@@ -319,6 +338,7 @@ def get_plugins(*, reload: bool = False) -> PluginSet:
             if os.environ.get("SCAFFOLD_TRACE_PLUGINS"):
                 plugins.pm.trace.root.setwriter(sys.stderr.write)
                 plugins.pm.enable_tracing()
+                plugins.trace = lambda line: sys.stderr.write(f"scaffold-trace: {line}\n")
             _CURRENT = plugins.load(extra=extra_plugin_specs())
         return _CURRENT
 

@@ -86,9 +86,10 @@ async def gather_or_cancel(coros: list[Any]) -> list[Any]:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]  # marks every one retrieved
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
     return [t.result() for t in tasks]
 
 

@@ -6,12 +6,18 @@
   prompt text decides the response; optional delays and injected faults.
 * :class:`ListTask` is a task over an in-memory list of rows.
 * :func:`run_episodes` runs contexts through a :class:`Runtime` and returns
-  the results.
+  the results; :func:`run_one_episode` runs one task row end to end.
+* :class:`LiveEngine` starts an engine on a background event loop so
+  synchronous tests can share it (the ``smollm2_engine`` fixture is one).
+* :mod:`scaffold_core.testing.conformance` holds the conformance base classes
+  a plugin's tests subclass (imported on demand: it needs pytest).
 """
 
 from __future__ import annotations
 
 from .engines import ScriptedEngine
-from .helpers import ListTask, make_contexts, plugin_set, run_episodes
+from .helpers import ListTask, make_contexts, plugin_set, run_episodes, run_one_episode
+from .live import BackgroundLoop, LiveEngine
 
-__all__ = ["ScriptedEngine", "ListTask", "plugin_set", "make_contexts", "run_episodes"]
+__all__ = ["ScriptedEngine", "ListTask", "plugin_set", "make_contexts", "run_episodes", "run_one_episode",
+           "BackgroundLoop", "LiveEngine"]

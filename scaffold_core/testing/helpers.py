@@ -57,21 +57,87 @@ def make_contexts(task: Task, tokenizer: Any, sampling: SamplingParams | None = 
 def run_episodes(contexts: list[EpisodeContext], *, engine: Any, controller: Any, verifier: Any = None,
                  trajectory_maker: Any = None, timeout: float = 120.0, verifier_timeout: float = 10.0,
                  **runtime_options: Any) -> list[EpisodeResult]:
-    """Run ``contexts`` and return results in context order (the whole call is bounded by ``timeout``)."""
+    """Run ``contexts`` and return results in context order (the whole call is bounded by ``timeout``).
+
+    ``engine`` is an unstarted engine (started and closed here, on a fresh
+    event loop) or a :class:`~scaffold_core.testing.LiveEngine` (used on its
+    own loop and left running, e.g. the session's shared model engine).
+    """
+    from .live import LiveEngine
+
+    live = engine if isinstance(engine, LiveEngine) else None
+    raw_engine = live.engine if live is not None else engine
 
     async def main() -> list[EpisodeResult]:
         pool = VerifierPool(verifier, timeout=verifier_timeout) if verifier is not None else None
         results: list[EpisodeResult] = []
-        await engine.start()
+        if live is None:
+            await raw_engine.start()
         try:
-            runtime = Runtime(engine=engine, controller=controller, verifier=pool,
+            runtime = Runtime(engine=raw_engine, controller=controller, verifier=pool,
                               trajectory_maker=trajectory_maker, **runtime_options)
             await asyncio.wait_for(runtime.run(contexts, results.append), timeout)
         finally:
             if pool is not None:
                 pool.close()
-            await engine.close()
+            if live is None:
+                await raw_engine.close()
         order = {c.episode_id: i for i, c in enumerate(contexts)}
         return sorted(results, key=lambda r: order.get(r.episode_id, 0))
 
+    if live is not None:
+        return live.run(main(), timeout=timeout + 5.0)
     return asyncio.run(main())
+
+
+def run_one_episode(task: Task, row: int | dict[str, Any] = 0, *, engine: Any = None, respond: Any = None,
+                    controller: Any = None, verifier: Any = None, trajectory_maker: Any = None,
+                    sampling: SamplingParams | None = None, timeout: float = 120.0) -> EpisodeResult:
+    """Run one row of ``task`` end to end (prompt, generation, verification, trajectories).
+
+    ``row`` is a row index into ``task.load()`` or a row dict. The engine
+    defaults to a :class:`ScriptedEngine` answering ``respond`` (a string, or
+    a function of the prompt text and request); the controller to ``native``;
+    the trajectory maker to ``single_turn``. ``verifier`` is required when
+    the episode should be scored. A real engine must be passed started, as a
+    :class:`~scaffold_core.testing.LiveEngine` (its tokenizer renders the prompt).
+    """
+    from ..builtins.controllers import NativeController
+    from ..builtins.trajectories import SingleTurnTrajectoryMaker
+    from .engines import ScriptedEngine
+
+    if isinstance(row, int):
+        rows = list(task.load())
+        if not 0 <= row < len(rows):
+            raise IndexError(f"row {row} is out of range: the task loaded {len(rows)} rows")
+        row = rows[row]
+    if engine is None:
+        engine = ScriptedEngine(respond if respond is not None else "")
+    tokenizer = engine.tokenizer
+    one = _OneRowTask(task, row)
+    contexts = make_contexts(one, tokenizer, sampling)
+    results = run_episodes(contexts, engine=engine, controller=controller or NativeController(),
+                           verifier=verifier, trajectory_maker=trajectory_maker or SingleTurnTrajectoryMaker(),
+                           timeout=timeout)
+    return results[0]
+
+
+class _OneRowTask(Task):
+    """A view of another task that loads only one row."""
+
+    def __init__(self, task: Task, row: dict[str, Any]):
+        super().__init__()
+        self.task = task
+        self.row = row
+
+    def load(self) -> Iterable[dict[str, Any]]:
+        return [self.row]
+
+    def messages(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.task.messages(row)
+
+    def reference(self, row: dict[str, Any]) -> str | None:
+        return self.task.reference(row)
+
+    def build_prompt(self, row: dict[str, Any], tokenizer: Any) -> Any:
+        return self.task.build_prompt(row, tokenizer)

@@ -1,0 +1,51 @@
+"""scaffold-gsm8k against scaffold's conformance kit: the task and both verifiers keep their contracts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import scaffold_gsm8k
+from scaffold_core.testing.conformance import TaskConformance, VerifierConformance
+
+
+class TestGSM8KTaskConformance(TaskConformance):
+    """The bundled offline sample: rows load, prompts build, each gold solution passes the gsm8k verifier."""
+
+    plugin = scaffold_gsm8k
+    name = "gsm8k"
+    options = {"source": "sample", "limit": 20}
+
+    def gold_response(self, row, reference):
+        return row["answer"]  # the dataset's worked solution, ending in "#### <number>"
+
+
+class TestGSM8KTaskWithFewShotConformance(TestGSM8KTaskConformance):
+    options = {"source": "sample", "limit": 5, "few_shot": 2}
+
+
+class TestGSM8KVerifierConformance(VerifierConformance):
+    plugin = scaffold_gsm8k
+    name = "gsm8k"
+    gold = [("She has 48 - 15 = 33 left.\n#### 33", "33"), ("#### 1,234", "1234"), ("\\boxed{18.00}", "18"),
+            ("The answer is #### -7", "-7")]
+    wrong = [("#### 34", "33"), ("She has 33 left.", "33"), ("#### 33.5", "33")]
+
+
+class TestGSM8KFlexibleVerifierConformance(VerifierConformance):
+    plugin = scaffold_gsm8k
+    name = "gsm8k"
+    options = {"mode": "flexible"}
+    gold = [("She has 33 left.", "33"), ("#### 33", "33")]
+    wrong = [("She has 34 left.", "33"), ("no number here", "33")]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
+                    reason="math_verify is an optional extra: pip install 'scaffold-gsm8k[math-verify]'")
+class TestMathVerifyVerifierConformance(VerifierConformance):
+    plugin = scaffold_gsm8k
+    name = "math_verify"
+    gold = [("#### 33", "33"), ("\\boxed{\\frac{1}{2}}", "0.5")]
+    wrong = [("#### 34", "33")]
+    time_limit = 30.0

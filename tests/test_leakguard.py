@@ -1,0 +1,53 @@
+"""The suite's leak guard itself: a session that leaves a process, a port or a temp file fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+LEAKY = '''
+import socket, subprocess, sys, tempfile
+
+def test_leaks():
+    global keep
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen()
+    tempfile.mkstemp(suffix=".leak")
+    keep = (proc, sock)
+'''
+
+CLEAN = '''
+import subprocess, sys, tempfile
+
+def test_clean(tmp_path):
+    subprocess.run([sys.executable, "-c", "pass"], check=True, timeout=30)
+    with tempfile.TemporaryDirectory() as d:
+        open(d + "/x", "w").write("x")
+    (tmp_path / "kept-by-pytest").write_text("ok")
+'''
+
+
+def run_pytest(tmp_path, source: str) -> subprocess.CompletedProcess:
+    test = tmp_path / "test_case.py"
+    test.write_text(source)
+    env = {k: v for k, v in os.environ.items() if k not in ("SCAFFOLD_TEST_SESSION",)}
+    env["TMPDIR"] = str(tmp_path)  # the inner session keeps its temp dir after a failure: inside ours
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                           "scaffold_core.testing.leakguard", str(test)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+
+
+def test_guard_reports_and_fails_a_leaky_session(tmp_path):
+    proc = run_pytest(tmp_path, LEAKY)
+    assert proc.returncode == 1, proc.stdout
+    assert "left behind by the tests" in proc.stdout
+    assert "process" in proc.stdout and "time.sleep(60)" in proc.stdout
+    assert "listening socket" in proc.stdout
+    assert "temp file left behind" in proc.stdout and ".leak" in proc.stdout
+
+
+def test_guard_passes_a_clean_session(tmp_path):
+    proc = run_pytest(tmp_path, CLEAN)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "left behind" not in proc.stdout

@@ -1,0 +1,428 @@
+"""The test kit itself: its helpers work, its fixtures load as a pytest plugin, and its conformance
+classes fail on components that break their contract (so a green conformance run means something)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from scaffold_core.testing import BackgroundLoop, ListTask, LiveEngine, ScriptedEngine, run_one_episode
+from scaffold_core.verifier import ExactMatchVerifier
+
+pytest_plugins = ["pytester"]
+
+ROWS = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 3 + 3?", "answer": "6"}]
+
+
+def _loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "scaffold-test-loop"]
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def test_background_loop_runs_coroutines_and_bounds_waits():
+    loop = BackgroundLoop()
+    try:
+        assert loop.run(asyncio.sleep(0, result="done"), timeout=5) == "done"
+        started = time.perf_counter()
+        with pytest.raises(TimeoutError, match="within 0.2 s"):
+            loop.run(asyncio.sleep(30), timeout=0.2)
+        assert time.perf_counter() - started < 5
+    finally:
+        loop.close()
+    assert loop.loop.is_closed()
+    loop.close()  # twice is fine
+
+
+def test_live_engine_generates_and_closes_its_engine_and_thread():
+    before = len(_loop_threads())
+    engine = ScriptedEngine("#### 42")
+    live = LiveEngine.start(engine)
+    try:
+        assert engine.started
+        request = live.request("What is 6 * 7?", __import__("scaffold_core").SamplingParams(max_tokens=32))
+        result = live.generate(request)
+        assert result.text == "#### 42" and result.finish_reason == "stop"
+        assert [r.text for r in live.generate_many([request, request])] == ["#### 42", "#### 42"]
+    finally:
+        live.close()
+    assert engine.closed
+    assert len(_loop_threads()) == before
+
+
+def test_live_engine_start_failure_cleans_up():
+    class Broken(ScriptedEngine):
+        async def start(self):
+            raise RuntimeError("no weights here")
+
+    before = len(_loop_threads())
+    engine = Broken()
+    with pytest.raises(RuntimeError, match="no weights"):
+        LiveEngine.start(engine)
+    assert engine.closed
+    assert len(_loop_threads()) == before
+
+
+def test_run_one_episode_by_index_and_by_row():
+    task = ListTask(ROWS)
+    right = run_one_episode(task, 1, respond="6", verifier=ExactMatchVerifier())
+    assert right.ok and right.samples[0].reward == 1.0 and right.reference == "6"
+    assert right.trajectories[0].reward == 1.0
+    wrong = run_one_episode(task, ROWS[0], respond=lambda prompt, request: "5", verifier=ExactMatchVerifier())
+    assert wrong.ok and wrong.samples[0].reward == 0.0
+    with pytest.raises(IndexError, match="loaded 2 rows"):
+        run_one_episode(task, 5)
+
+
+def test_fixtures_from_the_pytest_plugin(scaffold_registry_factory, scripted_engine, scaffold_run_episode):
+    from scaffold_core import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def register_verifiers(self, registry):
+            registry.add("always_right", lambda: _Always())
+
+    registry = scaffold_registry_factory(Plugin())
+    assert "always_right" in registry.names("verifier")
+    assert "exact_match" in registry.names("verifier")
+    verifier = registry.create("verifier", "always_right")
+    result = scaffold_run_episode(ListTask(ROWS), 0, engine=scripted_engine, verifier=verifier)
+    assert result.ok and result.samples[0].text == "#### 42" and result.samples[0].reward == 1.0
+
+
+class _Always(ExactMatchVerifier):
+    def verify(self, response, reference):
+        from scaffold_core import Verdict
+
+        return Verdict(1.0, response, response, "always")
+
+
+def test_one_episode_on_the_shared_model(smollm2_engine):
+    """The session's model engine runs a whole episode (prompt rendered by its chat template)."""
+    from scaffold_core import SamplingParams
+
+    result = run_one_episode(ListTask(ROWS), 0, engine=smollm2_engine, verifier=ExactMatchVerifier(),
+                             sampling=SamplingParams(max_tokens=8, temperature=0.0), timeout=300)
+    assert result.ok, result.error
+    sample = result.samples[0]
+    assert 1 <= len(sample.output_ids) <= 8 and len(sample.output_logprobs) == len(sample.output_ids)
+    assert sample.verdict is not None and result.trajectories[0].prompt_len == len(sample.prompt_ids)
+    assert "<|im_start|>user" in result.prompt_text  # SmolLM2's own chat template
+
+
+def test_model_marker_is_added_to_tests_using_the_model(pytester):
+    pytester.makepyfile(
+        """
+        def test_uses_model(smollm2_engine):
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    items, _ = pytester.inline_genitems()
+    marked = {item.name: item.get_closest_marker("model") is not None for item in items}
+    assert marked == {"test_uses_model": True, "test_plain": False}
+
+
+# -- the conformance classes catch broken components -------------------------------
+
+
+def _outcomes(pytester, source: str) -> dict[str, set[str]]:
+    pytester.makepyfile(test_subject=source)
+    # In-process runs restore sys.modules afterwards: a first import of torch inside one would be
+    # undone, and importing torch again later crashes the interpreter. The tensor check is left out.
+    rec = pytester.inline_run("-q", "-p", "no:cacheprovider", "-k", "not test_pads_into_a_tensor_dict")
+    passed, skipped, failed = rec.listoutcomes()
+    name = lambda r: r.nodeid.split("::", 1)[1]  # noqa: E731
+    return {"passed": {name(r) for r in passed}, "failed": {name(r) for r in failed}}
+
+
+BROKEN_VERIFIERS = '''
+import threading, time
+from scaffold_core import Verdict
+from scaffold_core.testing.conformance import VerifierConformance
+
+class IntParsing:
+    def verify(self, response, reference):
+        ok = int(response.split()[-1]) == int(reference)   # raises on garbage
+        return Verdict(float(ok), response, None, "")
+
+class SlowOnHuge:
+    def verify(self, response, reference):
+        if len(response) > 10_000:
+            time.sleep(30)
+        return Verdict(float(response.strip() == reference), response, None, "")
+
+class StatefulVerifier:
+    def verify(self, response, reference):
+        self.current = response          # per-call state on self: not thread-safe
+        time.sleep(0.001)
+        return Verdict(float(self.current.strip() == reference), self.current, None, "")
+
+class RewardsEverything:
+    def verify(self, response, reference):
+        return Verdict(1.0, response, None, "")
+
+class Base(VerifierConformance):
+    gold = [("42", "42")]
+    wrong = [("41", "42")]
+    time_limit = 1.0
+    huge_size = 20_000
+
+class TestIntParsing(Base):
+    def make_verifier(self):
+        return IntParsing()
+
+class TestSlowOnHuge(Base):
+    def make_verifier(self):
+        return SlowOnHuge()
+
+class TestStateful(Base):
+    def make_verifier(self):
+        return StatefulVerifier()
+
+class TestRewardsEverything(Base):
+    def make_verifier(self):
+        return RewardsEverything()
+
+class RaisesOnMissingReference:
+    """Fails the episode loudly when the task gave no reference: allowed, never a silent reward."""
+    def verify(self, response, reference):
+        if not (reference or "").strip():
+            raise ValueError("no reference answer")
+        return Verdict(float(response.strip() == reference), response, None, "")
+
+class TestRaisesOnMissingReference(Base):
+    def make_verifier(self):
+        return RaisesOnMissingReference()
+'''
+
+
+def test_verifier_conformance_catches_broken_verifiers(pytester):
+    out = _outcomes(pytester, BROKEN_VERIFIERS)
+    assert "TestIntParsing::test_garbage_is_handled" in out["failed"]
+    assert "TestIntParsing::test_gold_passes" in out["passed"]
+    assert "TestSlowOnHuge::test_huge_input_is_bounded" in out["failed"]
+    assert "TestSlowOnHuge::test_garbage_is_handled" in out["passed"]
+    assert "TestStateful::test_thread_safe" in out["failed"]
+    assert {"TestRewardsEverything::test_wrong_fails",
+            "TestRewardsEverything::test_missing_reference_is_not_rewarded"} <= out["failed"]
+    assert "TestRaisesOnMissingReference::test_missing_reference_is_not_rewarded" in out["passed"]
+    assert "TestRewardsEverything::test_gold_passes" in out["passed"]
+
+
+BROKEN_ENGINES = '''
+from scaffold_core.generation import GenerationResult
+from scaffold_core.testing import ScriptedEngine
+from scaffold_core.testing.conformance import EngineConformance
+
+TEXT = "alpha beta gamma delta epsilon zeta eta theta"
+
+class IgnoresLimits(ScriptedEngine):
+    """Answers the whole text whatever max_tokens and stop say."""
+    async def generate(self, request):
+        ids = self.tokenizer.encode(TEXT)
+        return GenerationResult(ids, [-0.5] * len(ids), "stop", TEXT)
+
+class DropsStopToken(ScriptedEngine):
+    """Leaves a matched stop token out of output_ids (then ids and logprobs no longer describe the sample)."""
+    def result_for(self, text, request):
+        result = super().result_for(text, request)
+        if request.sampling.stop_token_ids and result.output_ids[-1] in request.sampling.stop_token_ids:
+            result.output_ids.pop()
+            result.logprobs.pop()
+        return result
+
+class PositiveLogprobs(ScriptedEngine):
+    def result_for(self, text, request):
+        result = super().result_for(text, request)
+        result.logprobs = [0.5] * len(result.logprobs)
+        return result
+
+class Base(EngineConformance):
+    max_tokens = 32
+
+class TestIgnoresLimits(Base):
+    def make_engine(self):
+        return IgnoresLimits()
+
+class TestDropsStopToken(Base):
+    def make_engine(self):
+        return DropsStopToken(TEXT)
+
+class TestPositiveLogprobs(Base):
+    def make_engine(self):
+        return PositiveLogprobs(TEXT)
+
+class TestConforming(Base):
+    def make_engine(self):
+        return ScriptedEngine(TEXT)
+'''
+
+
+def test_engine_conformance_catches_broken_engines(pytester):
+    out = _outcomes(pytester, BROKEN_ENGINES)
+    assert {"TestIgnoresLimits::test_max_tokens_is_honoured", "TestIgnoresLimits::test_stop_strings_are_honoured",
+            "TestIgnoresLimits::test_stop_token_ids_are_honoured"} <= out["failed"]
+    assert "TestDropsStopToken::test_stop_token_ids_are_honoured" in out["failed"]
+    assert "TestDropsStopToken::test_stop_strings_are_honoured" in out["passed"]
+    assert "TestPositiveLogprobs::test_ids_and_logprobs_agree" in out["failed"]
+    assert not {f for f in out["failed"] if f.startswith("TestConforming::")}
+    assert "TestConforming::test_concurrent_requests" in out["passed"]
+
+
+BROKEN_CONTROLLERS = '''
+import copy
+from scaffold_core import Controller, Outcome
+from scaffold_core.builtins.controllers import NativeController
+from scaffold_core.testing.conformance import ControllerConformance
+
+class SharedHistory(Controller):
+    """Keeps a history list that clones share, and lets it steer generation."""
+    def __init__(self):
+        self.history = []
+    def clone(self):
+        return copy.copy(self)          # shallow: every clone appends to the same list
+    def process(self, ctx):
+        self.history.append(ctx.episode_id)
+        tasks = [ctx.generation_task(i) for i in range(1 if len(self.history) <= 3 else 2)]
+        yield tasks
+        return Outcome(samples=tasks)
+
+class SwallowsErrors(NativeController):
+    """Turns an engine error into an empty, 'successful' episode."""
+    def process(self, ctx):
+        task = ctx.generation_task(0)
+        try:
+            yield [task]
+        except Exception:
+            return Outcome(samples=[])
+        return Outcome(samples=[task])
+
+class SharedSubController(Controller):
+    def __init__(self):
+        self.generator = NativeController()
+    def clone(self):
+        return copy.copy(self)          # forgets to clone the sub-controller
+    def process(self, ctx):
+        outcomes = yield self.parallel(self.generator, [ctx.branch(0)])
+        return outcomes[0]
+
+class TestSharedHistory(ControllerConformance):
+    def make_controller(self):
+        return SharedHistory()
+
+class TestSwallowsErrors(ControllerConformance):
+    def make_controller(self):
+        return SwallowsErrors()
+
+class TestSharedSubController(ControllerConformance):
+    def make_controller(self):
+        return SharedSubController()
+'''
+
+
+def test_controller_conformance_catches_broken_controllers(pytester):
+    out = _outcomes(pytester, BROKEN_CONTROLLERS)
+    assert {"TestSharedHistory::test_clone_shares_no_mutable_state",
+            "TestSharedHistory::test_prototype_unchanged_by_episodes",
+            "TestSharedHistory::test_repeated_runs_are_reproducible"} <= out["failed"]
+    assert "TestSwallowsErrors::test_engine_failure_fails_the_episode" in out["failed"]
+    assert "TestSwallowsErrors::test_concurrency_does_not_change_results" in out["passed"]
+    assert "TestSharedSubController::test_clone_shares_no_mutable_state" in out["failed"]
+
+
+BROKEN_MAKERS = '''
+from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
+from scaffold_core.testing.conformance import TrajectoryMakerConformance
+
+class TrainsOnPrompt(SingleTurnTrajectoryMaker):
+    def make(self, episode):
+        out = super().make(episode)
+        for t in out:
+            t.loss_mask = [1] * len(t.input_ids)
+        return out
+
+class DropsEnvironmentMask(SingleTurnTrajectoryMaker):
+    def make(self, episode):
+        out = super().make(episode)
+        for t in out:
+            t.loss_mask = [0] * t.prompt_len + [1] * (len(t.input_ids) - t.prompt_len)
+        return out
+
+class ShortLogprobs(SingleTurnTrajectoryMaker):
+    def make(self, episode):
+        out = super().make(episode)
+        for t in out:
+            t.logprobs = t.logprobs[t.prompt_len:]
+        return out
+
+class TestTrainsOnPrompt(TrajectoryMakerConformance):
+    def make_trajectory_maker(self):
+        return TrainsOnPrompt()
+
+class TestDropsEnvironmentMask(TrajectoryMakerConformance):
+    def make_trajectory_maker(self):
+        return DropsEnvironmentMask()
+
+class TestShortLogprobs(TrajectoryMakerConformance):
+    def make_trajectory_maker(self):
+        return ShortLogprobs()
+'''
+
+
+def test_trajectory_conformance_catches_broken_makers(pytester):
+    out = _outcomes(pytester, BROKEN_MAKERS)
+    assert "TestTrainsOnPrompt::test_masks" in out["failed"]
+    assert "TestDropsEnvironmentMask::test_token_faithful" in out["failed"]
+    assert "TestDropsEnvironmentMask::test_key_set" in out["passed"]
+    assert "TestShortLogprobs::test_equal_lengths" in out["failed"]
+
+
+BROKEN_TASKS = '''
+from scaffold_core.testing import ListTask
+from scaffold_core.testing.conformance import TaskConformance
+
+class WrongReferences(ListTask):
+    default_config = {"verifier": {"name": "exact_match"}}
+    def reference(self, row):
+        return row["answer"] + "."        # the verifier will never match the gold answer
+
+class ShuffledRows(ListTask):
+    default_config = {"verifier": {"name": "exact_match"}}
+    def load(self):
+        import random
+        rows = list(self.rows)
+        random.shuffle(rows)
+        return rows
+
+ROWS = [{"id": i, "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+
+class TestWrongReferences(TaskConformance):
+    def make_task(self):
+        return WrongReferences(ROWS)
+    def gold_response(self, row, reference):
+        return row["answer"]
+
+class TestShuffled(TaskConformance):
+    def make_task(self):
+        return ShuffledRows(ROWS)
+
+class TestNoVerifier(TaskConformance):
+    def make_task(self):
+        return ListTask(ROWS)
+'''
+
+
+def test_task_conformance_catches_broken_tasks(pytester):
+    out = _outcomes(pytester, BROKEN_TASKS)
+    assert {"TestWrongReferences::test_gold_answer_passes_the_verifier",
+            "TestWrongReferences::test_one_episode_end_to_end"} <= out["failed"]
+    assert "TestWrongReferences::test_prompts_build" in out["passed"]
+    assert "TestShuffled::test_rows_load" in out["failed"]
+    assert "TestNoVerifier::test_gold_answer_passes_the_verifier" in out["failed"]
