@@ -20,15 +20,16 @@ from scaffold_core.generation import GenerationRequest, GenerationResult
 log = logging.getLogger("scaffold.sglang")
 
 DEFAULT_API_KEY_ENV = "SGLANG_API_KEY"
+DEFAULT_URL = "http://127.0.0.1:30000"
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class SGLangEngine(Engine):
     """Generates with SGLang servers through their native ``/generate`` API (token ids and logprobs).
 
-    Give ``url`` (one URL, a list, or comma-separated) to use running
-    servers, or ``launch`` to start ``launch.count`` servers on this worker's
-    ports. Requests are balanced by least in-flight requests; an episode
+    Give ``url`` (one URL, a list, or comma-separated; default SGLang's own
+    default address, ``http://127.0.0.1:30000``) to use running servers, or
+    ``launch`` to start ``launch.count`` servers on this worker's ports. Requests are balanced by least in-flight requests; an episode
     sticks to one server. See the plugin README for every option.
     """
 
@@ -54,10 +55,11 @@ class SGLangEngine(Engine):
         from .protocol import check_extra_sampling
         from .servers import parse_urls
 
-        if (url is None) == (launch is None):
-            raise ValueError("set exactly one of engine.url (running SGLang servers, e.g. http://127.0.0.1:30000) "
-                             "and engine.launch (servers this worker starts: {model_path: ..., count: 1})"
-                             + ("; both are set" if url is not None else ""))
+        if url is not None and launch is not None:
+            raise ValueError("set one of engine.url (running SGLang servers) and engine.launch (servers this "
+                             "worker starts), not both")
+        if url is None and launch is None:
+            url = DEFAULT_URL  # where `python -m sglang.launch_server` listens by default
         for name, value, low in (("request_timeout", request_timeout, 0), ("connect_timeout", connect_timeout, 0),
                                  ("setup_timeout", setup_timeout, 0), ("url_wait_timeout", url_wait_timeout, 0)):
             if not value > low:
@@ -211,7 +213,8 @@ class SGLangEngine(Engine):
                 raise EngineError(
                     f"sglang server(s) not ready within engine.url_wait_timeout={self.url_wait_timeout:g} s: "
                     + "; ".join(f"{u}{self.health_path}: {why}" for u, why in failing)
-                    + ". Check engine.url, that the servers are running, and their logs")
+                    + ". Check engine.url (or let scaffold start servers with engine.launch), that the servers "
+                      "are running, and their logs")
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 1.5, 2.0)
 

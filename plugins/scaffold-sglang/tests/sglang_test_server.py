@@ -11,10 +11,13 @@ error bodies SGLang sends.
 Tokens come from a *backend*:
 
 * ``random`` (default): deterministic pseudo-random tokens from an RNG seeded
-  per request (greedy requests by the prompt alone, sampled ones also by the
-  rid), fast enough for a client benchmark. It has no tokenizer: responses
-  carry no ``text`` (as with ``--skip-tokenizer-init``) and stop *strings*
-  are ignored.
+  per request (greedy requests by the prompt alone, sampled ones by the
+  ``sampling_seed`` or else the rid), fast enough for a client benchmark.
+  With ``--tokenizer-path builtin:byte`` (scaffold's byte tokenizer; use
+  ``--vocab-size 262``) responses carry ``text`` and stop strings end
+  generation, as in SGLang; with any other tokenizer, or with
+  ``--skip-tokenizer-init``, there is no ``text`` and stop strings are
+  ignored (as SGLang with ``--skip-tokenizer-init``).
 * ``transformers``: scaffold's embedded engine (a real model on CPU).
 
 Run it exactly like ``python -m sglang.launch_server`` (same flag spelling for
@@ -88,8 +91,6 @@ class Live:
 class RandomBackend:
     """Deterministic pseudo-random tokens: a function of the prompt (and the rid when sampling)."""
 
-    has_text = False
-
     def __init__(self, *, vocab_size: int, eos_token_id: int, mean_tokens: int, token_delay_s: float, seed: int):
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -118,6 +119,10 @@ class RandomBackend:
         rng = self._rng(input_ids, params, live.rid)
         natural = rng.randint(1, 2 * self.mean_tokens)
         stop_ids = set(params.get("stop_token_ids") or ())
+        decode = server.decode
+        stops = params.get("stop") or ()
+        stops = [stops] if isinstance(stops, str) else [t for t in stops if t]
+        text: str | None = None
         ignore_eos = bool(params.get("ignore_eos"))
         if not ignore_eos:
             stop_ids.add(self.eos_token_id)
@@ -142,13 +147,19 @@ class RandomBackend:
             logprobs.append(-round(rng.random() * 4.0, 6) - 1e-3)
             if token in stop_ids:
                 finish = {"type": "stop", "matched": token}
-        return ids, logprobs, finish, None
+            elif decode is not None and stops:
+                decoded = decode(ids, skip_special_tokens=True)
+                hits = [(decoded.find(t), t) for t in stops if t in decoded]
+                if hits:
+                    at, matched = min(hits)
+                    finish, text = {"type": "stop", "matched": matched}, decoded[:at]
+        if decode is not None and text is None:
+            text = decode(ids, skip_special_tokens=True)
+        return ids, logprobs, finish, text
 
 
 class TransformersBackend:
-    """scaffold's embedded transformers engine (a real model, CPU)."""
-
-    has_text = True
+    """scaffold's embedded transformers engine (a real model, CPU); responses carry text."""
 
     def __init__(self, model: str | None, max_batch_size: int = 8):
         from scaffold_core.engines.transformers_engine import TransformersEngine
@@ -209,9 +220,15 @@ class TestServer:
                  weight_version: str = "default", context_length: int = 8192, compat: str = "0.5.23",
                  warmup_delay_s: float = 0.0, never_ready: bool = False, record: str | None = None,
                  fail_first: int = 0, fail_status: int = 503, tokenizer_path: str | None = None,
-                 port: int | None = None, tp_size: int = 1):
+                 port: int | None = None, tp_size: int = 1, skip_tokenizer_init: bool = False):
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path or model_path
+        self.decode = None  # the random backend's detokenizer, when it has one
+        if self.tokenizer_path == "builtin:byte" and not skip_tokenizer_init:
+            from scaffold_core.tokenizers import ByteTokenizer
+
+            self.decode = ByteTokenizer().decode
+        self.skip_tokenizer_init = skip_tokenizer_init
         self.backend = backend or RandomBackend(vocab_size=49152, eos_token_id=2, mean_tokens=16,
                                                 token_delay_s=0.0, seed=0)
         self.api_key = api_key
@@ -474,8 +491,8 @@ class TestServer:
             meta["input_token_logprobs"] = [[None, prompt[-1], None]]
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logprobs, ids)]
         out: dict[str, Any] = {"output_ids": ids, "meta_info": meta}
-        if self.backend.has_text:
-            out = {"text": text or "", **out}
+        if text is not None and not self.skip_tokenizer_init:
+            out = {"text": text, **out}
         self.responses.append({"rid": rid, "input_ids": prompt, "output_ids": ids, "logprobs": logprobs,
                                "finish_reason": finish["type"], "weight_version": self.weight_version})
         if self._record is not None:
@@ -627,6 +644,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--random-seed", type=int, default=0)
     p.add_argument("--base-gpu-id", type=int, default=0)
     p.add_argument("--skip-server-warmup", action="store_true")
+    p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--log-level", default="info")
     # Test-only flags.
     p.add_argument("--backend", choices=("random", "transformers"), default="random")
@@ -685,7 +703,7 @@ async def serve(args: argparse.Namespace) -> int:
                         compat=args.compat, warmup_delay_s=0.0 if args.skip_server_warmup else args.warmup_delay,
                         never_ready=args.never_ready, record=args.record, fail_first=args.fail_first,
                         fail_status=args.fail_status, tokenizer_path=args.tokenizer_path, port=args.port,
-                        tp_size=args.tp_size)
+                        tp_size=args.tp_size, skip_tokenizer_init=args.skip_tokenizer_init)
     await backend.start()
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -87,7 +87,7 @@ def test_stop_token_ids_end_generation_at_the_matched_token():
 
 
 def test_text_is_decoded_locally_when_the_server_sends_none_and_cut_at_stop_strings():
-    server = byte_server(backend_options={"mean_tokens": 40})
+    server = byte_server(backend_options={"mean_tokens": 40}, skip_tokenizer_init=True)  # no text in responses
 
     async def main():
         async with ts.running(server) as url:
@@ -104,6 +104,26 @@ def test_text_is_decoded_locally_when_the_server_sends_none_and_cut_at_stop_stri
     plain, text, stop, cut = run(main())
     assert plain.text == text and len(text) >= 8
     assert cut.text == text[: text.find(stop)] and cut.output_ids == plain.output_ids
+
+
+def test_the_servers_text_is_used_and_its_stop_strings_end_generation():
+    server = byte_server(backend_options={"mean_tokens": 40})
+
+    async def main():
+        async with ts.running(server) as url:
+            async with engine(url) as eng:
+                for i in range(20):
+                    plain = await eng.generate(req(i, max_tokens=16))
+                    if len(plain.text) >= 10:
+                        break
+                stop = plain.text[5:7]
+                cut = await eng.generate(req(i, max_tokens=16, stop=(stop,)))
+                return plain, stop, cut
+
+    plain, stop, cut = run(main())
+    at = plain.text.find(stop)
+    assert cut.finish_reason == "stop" and cut.meta["matched"] == stop and cut.text == plain.text[:at]
+    assert cut.output_ids == plain.output_ids[: len(cut.output_ids)] and len(cut.output_ids) < len(plain.output_ids)
 
 
 def test_tokenizer_null_falls_back_to_the_servers_tokenizer_path():
@@ -359,9 +379,8 @@ def test_a_dead_server_moves_its_episodes_to_the_others():
 
 
 def test_options_are_validated_before_anything_starts():
-    with pytest.raises(ValueError, match="exactly one of engine.url"):
-        SGLangEngine()
-    with pytest.raises(ValueError, match="both are set"):
+    assert SGLangEngine().urls == ["http://127.0.0.1:30000"]  # SGLang's default address
+    with pytest.raises(ValueError, match="not both"):
         SGLangEngine(url="http://a:1", launch={"model_path": "m"})
     with pytest.raises(ValueError, match=r"\[addr\]:port"):
         SGLangEngine(url="::1:30000")
