@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from .config import Config
 from .episode import EpisodeContext, EpisodeResult
+from .errors import DataError
 from .hooks import Hooks
 from .metrics import RunMetrics
 from .output import RunOutput, latest_records, ledger_paths, result_of, write_derived
@@ -95,8 +96,13 @@ class Rollout:
         for i, row in enumerate(task.load()):
             if shard(i, self.rank, self.world_size):
                 rows.append((i, row))
-        for reason, count in (getattr(task, "skipped", None) or {}).items():
+        skipped = dict(getattr(task, "skipped", None) or {})
+        for reason, count in skipped.items():
             self.metrics.skipped_rows[reason] += count
+        if skipped and self.config.rollout.bad_rows == "fail":
+            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+            raise DataError(f"task {self.config.task.name!r}: {sum(skipped.values())} dataset rows are unusable "
+                            f"({reasons}); fix the data, or set rollout.bad_rows: skip to skip and count them")
         return rows
 
     def _contexts(self, rows: list[tuple[int, dict[str, Any]]], done: set[str]) -> Iterator[Any]:
@@ -133,6 +139,7 @@ class Rollout:
         self.hooks.run_start(cfg, str(self.dir))
         bar = None
         try:
+            rows = self._rows()  # bad data fails here, before any model loads
             attach = getattr(comps.engine, "attach_run", None)
             if attach is not None:
                 from .engine import RunInfo
@@ -146,7 +153,6 @@ class Rollout:
                 attach(RunInfo(output_dir=self.dir, rank=self.rank, world_size=self.world_size,
                                local_rank=self.local_rank, port_range=port_range))
             await comps.engine.start()
-            rows = self._rows()
             todo = sum(1 for _, row in rows if str(row.get("id", _)) not in done)
             self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
             self.runtime = runtime = Runtime(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,15 @@ from scaffold_core.ray_launcher import _fetch_ledger, local_ranks
 from scaffold_core.workers import run_workers
 
 ROWS = [{"id": f"r{i}", "question": f"question {i}", "answer": "42" if i % 2 else "no"} for i in range(6)]
+
+
+@pytest.fixture(autouse=True)
+def ray_tmpdir(monkeypatch):
+    """Ray keeps its session folder (logs, sockets) in RAY_TMPDIR; its sockets need a short path."""
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    yield
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture

@@ -168,7 +168,8 @@ def test_the_worker_entry_point_runs_under_torchrun(test_plugins, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "scaffold_core.worker", str(config),
-         "-o", str(out)], capture_output=True, text=True, timeout=240, start_new_session=True)
+         "-o", str(out)], capture_output=True, text=True, timeout=240, start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun keeps a log folder in TMPDIR
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["episodes"] == 7 and metrics["workers"]["launcher"] == "torchrun"

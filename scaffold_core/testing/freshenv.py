@@ -108,6 +108,9 @@ class FreshVenv:
         env["VIRTUAL_ENV"] = str(self.path)
         env["PYTHONNOUSERSITE"] = "1"
         env.setdefault("UV_NO_PROGRESS", "1")
+        tmp = self.root / "tmp"  # uv and pip leave lock files in TMPDIR: keep them inside our folder
+        tmp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp)
         env.update(extra)
         return env
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 
 MARKER_ENV = "SCAFFOLD_TEST_SESSION"
+#: Third-party caches that live in the temp dir and persist by design (not a test's leftovers).
+PERSISTENT_CACHES = ("torchinductor_",)
 GRACE_S = 10.0
 _state: dict = {}
 
@@ -106,7 +108,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             pass
     for inode in sorted(_listening_inodes() - _state["sockets"]):
         problems.append(f"listening socket (inode {inode}) left open by the test process")
-    leftovers = [p for p in _state["tmp"].iterdir() if not p.name.startswith("pytest-of-")]
+    leftovers = [p for p in _state["tmp"].iterdir()
+                 if not p.name.startswith("pytest-of-") and not p.name.startswith(PERSISTENT_CACHES)]
     for path in leftovers:
         problems.append(f"temp file left behind: {path.name}")
     for path in leftovers:
