@@ -389,3 +389,23 @@ def test_concurrency_is_bounded():
     results = run_episodes(make_contexts(ListTask(rows(200)), engine.tokenizer), engine=engine,
                            controller=NativeController(), verifier=ExactMatchVerifier(), concurrency=16)
     assert len(results) == 200 and peak <= 16
+
+
+class ManySteps(Controller):
+    def process(self, ctx):
+        tasks = []
+        for i in range(20):
+            task = ctx.generation_task(i)
+            yield [task]
+            tasks.append(task)
+        return Outcome(samples=tasks)
+
+
+def test_an_episode_past_episode_timeout_fails_as_timeout():
+    engine = ScriptedEngine(echo_answer, delay=0.1)
+    start = time.perf_counter()
+    result = run_episodes(make_contexts(ListTask(rows(1)), engine.tokenizer), engine=engine, controller=ManySteps(),
+                          verifier=ExactMatchVerifier(), episode_timeout=0.5, request_timeout=5.0)[0]
+    assert time.perf_counter() - start < 1.8
+    assert result.status == "failed" and result.error_component == "timeout"
+    assert "0.5 s (rollout.episode_timeout)" in result.error and not result.samples
