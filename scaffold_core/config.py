@@ -83,6 +83,8 @@ class RolloutConfig(BaseModel):
     shutdown_timeout: float = Field(30.0, gt=0, description="seconds > 0 to finish in-flight episodes on Ctrl-C")
     worker_timeout: float = Field(86400.0, gt=0, description="seconds > 0 a worker process may run")
     progress: bool | None = Field(None, description="true, false, or null (auto: on a terminal)")
+    bad_rows: Literal["skip", "fail"] = Field(
+        "skip", description="'skip' (skip and count unusable dataset rows) or 'fail' (stop before any model loads)")
 
 
 class OutputConfig(BaseModel):

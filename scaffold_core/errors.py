@@ -30,6 +30,10 @@ class ConfigError(ScaffoldError):
     """The configuration is invalid. The message names the file, key path, value and what is allowed."""
 
 
+class DataError(ScaffoldError):
+    """A task's data cannot be used (under ``rollout.bad_rows: fail``, or nothing loads at all)."""
+
+
 class EpisodeError(ScaffoldError):
     """An episode failed. ``component`` says which part failed (engine, verifier, controller, ...)."""
 

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from .config import Config
 from .controller import close_controller, start_controller
 from .episode import EpisodeContext, EpisodeResult
+from .errors import DataError
 from .hooks import Hooks
 from .metrics import RunMetrics
 from .output import RunOutput, latest_records, ledger_paths, result_of, write_derived
@@ -96,8 +97,13 @@ class Rollout:
         for i, row in enumerate(task.load()):
             if shard(i, self.rank, self.world_size):
                 rows.append((i, row))
-        for reason, count in (getattr(task, "skipped", None) or {}).items():
+        skipped = dict(getattr(task, "skipped", None) or {})
+        for reason, count in skipped.items():
             self.metrics.skipped_rows[reason] += count
+        if skipped and self.config.rollout.bad_rows == "fail":
+            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+            raise DataError(f"task {self.config.task.name!r}: {sum(skipped.values())} dataset rows are unusable "
+                            f"({reasons}); fix the data, or set rollout.bad_rows: skip to skip and count them")
         return rows
 
     def _contexts(self, rows: list[tuple[int, dict[str, Any]]], done: set[str]) -> Iterator[Any]:
@@ -135,6 +141,7 @@ class Rollout:
         bar = None
         controller_started = False
         try:
+            rows = self._rows()  # bad data fails here, before any model loads
             attach = getattr(comps.engine, "attach_run", None)
             if attach is not None:
                 from .engine import RunInfo
@@ -150,7 +157,6 @@ class Rollout:
             await comps.engine.start()
             controller_started = True  # a start that fails half-way is still closed
             await start_controller(comps.controller)
-            rows = self._rows()
             todo = sum(1 for _, row in rows if str(row.get("id", _)) not in done)
             self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
             self.runtime = runtime = Runtime(

@@ -477,3 +477,23 @@ def test_majority_vote_passes_start_and_close_to_its_generator():
                  controller=MajorityVoteController(samples=2, generator=LifecycleController()),
                  verifier=ExactMatchVerifier())
     assert [c[0] for c in LifecycleController.calls] == ["start", "close"]
+
+
+class ManySteps(Controller):
+    def process(self, ctx):
+        tasks = []
+        for i in range(20):
+            task = ctx.generation_task(i)
+            yield [task]
+            tasks.append(task)
+        return Outcome(samples=tasks)
+
+
+def test_an_episode_past_episode_timeout_fails_as_timeout():
+    engine = ScriptedEngine(echo_answer, delay=0.1)
+    start = time.perf_counter()
+    result = run_episodes(make_contexts(ListTask(rows(1)), engine.tokenizer), engine=engine, controller=ManySteps(),
+                          verifier=ExactMatchVerifier(), episode_timeout=0.5, request_timeout=5.0)[0]
+    assert time.perf_counter() - start < 1.8
+    assert result.status == "failed" and result.error_component == "timeout"
+    assert "0.5 s (rollout.episode_timeout)" in result.error and not result.samples

@@ -28,6 +28,8 @@ import pytest
 MARKER_ENV = "SCAFFOLD_TEST_SESSION"
 #: Third-party caches that live in the temp dir and persist by design (not a test's leftovers).
 PERSISTENT_CACHES = ("torchinductor_",)
+#: Helper processes that live exactly as long as the test process by design (they exit with it).
+PROCESS_LIFETIME_HELPERS = ("multiprocessing.resource_tracker",)
 GRACE_S = 10.0
 _state: dict = {}
 
@@ -75,6 +77,8 @@ def _marked_processes(marker: bytes) -> dict[int, str]:
                 continue  # exited, waiting to be reaped: not running
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
+            continue
+        if any(helper in cmd for helper in PROCESS_LIFETIME_HELPERS):
             continue
         found[int(entry)] = cmd.strip()[:200]
     return found

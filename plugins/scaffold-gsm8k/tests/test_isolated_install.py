@@ -3,21 +3,20 @@
 The venv gets the core without its ``transformers`` extra (so no torch), then
 the plugin. Before the plugin, a config naming ``gsm8k`` fails with the install
 hint; after it, ``gsm8k`` is listed and a run uses it by name (on the
-dependency-free canned engine). Light dependencies come from PyPI, through
-``uv`` when it is available (much faster) and pip otherwise. Sources are
-copied to a temp folder first, so building them leaves nothing in the checkout.
+dependency-free canned engine). The venv comes from the core's test kit
+(:class:`scaffold_core.testing.freshenv.FreshVenv`: uv when available, sources
+copied out first so building them leaves nothing in the checkout).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from scaffold_core.testing.freshenv import FreshVenv
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGIN = Path(__file__).resolve().parents[1]
@@ -27,71 +26,27 @@ COMMAND_TIMEOUT = 120
 pytestmark = pytest.mark.slow
 
 
-def _uv() -> str | None:
-    return shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
-
-
-def _run(args: list[str], *, timeout: float, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-
-
-def _copy_sources(dest: Path) -> tuple[Path, Path]:
-    skip = ("__pycache__", "*.egg-info", "build", "dist", ".pytest_cache")
-    core = dest / "core"
-    core.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, core / name)
-    shutil.copytree(ROOT / "scaffold_core", core / "scaffold_core", ignore=shutil.ignore_patterns(*skip))
-    plugin = dest / "scaffold-gsm8k"
-    shutil.copytree(PLUGIN, plugin, ignore=shutil.ignore_patterns(*skip, "tests"))
-    return core, plugin
-
-
 @pytest.fixture
-def fresh_env(tmp_path):
-    # A clean environment, except the test-session marker (the leak guard finds stray processes by it).
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "SCAFFOLD_")) or k == "SCAFFOLD_TEST_SESSION"}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"),
-               SCAFFOLD_CACHE_DIR=str(tmp_path / "scaffold-cache"))
-    venv = tmp_path / "venv"
-    uv = _uv()
-    if uv:
-        made = _run([uv, "venv", "-q", "--python", sys.executable, venv], timeout=COMMAND_TIMEOUT, env=env,
-                    cwd=tmp_path)
-    else:
-        made = _run([sys.executable, "-m", "venv", venv], timeout=COMMAND_TIMEOUT, env=env, cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
-    python = venv / "bin" / "python"
-
-    def install(path: Path) -> None:
-        if uv:
-            cmd = [uv, "pip", "install", "-q", "--python", python, path]
-        else:
-            cmd = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", path]
-        done = _run(cmd, timeout=INSTALL_TIMEOUT, env=env, cwd=tmp_path)
-        assert done.returncode == 0, f"installing {path.name} failed:\n{done.stdout}\n{done.stderr}"
-
-    yield python, install, env
-    shutil.rmtree(venv, ignore_errors=True)
+def venv(tmp_path):
+    with FreshVenv.create(timeout=COMMAND_TIMEOUT) as env:
+        yield env
 
 
-def test_plugin_installs_into_a_core_only_environment(fresh_env, tmp_path):
-    python, install, env = fresh_env
-    core, plugin = _copy_sources(tmp_path / "src")
-    scaffold = python.parent / "scaffold"
+def test_plugin_installs_into_a_core_only_environment(venv, tmp_path):
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets"),
+               "SCAFFOLD_CACHE_DIR": str(tmp_path / "scaffold-cache")}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return _run([scaffold, *args], timeout=COMMAND_TIMEOUT, env=env, cwd=tmp_path)
+        return venv.run(["scaffold", *args], timeout=COMMAND_TIMEOUT, cwd=tmp_path, check=False, **offline)
 
     config = tmp_path / "gsm8k.yaml"
     config.write_text("task: {name: gsm8k, source: sample, limit: 2}\n"
                       "engine: {name: benchmark_canned, response: \"#### 33\"}\n"
                       "rollout: {progress: false}\n")
 
-    install(core)
-    no_torch = _run([python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"],
-                    timeout=COMMAND_TIMEOUT, env=env, cwd=tmp_path)
+    venv.install_project(ROOT, timeout=INSTALL_TIMEOUT)
+    no_torch = venv.run(["python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"],
+                        timeout=COMMAND_TIMEOUT, check=False)
     assert no_torch.returncode == 0, "the core alone must not pull in torch"
     listed = cli("list-plugins", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -100,7 +55,7 @@ def test_plugin_installs_into_a_core_only_environment(fresh_env, tmp_path):
     assert missing.returncode == 1
     assert "unknown task 'gsm8k'" in missing.stderr and "pip install scaffold-gsm8k" in missing.stderr
 
-    install(plugin)
+    venv.install_project(PLUGIN, timeout=INSTALL_TIMEOUT)
     listed = cli("list-plugins", "--json")
     assert listed.returncode == 0, listed.stderr
     plugins = {p["name"]: p for p in json.loads(listed.stdout)}

@@ -13,11 +13,7 @@ from pathlib import Path
 
 import pytest
 
-# Runs once the plugin's engine and its protocol test server exist (this file was written against the
-# sglang branch before it landed on main; drop the guard after the merge).
-pytest.importorskip("scaffold_sglang.engine", reason="scaffold-sglang's engine is not in this checkout yet")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-pytest.importorskip("sglang_testkit", reason="the sglang protocol test server is not in this checkout yet")
 
 import scaffold_sglang  # noqa: E402
 from scaffold_core.testing import BackgroundLoop, LiveEngine  # noqa: E402

@@ -1,0 +1,247 @@
+"""SGLang's native ``/generate`` protocol: request bodies out, results and error messages in.
+
+Pure functions with no I/O, so the client, the test server and the parse
+tests share one definition of the wire format (see the plugin README and
+``sglang-api.md`` for the documented behaviour they follow).
+
+Requests carry ``input_ids`` (never text), an explicit ``sampling_params``
+dict that always sets ``max_new_tokens`` and only uses names SGLang knows
+(0.5.23 rejects unknown keys with a 400; 0.5.8-0.5.15 answer 500), and
+``return_logprob: true``. Responses are read from ``output_ids`` and
+``meta_info.output_token_logprobs`` (``[logprob, token_id, text|null]``
+tuples), ``meta_info.finish_reason.type`` and ``meta_info.weight_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from scaffold_core.generation import GenerationRequest, GenerationResult
+
+#: Every ``sampling_params`` name native ``/generate`` accepts (sglang 0.5.8 to 0.5.23).
+#: Anything else is rejected by the server, so the client refuses it up front.
+SAMPLING_KEYS: frozenset[str] = frozenset({
+    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+    "repetition_penalty", "min_new_tokens", "stop", "stop_token_ids", "stop_regex", "ignore_eos",
+    "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "logit_bias", "custom_params", "stream_interval", "sampling_seed",
+})
+
+#: Keys the client always derives from scaffold's own sampling parameters.
+MANAGED_SAMPLING_KEYS: frozenset[str] = frozenset({
+    "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed", "n",
+})
+
+FINISH_TYPES = ("stop", "length", "abort")
+_MAX_SEED = (1 << 63) - 1
+
+
+class ProtocolError(ValueError):
+    """A response that does not follow the ``/generate`` protocol (missing or inconsistent fields)."""
+
+
+def check_extra_sampling(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate user-supplied extra sampling params (``engine.sampling_extra``); return a copy."""
+    out = dict(extra or {})
+    unknown = sorted(k for k in out if k not in SAMPLING_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown SGLang sampling parameter(s) {', '.join(map(repr, unknown))}; SGLang rejects them. "
+            f"Allowed: {', '.join(sorted(SAMPLING_KEYS - MANAGED_SAMPLING_KEYS))}")
+    managed = sorted(k for k in out if k in MANAGED_SAMPLING_KEYS)
+    if managed:
+        raise ValueError(
+            f"{', '.join(map(repr, managed))} come from the run's `sampling:` section (max_tokens, temperature, "
+            "top_p, top_k, stop, stop_token_ids, seed); set them there, not in engine.sampling_extra")
+    return out
+
+
+def sampling_params(request: GenerationRequest, *, send_seed: bool = False,
+                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``sampling_params`` dict for one request.
+
+    ``max_tokens`` becomes ``max_new_tokens`` and is always sent (a server
+    default must never cut responses short). ``temperature``, ``top_p`` and
+    ``top_k`` are always sent too (``/generate`` ignores the model's
+    generation config). The request's seed is sent as ``sampling_seed`` only
+    when ``send_seed`` is set: SGLang honours it only with
+    ``--enable-deterministic-inference``, and there is no ``seed`` key.
+    """
+    sp = request.sampling
+    params: dict[str, Any] = {
+        "max_new_tokens": int(sp.max_tokens),
+        "temperature": float(sp.temperature),
+        "top_p": float(sp.top_p),
+        "top_k": int(sp.top_k),
+    }
+    if sp.stop:
+        params["stop"] = list(sp.stop)
+    if sp.stop_token_ids:
+        params["stop_token_ids"] = [int(t) for t in sp.stop_token_ids]
+    if send_seed and request.seed is not None:
+        params["sampling_seed"] = int(request.seed) & _MAX_SEED
+    if extra:
+        params.update(extra)
+    return params
+
+
+def generate_body(request: GenerationRequest, rid: str, *, send_seed: bool = False,
+                  extra_sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body of one ``POST /generate`` (one prompt, one sample, logprobs on)."""
+    return {
+        "input_ids": list(request.prompt_ids),
+        "rid": rid,
+        "sampling_params": sampling_params(request, send_seed=send_seed, extra=extra_sampling),
+        "return_logprob": True,
+    }
+
+
+class BodyEncoder:
+    """Encodes ``/generate`` bodies fast: byte-for-byte what ``encode_json(generate_body(...))`` gives.
+
+    The ``sampling_params`` JSON of a :class:`SamplingParams` (frozen, so
+    hashable) is encoded once and reused; only the prompt ids and the rid
+    are encoded per request.
+    """
+
+    def __init__(self, *, send_seed: bool = False, extra_sampling: Mapping[str, Any] | None = None,
+                 cache_size: int = 4096):
+        self.send_seed = send_seed
+        self.extra = dict(extra_sampling or {})
+        self.cache_size = cache_size
+        self._sampling: dict[Any, bytes] = {}
+
+    def encode(self, request: GenerationRequest, rid: str) -> bytes:
+        if self.send_seed and request.seed is not None:  # per-request seeds: nothing to reuse
+            return encode_json(generate_body(request, rid, send_seed=True, extra_sampling=self.extra))
+        sp = request.sampling
+        fragment = self._sampling.get(sp)
+        if fragment is None:
+            if len(self._sampling) >= self.cache_size:
+                self._sampling.clear()
+            fragment = self._sampling[sp] = encode_json(sampling_params(request, extra=self.extra))
+        # Token ids are integers (Python or numpy): their str() is their JSON.
+        ids_json = b"[" + ",".join(map(str, request.prompt_ids)).encode() + b"]"
+        return b"".join((b'{"input_ids":', ids_json, b',"rid":', encode_json(rid),
+                         b',"sampling_params":', fragment, b',"return_logprob":true}'))
+
+
+def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> GenerationResult:
+    """Turn one non-streaming ``/generate`` response object into a :class:`GenerationResult`.
+
+    ``output_ids`` are the server's sampled ids (a matched EOS/stop token
+    included) and ``logprobs`` the first element of each
+    ``output_token_logprobs`` tuple. Raises :class:`ProtocolError` when the
+    body is not a final single-prompt response with logprobs, or when the
+    ids in ``output_ids`` and in the logprob tuples disagree.
+    """
+    if isinstance(body, list):
+        raise ProtocolError(f"expected one response object, got a JSON array of {len(body)} (a batch or n > 1)")
+    if not isinstance(body, dict):
+        raise ProtocolError(f"expected a JSON object, got {type(body).__name__}")
+    meta = body.get("meta_info")
+    if not isinstance(meta, dict):
+        raise ProtocolError("response has no meta_info object")
+    finish = meta.get("finish_reason")
+    if finish is None:
+        raise ProtocolError("response has finish_reason null: a non-final (streaming) frame, not a result")
+    if isinstance(finish, str):  # tolerate a bare string, as the OpenAI endpoints send
+        finish = {"type": finish}
+    ftype = finish.get("type") if isinstance(finish, dict) else None
+    if ftype not in FINISH_TYPES:
+        raise ProtocolError(f"unknown finish_reason {finish!r}; expected type stop, length or abort")
+
+    tuples = meta.get("output_token_logprobs")
+    output_ids = body.get("output_ids")
+    if tuples is None:
+        if ftype == "abort" and not output_ids:
+            tuples = []
+        else:
+            raise ProtocolError("response has no meta_info.output_token_logprobs: the request must set "
+                                "return_logprob: true")
+    if not isinstance(tuples, list):
+        raise ProtocolError(f"meta_info.output_token_logprobs must be a list, got {type(tuples).__name__}")
+    try:
+        # 0.5.23 serialises NaN/Inf as null: keep "no value" visible as NaN rather than inventing one.
+        logprobs = [math.nan if t[0] is None else float(t[0]) for t in tuples]
+        tuple_ids = [t[1] for t in tuples]
+    except (TypeError, IndexError, ValueError) as exc:
+        raise ProtocolError(f"malformed output_token_logprobs entry ({exc}); expected [logprob, token_id, text]") \
+            from None
+    if output_ids is None:
+        output_ids = tuple_ids
+    elif ftype == "abort" and len(output_ids) != len(tuple_ids):
+        n = min(len(output_ids), len(tuple_ids))  # partial output of an aborted request: keep the paired part
+        output_ids, logprobs, tuple_ids = output_ids[:n], logprobs[:n], tuple_ids[:n]
+    if output_ids != tuple_ids:
+        raise ProtocolError(
+            f"output_ids ({len(output_ids)} ids) and the ids in output_token_logprobs ({len(tuple_ids)}) "
+            "disagree; the server's response is inconsistent")
+    if not all(type(t) is int for t in output_ids):
+        raise ProtocolError("output token ids must be integers")
+
+    rid = meta.get("id")
+    if expect_rid is not None and rid is not None and rid != expect_rid:
+        raise ProtocolError(f"response is for request id {rid!r}, not {expect_rid!r}")
+    info: dict[str, Any] = {"rid": rid}
+    for key in ("prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency", "weight_versions"):
+        if meta.get(key) is not None:
+            info[key] = meta[key]
+    retractions = meta.get("num_retractions", meta.get("total_retractions"))
+    if retractions:
+        info["num_retractions"] = retractions
+    if isinstance(finish, dict):
+        if "matched" in finish and finish["matched"] is not None:
+            info["matched"] = finish["matched"]
+        if ftype == "abort":
+            info["message"] = str(finish.get("message") or "aborted by the server")
+            if finish.get("status_code") is not None:
+                info["status_code"] = finish["status_code"]
+    null_logprobs = sum(1 for lp in logprobs if math.isnan(lp))
+    if null_logprobs:
+        info["null_logprobs"] = null_logprobs
+    text = body.get("text")
+    return GenerationResult(
+        output_ids=output_ids, logprobs=logprobs, finish_reason=ftype,
+        text=text if isinstance(text, str) else "", weight_version=meta.get("weight_version"),
+        meta={**info, "server_text": isinstance(text, str)},
+    )
+
+
+def error_message(status: int, payload: bytes | str) -> str:
+    """The human message of an error response, whichever of SGLang's four body shapes it has.
+
+    ``{"error": {"message": ...}}``, ``{"error": "..."}``, the OpenAI-style
+    ``{"object": "error", "message": ...}``, the control endpoints'
+    ``{"success": false, "message": ...}``, or plain text.
+    """
+    text = payload.decode("utf-8", errors="replace") if isinstance(payload, bytes) else str(payload)
+    message: Any = None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            message = err.get("message") or json.dumps(err)
+        elif isinstance(err, str):
+            message = err
+        elif data.get("object") == "error" or "message" in data:
+            message = data.get("message")
+    if message is None:
+        message = text.strip() or "(empty body)"
+    message = str(message)
+    if len(message) > 1000:
+        message = message[:1000] + "..."
+    return f"HTTP {status}: {message}"
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+def encode_json(data: Any) -> bytes:
+    """Compact JSON bytes (what the client sends)."""
+    return _COMPACT.encode(data).encode()
