@@ -12,7 +12,7 @@ from scaffold_core.generation import VerificationTask
 from scaffold_core.verifier import Verdict
 
 from .conversation import Conversation, DriftReport
-from .environment import EnvStep, run_step
+from .environment import EnvironmentFailure, EnvStep, run_step
 
 
 def build_environment(spec: Any) -> tuple[Any, str]:
@@ -132,7 +132,13 @@ class MultiTurnChatController(Controller):
             raise EpisodeError(f"the prompt has {len(conv)} tokens, no fewer than controller.max_total_tokens "
                                f"({self.max_total_tokens}): raise max_total_tokens or shorten the prompt",
                                component="task")
-        state = self.environment.reset(ctx)
+        try:
+            state = self.environment.reset(ctx)
+        except EpisodeError:
+            raise
+        except Exception as exc:
+            raise EnvironmentFailure(
+                f"environment {self.environment_name!r} raised {type(exc).__name__} in reset: {exc}") from exc
         steps: list[EnvStep] = []
         end = "max_turns"
         for turn in range(self.max_turns):
@@ -156,23 +162,7 @@ class MultiTurnChatController(Controller):
                 break
             conv.add_environment(step.messages or [], ids, text)
 
-        scored = len(steps) == len(conv.turns)  # the environment answered the last turn
-        verdict = steps[-1].verdict if scored else None
-        if verdict is None:
-            check = VerificationTask(conv.turns[-1].text, ctx.reference)
-            yield [check]
-            verdict = check.verdict
-        turns = len(conv.turns)
-        reward = discounted(verdict.reward, turns, self.turn_discount)
-        reason = verdict.reason + (f"; turn {turns} of {self.max_turns}, x{self.turn_discount ** (turns - 1):g}"
-                                   if turns > 1 and self.turn_discount != 1.0 else "")
-        final = Verdict(reward, verdict.extracted, verdict.key, reason)
-        turn_rewards = [float(s.reward) if s.reward is not None else (s.verdict.reward if s.verdict else 0.0)
-                        for s in steps]
-        if not scored:
-            turn_rewards.append(float(verdict.reward))
-        elif steps[-1].reward is None and steps[-1].verdict is None:
-            turn_rewards[-1] = float(verdict.reward)
+        final, turn_rewards = yield from self._score(ctx, conv, steps)
         report = conv.drift() if self.drift_check else None
         last = conv.turns[-1]
         metadata: dict[str, Any] = {
@@ -192,7 +182,27 @@ class MultiTurnChatController(Controller):
             sample_index=ctx.sample_base, weight_version=conv.turns[0].weight_version, verdict=final,
             turn_rewards=turn_rewards, metadata=metadata,
         )
-        return sample, self._metrics(turns, end, report)
+        return sample, self._metrics(len(conv.turns), end, report)
+
+    def _score(self, ctx: EpisodeContext, conv: Conversation, steps: list[EnvStep]):
+        """(the episode's discounted Verdict, per-turn rewards); verifies the last turn unless the environment did."""
+        scored = len(steps) == len(conv.turns)  # the environment answered the last turn
+        verdict = steps[-1].verdict if scored else None
+        if verdict is None:
+            check = VerificationTask(conv.turns[-1].text, ctx.reference)
+            yield [check]
+            verdict = check.verdict
+        turns = len(conv.turns)
+        reward = discounted(verdict.reward, turns, self.turn_discount)
+        reason = verdict.reason + (f"; turn {turns} of {self.max_turns}, x{self.turn_discount ** (turns - 1):g}"
+                                   if turns > 1 and self.turn_discount != 1.0 else "")
+        turn_rewards = [float(s.reward) if s.reward is not None else (s.verdict.reward if s.verdict else 0.0)
+                        for s in steps]
+        if not scored:
+            turn_rewards.append(float(verdict.reward))
+        elif steps[-1].reward is None and steps[-1].verdict is None:
+            turn_rewards[-1] = float(verdict.reward)
+        return Verdict(reward, verdict.extracted, verdict.key, reason), turn_rewards
 
     def _metrics(self, turns: int, end: str, report: DriftReport | None) -> dict[str, float]:
         metrics = {"turns": float(turns), "max_turns_reached": float(end == "max_turns")}

@@ -158,11 +158,20 @@ class EnvPlugin:
         registry.add("broken", lambda: BrokenEnv())
         registry.add("bad_reply", lambda: BadReply())
         registry.add("hangs", lambda: Hangs())
+        registry.add("broken_reset", lambda: BrokenReset())
 
 
 class BrokenEnv(Environment):
     def step(self, state, response):
         raise KeyError("no such tool")
+
+
+class BrokenReset(Environment):
+    def reset(self, ctx):
+        raise ConnectionError("sandbox unreachable")
+
+    def step(self, state, response):  # pragma: no cover - never reached
+        return EnvStep.finish()
 
 
 class BadReply(Environment):
@@ -190,6 +199,7 @@ def test_third_party_environments_plain_and_async(name):
 
 @pytest.mark.parametrize("name, match", [
     ("broken", "environment 'broken' raised KeyError"),
+    ("broken_reset", "environment 'broken_reset' raised ConnectionError in reset: sandbox unreachable"),
     ("bad_reply", "returned str from step\\(\\); return an EnvStep"),
     ("hangs", "environment 'hangs' step did not finish within 0.2 s"),
 ])
