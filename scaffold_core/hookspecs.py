@@ -121,6 +121,13 @@ def register_environments(registry: ComponentRegistry) -> None:
     :param registry: the environment registry; ``registry.add(name, factory)``
         where ``factory(**options)`` returns an environment object (see the
         ``scaffold-multiturn`` plugin for the protocol).
+
+    The protocol (``scaffold_multiturn.environment``): ``reset(ctx) -> state``
+    once per conversation, ``step(state, response) -> EnvStep`` after each
+    assistant turn (a plain function, a generator yielding runtime tasks, or
+    ``async``), optional ``async start()``/``close()``. Per-conversation data
+    lives in the state, never on the shared environment object. A controller
+    selects one with ``environment: {name: ..., options...}``.
     """
 
 
