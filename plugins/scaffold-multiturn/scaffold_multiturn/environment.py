@@ -32,6 +32,7 @@ Errors raised by an environment fail the episode with component
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
@@ -104,6 +105,12 @@ def check_step(step: Any, name: str) -> EnvStep:
         raise EnvironmentFailure(
             f"environment {name!r} returned {type(step).__name__} from step(); return an EnvStep "
             "(EnvStep.reply('...') to continue, EnvStep.finish() to end the conversation)")
+    try:
+        json.dumps(step.info)
+    except (TypeError, ValueError) as exc:
+        raise EnvironmentFailure(
+            f"environment {name!r} returned info that is not JSON-serialisable ({exc}); it is written to "
+            "episodes.jsonl: keep numbers, strings, lists and dicts there") from None
     if step.done:
         return step
     if not step.messages:

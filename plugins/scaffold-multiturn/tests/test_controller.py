@@ -159,6 +159,7 @@ class EnvPlugin:
         registry.add("bad_reply", lambda: BadReply())
         registry.add("hangs", lambda: Hangs())
         registry.add("broken_reset", lambda: BrokenReset())
+        registry.add("opaque_info", lambda: OpaqueInfo())
 
 
 class BrokenEnv(Environment):
@@ -177,6 +178,11 @@ class BrokenReset(Environment):
 class BadReply(Environment):
     def step(self, state, response):
         return "try again"
+
+
+class OpaqueInfo(Environment):
+    def step(self, state, response):
+        return EnvStep.finish(handle=object())
 
 
 class Hangs(Environment):
@@ -201,6 +207,7 @@ def test_third_party_environments_plain_and_async(name):
     ("broken", "environment 'broken' raised KeyError"),
     ("broken_reset", "environment 'broken_reset' raised ConnectionError in reset: sandbox unreachable"),
     ("bad_reply", "returned str from step\\(\\); return an EnvStep"),
+    ("opaque_info", "returned info that is not JSON-serialisable"),
     ("hangs", "environment 'hangs' step did not finish within 0.2 s"),
 ])
 def test_environment_failures_fail_the_episode_with_the_reason(name, match):
