@@ -121,6 +121,12 @@ def test_max_total_tokens_stops_the_conversation_before_it_outgrows_the_limit():
     assert all(r.sampling.max_tokens <= 150 - len(r.prompt_ids) for r in engine.requests)
 
 
+def test_a_prompt_already_past_max_total_tokens_fails_the_episode_clearly():
+    result = run(ListTask(ROWS[:1]), ScriptedEngine("5"), controller(max_total_tokens=10))[0]
+    assert result.status == "failed" and result.error_component == "task"
+    assert "no fewer than controller.max_total_tokens (10)" in result.error
+
+
 def test_a_missing_environment_is_a_config_error_listing_the_installed_ones():
     with pytest.raises(ConfigError, match="needs an environment.*verifier_feedback"):
         registry().create("controller", "multiturn_chat", {}, path="controller")
