@@ -271,43 +271,40 @@ def write_derived(directory: Path, records: dict[str, dict[str, Any]], *, save_d
     return {"samples": n_samples, "failed": n_failed, "trajectories": n_traj}
 
 
+_SCALAR_TYPES = ((bool, "bool"), (int, "int64"), (float, "float32"), (str, "string"))
+
+
+def _value_type(value: Any) -> str | None:
+    """The dataset type of one value: a scalar type, ``list:int64``/``list:float32``, or None (no column)."""
+    if isinstance(value, (list, tuple)):
+        inner = {_value_type(v) for v in value}
+        if inner <= {"int64"}:
+            return "list:int64"
+        return "list:float32" if inner <= {"int64", "float32"} else None
+    return next((name for cls, name in _SCALAR_TYPES if isinstance(value, cls)), None)
+
+
 def extra_features(rows: list[dict[str, Any]], known: Any) -> dict[str, Any]:
     """Dataset columns for keys a trajectory maker adds beyond the standard ones (e.g. a multi-turn
     maker's ``turn_rewards``): numbers, strings, booleans and lists of numbers are kept; other
     values stay in ``episodes.jsonl`` only."""
     import datasets
 
-    def kind(value: Any) -> str | None:
-        if isinstance(value, bool):
-            return "bool"
-        if isinstance(value, int):
-            return "int64"
-        if isinstance(value, float):
-            return "float32"
-        if isinstance(value, str):
-            return "string"
-        return None
-
-    seen: dict[str, set[str]] = {}
+    found: dict[str, set[str | None]] = {}
     for row in rows:
         for key, value in row.items():
-            if key in known or value is None:
-                continue
-            if isinstance(value, (list, tuple)):
-                kinds = {kind(v) for v in value} or {"int64"}
-                seen.setdefault(key, set()).update("list:" + k if k in ("int64", "float32") else "other"
-                                                   for k in kinds)
-            else:
-                seen.setdefault(key, set()).add(kind(value) or "other")
+            if key not in known and value is not None:
+                found.setdefault(key, set()).add(_value_type(value))
     out: dict[str, Any] = {}
-    for key, kinds in seen.items():
-        if "other" in kinds:
+    for key, types in found.items():
+        if None in types:
             continue
-        if all(k.startswith("list:") for k in kinds):
-            dtype = "float32" if "list:float32" in kinds else "int64"
-            out[key] = datasets.Sequence(datasets.Value(dtype))
-        elif len(kinds) == 1 or kinds == {"int64", "float32"}:
-            out[key] = datasets.Value("float32" if "float32" in kinds else next(iter(kinds)))
+        if types <= {"list:int64", "list:float32"}:
+            out[key] = datasets.Sequence(datasets.Value("float32" if "list:float32" in types else "int64"))
+        elif types <= {"int64", "float32"}:
+            out[key] = datasets.Value("float32" if "float32" in types else "int64")
+        elif len(types) == 1:
+            out[key] = datasets.Value(next(iter(types)))
     return out
 
 
