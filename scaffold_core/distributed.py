@@ -271,30 +271,27 @@ def _run(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise DistributedError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def all_reduce_max(value: int, group: Any = None) -> int:
-    """The maximum of ``value`` over the ranks of the (Gloo) group."""
+def _all_reduce_scalar(value: float, op_name: str, dtype_name: str, group: Any) -> float:
     group, world = resolve_cpu_group(group)
     if world == 1:
-        return int(value)
+        return value
     import torch
     import torch.distributed as dist
 
-    tensor = torch.tensor([int(value)], dtype=torch.int64)
-    _run("all_reduce(MAX) on the CPU group", dist.all_reduce, tensor, op=dist.ReduceOp.MAX, group=group)
-    return int(tensor.item())
+    tensor = torch.tensor([value], dtype=getattr(torch, dtype_name))
+    _run(f"all_reduce({op_name}) on the CPU group", dist.all_reduce, tensor, op=getattr(dist.ReduceOp, op_name),
+         group=group)
+    return tensor.item()
+
+
+def all_reduce_max(value: int, group: Any = None) -> int:
+    """The maximum of ``value`` over the ranks of the (Gloo) group."""
+    return int(_all_reduce_scalar(int(value), "MAX", "int64", group))
 
 
 def all_reduce_sum(value: float, group: Any = None) -> float:
     """The sum of ``value`` over the ranks of the (Gloo) group."""
-    group, world = resolve_cpu_group(group)
-    if world == 1:
-        return float(value)
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([float(value)], dtype=torch.float64)
-    _run("all_reduce(SUM) on the CPU group", dist.all_reduce, tensor, op=dist.ReduceOp.SUM, group=group)
-    return float(tensor.item())
+    return float(_all_reduce_scalar(float(value), "SUM", "float64", group))
 
 
 def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:

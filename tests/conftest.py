@@ -55,3 +55,19 @@ def cli():
 def list_plugins():
     """``list_plugins(site, disable, *extra)`` -> name -> plugin JSON object."""
     return listing
+
+
+@pytest.fixture
+def no_ipv6_sockets(monkeypatch):
+    """A host view with IPv6 disabled: creating an AF_INET6 socket fails as on such hosts."""
+    import errno
+    import socket
+
+    real = socket.socket
+
+    def fake(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", fake)

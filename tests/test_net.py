@@ -114,19 +114,7 @@ def test_interface_ipv6_addresses_reads_proc_format(tmp_path):
     assert net.interface_ipv6_addresses(str(tmp_path / "missing")) == []
 
 
-def _no_ipv6_sockets(monkeypatch):
-    real = socket.socket
-
-    def fake(family=socket.AF_INET, *args, **kwargs):
-        if family == socket.AF_INET6:
-            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
-        return real(family, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "socket", fake)
-
-
-def test_has_ipv6_is_false_when_ipv6_sockets_cannot_be_created(monkeypatch):
-    _no_ipv6_sockets(monkeypatch)
+def test_has_ipv6_is_false_when_ipv6_sockets_cannot_be_created(no_ipv6_sockets):
     assert net.has_ipv6() is False
     assert net.has_ipv4() is True
     assert net.loopback_host() == "127.0.0.1"

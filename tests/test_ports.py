@@ -131,20 +131,8 @@ def test_take_socket_hands_over_a_bound_socket_with_no_window(free_range):
         server.close()
 
 
-def _no_ipv6_sockets(monkeypatch):
-    real = socket.socket
-
-    def fake(family=socket.AF_INET, *args, **kwargs):
-        if family == socket.AF_INET6:
-            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
-        return real(family, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "socket", fake)
-
-
-def test_a_host_without_ipv6_sockets_still_gets_ports(monkeypatch, free_range):
+def test_a_host_without_ipv6_sockets_still_gets_ports(no_ipv6_sockets, free_range):
     """The anchor system reported every port busy here (the AF_INET6 socket failed)."""
-    _no_ipv6_sockets(monkeypatch)
     got = ports.reserve_ports(4, port_range=free_range)
     assert len({r.port for r in got}) == 4
     assert all(len(r.sockets) == 1 and r.sockets[0].family == socket.AF_INET for r in got)

@@ -128,16 +128,21 @@ def test_a_hung_worker_is_killed_at_worker_timeout_and_the_others_are_kept(test_
     assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == [f"q{i}" for i in range(1, 7, 2)]
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp_path):
+def start_slow_two_worker_run(tmp_path, **popen):
+    """`scaffold run` with 2 workers on 200 slow canned episodes, in its own session."""
     data = canned(tmp_path, workers=2, concurrency=1)
     data["engine"]["delay_s"] = 0.3
     data["task"] = {"name": "arithmetic", "count": 200}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(data))
-    out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            start_new_session=True, **popen)
+    return proc, tmp_path / "out"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp_path):
+    proc, out = start_slow_two_worker_run(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         ledgers = [out / f"episodes.rank-{r:05d}.jsonl" for r in (0, 1)]
@@ -238,14 +243,7 @@ def test_a_failed_launch_leaves_no_worker_behind(test_plugins, tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_workers_die_with_a_killed_launcher(test_plugins, tmp_path):
-    data = canned(tmp_path, workers=2, concurrency=1)
-    data["engine"]["delay_s"] = 0.3
-    data["task"] = {"name": "arithmetic", "count": 200}
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(data))
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc, out = start_slow_two_worker_run(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(processes_mentioning(str(out))) < 2:
