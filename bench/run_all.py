@@ -20,6 +20,7 @@ SCRIPTS = [
     ("SGLang client (issue 5)", "sglang_client.py", []),
     ("multi-turn drift and speed (issue 6)", "multiturn_drift.py", []),
     ("multi-worker speed-up (issue 7)", "multiworker.py", []),
+    ("port contention (issue 7)", "ports.py", []),
 ]
 
 
