@@ -99,8 +99,8 @@ def test_two_workers_launching_at_once_never_collide(tmp_path):
     assert all(o.output_ids for o in outs)
 
 
-def test_a_server_that_never_becomes_ready_fails_within_setup_timeout_with_its_log(tmp_path):
-    eng = launched_engine(tmp_path, "--never-ready", setup_timeout=1.5)
+def start_failure(eng) -> tuple[LaunchError, float]:
+    """The LaunchError ``eng.start()`` raises, and how long it took to come."""
 
     async def main():
         started = time.monotonic()
@@ -108,7 +108,11 @@ def test_a_server_that_never_becomes_ready_fails_within_setup_timeout_with_its_l
             await eng.start()
         return info.value, time.monotonic() - started
 
-    error, took = run(main())
+    return run(main())
+
+
+def test_a_server_that_never_becomes_ready_fails_within_setup_timeout_with_its_log(tmp_path):
+    error, took = start_failure(launched_engine(tmp_path, "--never-ready", setup_timeout=1.5))
     message = str(error)
     assert "not ready within setup_timeout=1.5 s" in message and "HTTP 503" in message
     assert "test server: listening on" in message  # the tail of the server's log
@@ -117,15 +121,7 @@ def test_a_server_that_never_becomes_ready_fails_within_setup_timeout_with_its_l
 
 
 def test_a_server_that_crashes_fails_at_once_with_its_log(tmp_path):
-    eng = launched_engine(tmp_path, "--crash-after-load", setup_timeout=60)
-
-    async def main():
-        started = time.monotonic()
-        with pytest.raises(LaunchError) as info:
-            await eng.start()
-        return info.value, time.monotonic() - started
-
-    error, took = run(main())
+    error, took = start_failure(launched_engine(tmp_path, "--crash-after-load", setup_timeout=60))
     assert "exited with code 1 before it was ready" in str(error) and "CUDA out of memory" in str(error)
     assert took < 20
 
