@@ -333,7 +333,14 @@ def save_trajectories(directory: Path, ordered: list[dict[str, Any]]) -> None:
     tmp = directory / ".trajectories.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    dataset.save_to_disk(str(tmp))
+    quiet = not datasets.are_progress_bars_disabled()
+    if quiet:
+        datasets.disable_progress_bars()  # the run has its own progress bar; this one is noise
+    try:
+        dataset.save_to_disk(str(tmp))
+    finally:
+        if quiet:
+            datasets.enable_progress_bars()
     if target.exists():
         shutil.rmtree(target)
     os.replace(tmp, target)
