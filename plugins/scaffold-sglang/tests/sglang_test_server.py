@@ -308,13 +308,17 @@ class TestServer:
         if not self.resume.is_set() and not live.abort.is_set():
             if self.paused_mode == "retract":
                 live.retractions += 1
-            waiter = asyncio.ensure_future(self.resume.wait())
-            aborted = asyncio.ensure_future(live.abort.wait())
-            try:
-                await asyncio.wait([waiter, aborted], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                aborted.cancel()
+            await self._until_continued_or_aborted(live)
+
+    async def _until_continued_or_aborted(self, live: Any) -> None:
+        """Wait until generation continues (after a pause) or this request is aborted."""
+        waiter = asyncio.ensure_future(self.resume.wait())
+        aborted = asyncio.ensure_future(live.abort.wait())
+        try:
+            await asyncio.wait([waiter, aborted], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            aborted.cancel()
 
     async def _json(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -464,13 +468,7 @@ class TestServer:
             if not self.resume.is_set():  # paused: new requests wait inside the server until continue
                 self.waiting += 1
                 try:
-                    waiter = asyncio.ensure_future(self.resume.wait())
-                    aborted = asyncio.ensure_future(live.abort.wait())
-                    try:
-                        await asyncio.wait([waiter, aborted], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        waiter.cancel()
-                        aborted.cancel()
+                    await self._until_continued_or_aborted(live)
                 finally:
                     self.waiting -= 1
             if live.abort.is_set():
