@@ -128,16 +128,60 @@ def test_a_hung_worker_is_killed_at_worker_timeout_and_the_others_are_kept(test_
     assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == [f"q{i}" for i in range(1, 7, 2)]
 
 
-def start_slow_two_worker_run(tmp_path, **popen):
-    """`scaffold run` with 2 workers on 200 slow canned episodes, in its own session."""
+def start_slow_two_worker_run(tmp_path, count: int = 200, delay_s: float = 0.3, *args: str, **popen):
+    """`scaffold run` with 2 workers on ``count`` slow canned episodes, in its own session."""
     data = canned(tmp_path, workers=2, concurrency=1)
-    data["engine"]["delay_s"] = 0.3
-    data["task"] = {"name": "arithmetic", "count": 200}
+    data["engine"]["delay_s"] = delay_s
+    data["task"] = {"name": "arithmetic", "count": count}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress"],
+    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress", *args],
                             start_new_session=True, **popen)
     return proc, tmp_path / "out"
+
+
+def worker_pid(out: Path, rank: int) -> int:
+    """The pid of the worker process of ``rank`` writing into ``out``."""
+    for pid in processes_mentioning(str(out)):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"scaffold_core.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no worker of rank {rank} for {out}")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_midway_is_reported_and_resume_completes_every_episode_once(test_plugins, tmp_path):
+    proc, out = start_slow_two_worker_run(tmp_path, 40, 0.1, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True)
+    ledger = out / "episodes.rank-00001.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while not (ledger.exists() and ledger.read_text().count("\n") >= 3):
+            assert time.monotonic() < deadline and proc.poll() is None, "rank 1 made no progress"
+            time.sleep(0.05)
+        os.kill(worker_pid(out, 1), signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == cli.EXIT_ERROR, stderr[-2000:]
+    failure, = json.loads(stdout[stdout.index("{"):])["worker_failures"]
+    assert failure["rank"] == 1 and failure["exit_code"] == -signal.SIGKILL
+    assert "episodes.rank-00001.jsonl" in failure["shard"]
+    kept = {s["episode_id"] for s in samples(out)}
+    assert 20 + 3 <= len(kept) < 40  # rank 0 finished its shard; rank 1's finished episodes are kept
+    resume, out = start_slow_two_worker_run(tmp_path, 40, 0.1, "--resume", stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)
+    stdout, stderr = resume.communicate(timeout=120)
+    assert resume.returncode == 0, stderr[-2000:]
+    ids = [json.loads(line)["episode_id"] for path in sorted(out.glob("episodes.rank-*.jsonl"))
+           for line in path.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 40  # every episode exactly once across both sessions
+    assert kept <= set(ids) and json.loads((out / "metrics.json").read_text())["completed"] == 40
 
 
 @pytest.mark.slow
