@@ -219,7 +219,8 @@ def _merge_component(default: dict[str, Any] | None, user: Any) -> dict[str, Any
     if not isinstance(user, dict):
         return user
     if "name" in user and "name" in default and user["name"] != default["name"]:
-        core = {k: v for k, v in default.items() if k in ("timeout", "workers")}
+        core_keys = {k for keys in CORE_KEYS.values() for k in keys}
+        core = {k: v for k, v in default.items() if k in core_keys}
         return {**core, **user}
     return {**default, **user}
 
@@ -280,7 +281,7 @@ def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = N
         name = body["name"]
         if not isinstance(name, str):
             raise ConfigError(f"{section}.name: must be a string, got {name!r}")
-        info = _lookup(registry, kind, name, f"{section}.name")
+        _lookup(registry, kind, name, f"{section}.name")  # unknown or broken names become ConfigErrors
         core_keys = CORE_KEYS.get(section, ())
         core = {k: body[k] for k in core_keys if k in body}
         options = {k: v for k, v in body.items() if k != "name" and k not in core_keys}

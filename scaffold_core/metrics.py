@@ -126,10 +126,6 @@ class RunMetrics:
         out.update(extra)
         return out
 
-    def truncation_warning(self) -> str | None:
-        return truncation_warning(self.truncated_fraction)
-
-
 def truncation_warning(fraction: float) -> str | None:
     """The loud message for runs where too many responses hit max_tokens, else None."""
     if fraction <= TRUNCATION_WARNING:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-_MODEL_CACHE: dict[int, tuple[Any, Any, bool]] = {}
+_MODEL_CACHE: dict[int, tuple[Any, Any]] = {}
 
 
 def _signature_model(factory: Any) -> tuple[Any, list[str], bool]:
@@ -48,7 +48,7 @@ def _signature_model(factory: Any) -> tuple[Any, list[str], bool]:
         **fields,
     )
     result = (model, list(fields), var_kw)
-    _MODEL_CACHE[id(factory)] = (factory, result, var_kw)
+    _MODEL_CACHE[id(factory)] = (factory, result)
     return result
 
 

@@ -19,7 +19,7 @@ from .hooks import Hooks
 from .metrics import RunMetrics
 from .output import RunOutput, latest_records, ledger_paths, result_of, write_derived
 from .runtime import Runtime
-from .sampling import derive_seed
+from .task import episode_context, episode_id_of
 from .verifier import VerifierPool
 
 log = logging.getLogger("scaffold.rollout")
@@ -111,22 +111,15 @@ class Rollout:
         tokenizer = self.components.engine.tokenizer
         sampling = self.config.sampling.params()
         for index, row in rows:
-            episode_id = str(row.get("id", index))
+            episode_id = episode_id_of(row, index)
             if episode_id in done:
                 continue
-            reference = task.reference(row)
             try:
-                prompt = task.build_prompt(row, tokenizer)
+                yield episode_context(task, index, row, tokenizer, sampling)
             except Exception as exc:  # this row only
-                yield EpisodeResult(episode_id=episode_id, index=index, status="failed", reference=reference,
+                yield EpisodeResult(episode_id=episode_id, index=index, status="failed", reference=task.reference(row),
                                     error=f"building the prompt failed: {type(exc).__name__}: {exc}",
                                     error_component="task", row=row)
-                continue
-            yield EpisodeContext(
-                episode_id=episode_id, index=index, row=row, prompt_ids=prompt.ids, sampling=sampling,
-                seed=derive_seed(sampling.seed, episode_id), reference=reference, prompt_text=prompt.text,
-                messages=prompt.messages, tokenizer=tokenizer,
-            )
 
     # -- running --------------------------------------------------------
     async def run_async(self) -> dict[str, Any]:
@@ -157,7 +150,7 @@ class Rollout:
             await comps.engine.start()
             controller_started = True  # a start that fails half-way is still closed
             await start_controller(comps.controller)
-            todo = sum(1 for _, row in rows if str(row.get("id", _)) not in done)
+            todo = sum(1 for index, row in rows if episode_id_of(row, index) not in done)
             self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
             self.runtime = runtime = Runtime(
                 engine=comps.engine, controller=comps.controller, verifier=pool,

@@ -19,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
+from .episode import EpisodeContext
+from .sampling import SamplingParams, derive_seed
 from .tokenizers import render_chat
 
 
@@ -52,3 +54,23 @@ class Task:
         messages = self.messages(row)
         text, ids = render_chat(tokenizer, messages)
         return Prompt(text=text, ids=ids, messages=messages)
+
+
+def episode_id_of(row: dict[str, Any], index: int) -> str:
+    """A row's episode id: its ``"id"``, else its position in the task's rows."""
+    return str(row.get("id", index))
+
+
+def episode_context(task: Any, index: int, row: dict[str, Any], tokenizer: Any,
+                    sampling: SamplingParams) -> EpisodeContext:
+    """The explicit context of the episode for ``row``: prompt built with ``tokenizer``, seed from the id.
+
+    Raises whatever ``task.build_prompt`` raises for an unusable row.
+    """
+    episode_id = episode_id_of(row, index)
+    prompt = task.build_prompt(row, tokenizer)
+    return EpisodeContext(
+        episode_id=episode_id, index=index, row=row, prompt_ids=prompt.ids, sampling=sampling,
+        seed=derive_seed(sampling.seed, episode_id), reference=task.reference(row), prompt_text=prompt.text,
+        messages=prompt.messages, tokenizer=tokenizer,
+    )

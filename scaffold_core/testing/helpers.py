@@ -9,8 +9,8 @@ from ..controller import close_controller, start_controller
 from ..episode import EpisodeContext, EpisodeResult
 from ..plugins import PluginSet
 from ..runtime import Runtime
-from ..sampling import SamplingParams, derive_seed
-from ..task import Task
+from ..sampling import SamplingParams
+from ..task import Task, episode_context
 from ..verifier import VerifierPool
 
 
@@ -43,16 +43,7 @@ class ListTask(Task):
 
 def make_contexts(task: Task, tokenizer: Any, sampling: SamplingParams | None = None) -> list[EpisodeContext]:
     sampling = sampling or SamplingParams(max_tokens=64)
-    out = []
-    for i, row in enumerate(task.load()):
-        prompt = task.build_prompt(row, tokenizer)
-        eid = str(row.get("id", i))
-        out.append(EpisodeContext(
-            episode_id=eid, index=i, row=row, prompt_ids=prompt.ids, sampling=sampling,
-            seed=derive_seed(sampling.seed, eid), reference=task.reference(row), prompt_text=prompt.text,
-            messages=prompt.messages, tokenizer=tokenizer,
-        ))
-    return out
+    return [episode_context(task, i, row, tokenizer, sampling) for i, row in enumerate(task.load())]
 
 
 def run_episodes(contexts: list[EpisodeContext], *, engine: Any, controller: Any, verifier: Any = None,

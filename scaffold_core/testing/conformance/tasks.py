@@ -55,7 +55,9 @@ class TaskConformance(ComponentConformance):
         if name is None:
             pytest.fail("the task's default_config names no verifier: set `verifier_name` in the test class, "
                         "or add default_config = {'verifier': {'name': ...}} to the task")
-        options = {k: v for k, v in section.items() if k not in ("timeout", "workers")}
+        from ...config import CORE_KEYS  # keys the core's verifier pool takes, not the verifier
+
+        options = {k: v for k, v in section.items() if k not in CORE_KEYS["verifier"]}
         options.update(self.verifier_options)
         return self.scaffold_registry().create("verifier", name, options, path="verifier")
 
