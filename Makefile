@@ -11,7 +11,7 @@ PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench clean-venv
+.PHONY: setup run test lint bench clean-venv
 
 setup: $(STAMP)
 
@@ -27,7 +27,12 @@ $(STAMP):
 run: setup
 	$(VENV)/bin/scaffold run examples/gsm8k.yaml
 
-test: setup
+# Static checks: ruff (pyflakes, bugbear, pyupgrade, complexity, imports) and mypy, core and every plugin.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy scaffold_core $(foreach p,$(PLUGINS),$(p)/$(subst -,_,$(notdir $(p))))
+
+test: setup lint
 	$(PY) -m pytest --import-mode=importlib tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS)
 
 bench: setup

@@ -33,10 +33,11 @@ def messages(q: str) -> list[dict]:
             {"role": "user", "content": q}]
 
 
-async def scaffold_tokens_per_s(engine, prompts: list[list[int]], max_tokens: int, temperature: float) -> tuple[float, int]:
+async def scaffold_tokens_per_s(engine, prompts: list[list[int]], max_tokens: int,
+                                temperature: float) -> tuple[float, int]:
     from scaffold_core.builtins.controllers import NativeController
     from scaffold_core.episode import EpisodeContext
-    from scaffold_core.runtime import Runtime
+    from scaffold_core.run.runtime import Runtime
     from scaffold_core.sampling import SamplingParams
 
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0)
@@ -55,7 +56,8 @@ async def scaffold_tokens_per_s(engine, prompts: list[list[int]], max_tokens: in
     return tokens / (time.perf_counter() - start), tokens
 
 
-def direct_tokens_per_s(model, tokenizer, prompts: list[list[int]], max_tokens: int, temperature: float) -> tuple[float, int]:
+def direct_tokens_per_s(model, tokenizer, prompts: list[list[int]], max_tokens: int,
+                        temperature: float) -> tuple[float, int]:
     import torch
 
     width = max(len(p) for p in prompts)

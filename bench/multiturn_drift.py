@@ -20,7 +20,7 @@ from pathlib import Path
 
 def run(config: dict, out: Path) -> dict:
     from scaffold_core.config import load_config
-    from scaffold_core.rollout import Rollout
+    from scaffold_core.run.rollout import Rollout
 
     return Rollout(load_config(data=config), output_dir=out).run()
 

@@ -3,7 +3,7 @@
     python bench/multiworker.py [--episodes 6000] [--workers 1 2]
 
 Runs the ``arithmetic`` test task (``scaffold_core.testing.plugin``) through
-``scaffold_core.workers.run_workers`` with the model taken out, so the figures
+``scaffold_core.launch.run_workers`` with the model taken out, so the figures
 measure scaffold's own per-episode work (scheduling, verification,
 trajectories, the ledger) spread over processes. Prints, per worker count,
 episodes/s once the workers run (``episodes / slowest worker's wall``),
@@ -24,7 +24,7 @@ from pathlib import Path
 
 def run(workers: int, episodes: int, root: Path) -> dict:
     from scaffold_core.config import load_config
-    from scaffold_core.workers import run_workers
+    from scaffold_core.launch import run_workers
 
     config = load_config(data={
         "task": {"name": "arithmetic", "count": episodes},

@@ -12,15 +12,15 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SCRIPTS = [
-    ("CLI start-up (issue 2)", "cli_startup.py", []),
-    ("runtime overhead (issue 3)", "runtime_overhead.py", []),
-    ("model load (issue 3)", "model_load.py", []),
-    ("batching efficiency (issue 3)", "batching_efficiency.py", []),
-    ("GSM8K verifier (issue 4)", "gsm8k_verifier.py", []),
-    ("SGLang client (issue 5)", "sglang_client.py", []),
-    ("multi-turn drift and speed (issue 6)", "multiturn_drift.py", []),
-    ("multi-worker speed-up (issue 7)", "multiworker.py", []),
-    ("port contention (issue 7)", "ports.py", []),
+    ("CLI start-up", "cli_startup.py", []),
+    ("runtime overhead", "runtime_overhead.py", []),
+    ("model load", "model_load.py", []),
+    ("batching efficiency", "batching_efficiency.py", []),
+    ("GSM8K verifier", "gsm8k_verifier.py", []),
+    ("SGLang client", "sglang_client.py", []),
+    ("multi-turn drift and speed", "multiturn_drift.py", []),
+    ("multi-worker speed-up", "multiworker.py", []),
+    ("port contention", "ports.py", []),
 ]
 
 

@@ -21,11 +21,12 @@ import time
 
 from scaffold_core.builtins.controllers import MajorityVoteController, NativeController
 from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
+from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.engines.canned import CannedBenchmarkEngine
 from scaffold_core.episode import EpisodeContext
-from scaffold_core.runtime import Runtime
+from scaffold_core.run.runtime import Runtime
+from scaffold_core.run.verifier_pool import VerifierPool
 from scaffold_core.sampling import SamplingParams, derive_seed
-from scaffold_core.verifier import ExactMatchVerifier, VerifierPool
 
 PROMPT = "<|system|>\nSolve step by step.<|end|>\n<|user|>\nWhat is 6 * 7?<|end|>\n<|assistant|>\n"
 

@@ -125,7 +125,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def measure(url: str, total: int, in_flight: int) -> dict:
     from scaffold_core.generation import GenerationRequest
-    from scaffold_core.runtime import gc_tuned
+    from scaffold_core.run.runtime import gc_tuned
     from scaffold_core.sampling import SamplingParams
     from scaffold_sglang import SGLangEngine
 

@@ -15,21 +15,21 @@ import copy
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError, PluginLoadError, UnknownComponentError
+from .plugins import SECTION_KINDS, get_registry
+from .sampling import SamplingParams
 
-#: Section -> component kind, for the sections that select a component.
-COMPONENT_SECTIONS: dict[str, str] = {
-    "task": "task",
-    "controller": "controller",
-    "engine": "engine",
-    "verifier": "verifier",
-    "trajectory": "trajectory_maker",
-}
+#: Every top-level section, in the order they are resolved and written.
 SECTIONS = ("task", "controller", "engine", "sampling", "verifier", "trajectory", "rollout", "output")
+#: Section -> component kind, for the sections that select a component (from the one table of kinds).
+COMPONENT_SECTIONS: dict[str, str] = {section: SECTION_KINDS[section] for section in SECTIONS
+                                      if section in SECTION_KINDS}
+
+_M = TypeVar("_M", bound=BaseModel)
 
 #: Keys of a component section that the core consumes instead of the component.
 CORE_KEYS: dict[str, tuple[str, ...]] = {"verifier": ("timeout", "workers")}
@@ -59,9 +59,7 @@ class SamplingConfig(BaseModel):
     def _stop(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
-    def params(self) -> Any:
-        from .sampling import SamplingParams
-
+    def params(self) -> SamplingParams:
         return SamplingParams(self.max_tokens, self.temperature, self.top_p, self.top_k,
                               tuple(self.stop), tuple(self.stop_token_ids), self.seed)
 
@@ -241,10 +239,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = None) -> Config:
+    """Resolve defaults (built-in < task < user) and validate every section; ``registry`` defaults to
+    the process-wide one."""
     if registry is None:
-        from .plugins import get_registry
-
         registry = get_registry()
+    _check_sections(raw)
+    merged = _merge_defaults(raw, _task_defaults(raw, registry))
+    components = {section: _component(registry, section, kind, merged.get(section) or {})
+                  for section, kind in COMPONENT_SECTIONS.items()}
+    _check_verifier_core(components["verifier"].core)
+    return Config(task=components["task"], controller=components["controller"], engine=components["engine"],
+                  verifier=components["verifier"], trajectory=components["trajectory"],
+                  sampling=_section(merged, "sampling", SamplingConfig),
+                  rollout=_section(merged, "rollout", RolloutConfig),
+                  output=_section(merged, "output", OutputConfig), source=source)
+
+
+def _section(merged: dict[str, Any], section: str, model: type[_M]) -> _M:
+    try:
+        return model(**(merged.get(section) or {}))
+    except ValidationError as exc:
+        raise ConfigError(_pydantic_message(exc, section, model)) from None
+
+
+def _check_sections(raw: dict[str, Any]) -> None:
     unknown = [k for k in raw if k not in SECTIONS]
     if unknown:
         key = unknown[0]
@@ -255,14 +273,19 @@ def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = N
         if value is not None and not isinstance(value, dict):
             raise ConfigError(f"{key}: must be a mapping (e.g. {key}: {{name: ...}}), got {value!r}")
 
+
+def _task_defaults(raw: dict[str, Any], registry: Any) -> dict[str, Any]:
+    """The selected task's ``default_config`` (a copy)."""
     task_section = raw.get("task")
     if not task_section or "name" not in task_section:
         raise ConfigError(f"task.name: required; installed tasks: {', '.join(registry.names('task')) or '(none)'}")
     task_info = _lookup(registry, "task", task_section["name"], "task.name")
-    task_defaults = copy.deepcopy(getattr(task_info.factory, "default_config", None) or {})
-    if not isinstance(task_defaults, dict):
-        task_defaults = {}
+    defaults = copy.deepcopy(getattr(task_info.factory, "default_config", None) or {})
+    return defaults if isinstance(defaults, dict) else {}
 
+
+def _merge_defaults(raw: dict[str, Any], task_defaults: dict[str, Any]) -> dict[str, Any]:
+    """Every section with built-in defaults < the task's defaults < the user's values."""
     merged: dict[str, Any] = {}
     for section in SECTIONS:
         default = _merge_component(BUILTIN_DEFAULTS.get(section), task_defaults.get(section))
@@ -271,42 +294,33 @@ def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = N
             merged[section] = _merge_component(default, user)
         else:
             merged[section] = {**(default or {}), **(user or {})}
+    return merged
 
-    components: dict[str, ComponentConfig] = {}
-    for section, kind in COMPONENT_SECTIONS.items():
-        body = merged.get(section) or {}
-        if "name" not in body:
-            names = ", ".join(registry.names(kind)) or "(none installed)"
-            raise ConfigError(f"{section}.name: required (the task supplies no default); choose one of: {names}")
-        name = body["name"]
-        if not isinstance(name, str):
-            raise ConfigError(f"{section}.name: must be a string, got {name!r}")
-        _lookup(registry, kind, name, f"{section}.name")  # unknown or broken names become ConfigErrors
-        core_keys = CORE_KEYS.get(section, ())
-        core = {k: body[k] for k in core_keys if k in body}
-        options = {k: v for k, v in body.items() if k != "name" and k not in core_keys}
-        # Build once to validate: factories are cheap (nothing loads before an engine starts),
-        # and this catches what a signature cannot (e.g. samples >= 1) before any model loads.
-        registry.create(kind, name, options, path=section)
-        components[section] = ComponentConfig(name, options, core)
 
-    vcore = components["verifier"].core
+def _component(registry: Any, section: str, kind: str, body: dict[str, Any]) -> ComponentConfig:
+    """Validate one component section: its name is installed and its options build the component."""
+    if "name" not in body:
+        names = ", ".join(registry.names(kind)) or "(none installed)"
+        raise ConfigError(f"{section}.name: required (the task supplies no default); choose one of: {names}")
+    name = body["name"]
+    if not isinstance(name, str):
+        raise ConfigError(f"{section}.name: must be a string, got {name!r}")
+    _lookup(registry, kind, name, f"{section}.name")  # unknown or broken names become ConfigErrors
+    core_keys = CORE_KEYS.get(section, ())
+    core = {k: body[k] for k in core_keys if k in body}
+    options = {k: v for k, v in body.items() if k != "name" and k not in core_keys}
+    # Build once to validate: factories are cheap (nothing loads before an engine starts),
+    # and this catches what a signature cannot (e.g. samples >= 1) before any model loads.
+    registry.create(kind, name, options, path=section)
+    return ComponentConfig(name, options, core)
+
+
+def _check_verifier_core(vcore: dict[str, Any]) -> None:
     for key, kind_ok in (("timeout", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
                          ("workers", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)):
         if key in vcore and not kind_ok(vcore[key]):
             allowed = "seconds > 0" if key == "timeout" else "integer >= 1"
             raise ConfigError(f"verifier.{key}: got {vcore[key]!r}; expected {allowed}")
-
-    sections = {}
-    for section, model in (("sampling", SamplingConfig), ("rollout", RolloutConfig), ("output", OutputConfig)):
-        try:
-            sections[section] = model(**(merged.get(section) or {}))
-        except ValidationError as exc:
-            raise ConfigError(_pydantic_message(exc, section, model)) from None
-    return Config(task=components["task"], controller=components["controller"], engine=components["engine"],
-                  verifier=components["verifier"], trajectory=components["trajectory"],
-                  sampling=sections["sampling"], rollout=sections["rollout"], output=sections["output"],
-                  source=source)
 
 
 def _lookup(registry: Any, kind: str, name: Any, path: str) -> Any:

@@ -29,8 +29,9 @@ closes. Both default to doing nothing.
 from __future__ import annotations
 
 import copy
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generator, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .episode import Outcome
 

@@ -15,7 +15,7 @@ class RunInfo:
 
     ``output_dir``: the run's output directory (engines write server logs
     there). ``port_range``: the inclusive port slice this worker owns (see
-    :mod:`scaffold_core.ports`); engines that start servers take ports from it.
+    :mod:`scaffold_core.distributed.ports`); engines that start servers take ports from it.
     """
 
     output_dir: Path | None = None

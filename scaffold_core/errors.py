@@ -1,6 +1,8 @@
-"""Exception types raised by scaffold.
+"""Exception types raised by scaffold, all in one place.
 
 Every error a user can cause names the thing at fault and what would fix it.
+Errors that code reacts to carry structured fields (``component``,
+``plugin``, ``providers``), so nothing ever has to match a message's text.
 """
 
 from __future__ import annotations
@@ -8,6 +10,9 @@ from __future__ import annotations
 
 class ScaffoldError(Exception):
     """Base class of every error scaffold raises on purpose."""
+
+
+# -- plugins and components ---------------------------------------------------
 
 
 class PluginError(ScaffoldError):
@@ -19,11 +24,28 @@ class PluginLoadError(PluginError):
 
 
 class DuplicateComponentError(PluginError):
-    """Two plugins registered a component of the same kind under the same name."""
+    """Two plugins registered a component of the same kind under the same name.
+
+    ``kind`` and ``name`` identify the component; ``plugins`` lists the
+    plugins that registered it, in registration order.
+    """
+
+    def __init__(self, message: str, *, kind: str, name: str, plugins: tuple[str, ...]):
+        super().__init__(message)
+        self.kind = kind
+        self.name = name
+        self.plugins = plugins
 
 
 class UnknownComponentError(ScaffoldError):
     """A config names a component that no installed plugin provides."""
+
+
+class NewPluginError(ScaffoldError):
+    """``scaffold new-plugin`` cannot generate the plugin as asked (bad name, existing folder, unknown kind)."""
+
+
+# -- configuration and data -------------------------------------------------
 
 
 class ConfigError(ScaffoldError):
@@ -32,6 +54,13 @@ class ConfigError(ScaffoldError):
 
 class DataError(ScaffoldError):
     """A task's data cannot be used (under ``rollout.bad_rows: fail``, or nothing loads at all)."""
+
+
+class MissingDependencyError(ScaffoldError):
+    """An optional dependency is needed; the message carries the pip command that installs it."""
+
+
+# -- episodes ------------------------------------------------------------------
 
 
 class EpisodeError(ScaffoldError):
@@ -62,5 +91,30 @@ class VerifierError(EpisodeError):
         super().__init__(message, component="verifier")
 
 
-class MissingDependencyError(ScaffoldError):
-    """An optional dependency is needed; the message carries the pip command that installs it."""
+class ControllerError(EpisodeError):
+    """A controller broke its contract (yielded something unknown, returned no Outcome)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, component="controller")
+
+
+class TrajectoryError(EpisodeError):
+    """A trajectory maker raised while turning an episode into training samples."""
+
+    def __init__(self, message: str):
+        super().__init__(message, component="trajectory")
+
+
+class PluginHookError(EpisodeError):
+    """A plugin's lifecycle hook raised; ``plugin`` names it."""
+
+    def __init__(self, message: str, plugin: str):
+        super().__init__(message, component=f"plugin:{plugin}")
+        self.plugin = plugin
+
+
+# -- processes and networks -------------------------------------------------
+
+
+class DistributedError(ScaffoldError):
+    """A process group could not be set up, or a collective failed or timed out."""

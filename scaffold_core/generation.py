@@ -15,8 +15,9 @@ results written into the task objects:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from .sampling import SamplingParams
 
@@ -91,7 +92,8 @@ class GenerationTask:
     verdict: Verdict | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def _need_result(self) -> GenerationResult:
+    def need_result(self) -> GenerationResult:
+        """The engine's result; raises RuntimeError if the task has not run yet."""
         if self.result is None:
             raise RuntimeError("this GenerationTask has not run yet: yield it from the controller first")
         return self.result
@@ -102,19 +104,19 @@ class GenerationTask:
 
     @property
     def output_ids(self) -> list[int]:
-        return self._need_result().output_ids
+        return self.need_result().output_ids
 
     @property
     def logprobs(self) -> list[float]:
-        return self._need_result().logprobs
+        return self.need_result().logprobs
 
     @property
     def finish_reason(self) -> str:
-        return self._need_result().finish_reason
+        return self.need_result().finish_reason
 
     @property
     def text(self) -> str:
-        return self._need_result().text
+        return self.need_result().text
 
 
 @dataclass(slots=True, eq=False)
@@ -124,6 +126,12 @@ class VerificationTask:
     response: str
     reference: str | None
     verdict: Verdict | None = None
+
+    def need_verdict(self) -> Verdict:
+        """The verifier's verdict; raises RuntimeError if the task has not run yet."""
+        if self.verdict is None:
+            raise RuntimeError("this VerificationTask has not run yet: yield it from the controller first")
+        return self.verdict
 
 
 @dataclass(slots=True, eq=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def replace(self, **changes: object) -> SamplingParams:
+    def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

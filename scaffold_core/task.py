@@ -16,8 +16,9 @@ A task plugin subclasses :class:`Task` (or provides the same methods):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 from .episode import EpisodeContext
 from .sampling import SamplingParams, derive_seed

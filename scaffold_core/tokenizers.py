@@ -6,10 +6,12 @@ once; from then on the runtime works on token ids only.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], *,
+                add_generation_prompt: bool = True) -> tuple[str, list[int]]:
     """Render ``messages`` with the tokenizer's chat template; return (text, token ids).
 
     Works with Hugging Face tokenizers (transformers 4 and 5) and with any

@@ -1,4 +1,4 @@
-"""Training samples and their conversion to AReaL-compatible padded tensor dicts.
+"""Training samples: the trajectory-maker contract and the token rules every sample follows.
 
 Token faithfulness: a training sample is ``prompt_ids + output_ids`` exactly
 as the engine saw and sampled them (never re-tokenized text). Prompt tokens
@@ -9,10 +9,13 @@ engine's weight version (0 when the engine reports none).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, TypeVar
 
 from .episode import EpisodeResult, Sample
+
+_S = TypeVar("_S", bound="TrainingSample")
 
 
 @dataclass(slots=True)
@@ -34,7 +37,7 @@ class TrainingSample:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def check(self) -> TrainingSample:
+    def check(self: _S) -> _S:
         n = len(self.input_ids)
         for key in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, key)) != n:
@@ -83,52 +86,6 @@ class TrajectoryMaker:
         )
 
 
-TENSOR_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards")
-
-
-def to_padded_tensor_dict(samples: Iterable[TrainingSample | dict[str, Any]], *, pad_token_id: int = 0,
-                          pad_to: int | None = None) -> dict[str, Any]:
-    """Right-pad samples into the tensor dict AReaL trainers consume.
-
-    Keys: ``input_ids`` [B, L] int64, ``attention_mask`` [B, L] bool,
-    ``loss_mask`` [B, L] int32, ``logprobs`` [B, L] float32, ``versions``
-    [B, L] int32 (-1 on padding), ``rewards`` [B] float32, and
-    ``advantages`` [B] float32. Accepts TrainingSample objects or rows of the
-    saved trajectories dataset. Needs torch.
-    """
-    import torch
-
-    rows = [s.to_dict() if isinstance(s, TrainingSample) else dict(s) for s in samples]
-    if not rows:
-        raise ValueError("no samples to pad")
-    lengths = [len(r["input_ids"]) for r in rows]
-    width = max(lengths) if pad_to is None else pad_to
-    if width < max(lengths):
-        raise ValueError(f"pad_to={pad_to} is shorter than the longest sample ({max(lengths)} tokens)")
-    batch = len(rows)
-
-    def padded(key: str, fill: Any, dtype: Any) -> Any:
-        out = torch.full((batch, width), fill, dtype=dtype)
-        for i, row in enumerate(rows):
-            values = row[key]
-            if values:
-                out[i, : len(values)] = torch.tensor(values, dtype=dtype)
-        return out
-
-    attention = torch.zeros((batch, width), dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        attention[i, :n] = True
-    return {
-        "input_ids": padded("input_ids", pad_token_id, torch.int64),
-        "attention_mask": attention,
-        "loss_mask": padded("loss_mask", 0, torch.int32),
-        "logprobs": padded("logprobs", 0.0, torch.float32),
-        "versions": padded("versions", -1, torch.int32),
-        "rewards": torch.tensor([float(r["reward"]) for r in rows], dtype=torch.float32),
-        "advantages": torch.tensor([float(r.get("advantage", 0.0)) for r in rows], dtype=torch.float32),
-    }
-
-
 def group_normalized(rewards: Sequence[float], *, scale: bool = True, eps: float = 1e-6) -> list[float]:
     """GRPO advantages: (r - mean) / (std + eps) within a group (population std)."""
     n = len(rewards)
@@ -140,3 +97,9 @@ def group_normalized(rewards: Sequence[float], *, scale: bool = True, eps: float
         return centered
     std = (sum(c * c for c in centered) / n) ** 0.5
     return [c / (std + eps) for c in centered]
+
+
+def __getattr__(name: str) -> Any:  # names that moved to another module stay importable from here
+    from ._compat import moved_name
+
+    return moved_name(__name__, name)

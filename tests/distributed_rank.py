@@ -13,7 +13,7 @@ import time
 def main() -> int:
     rank, world, init_method, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     from scaffold_core import distributed
-    from scaffold_core.microbatch import MicroBatchSpec, min_micro_batches, split_padded_tensor_dict
+    from scaffold_core.train.microbatch import MicroBatchSpec, min_micro_batches, split_padded_tensor_dict
 
     if mode == "rendezvous-timeout":
         t0 = time.monotonic()
@@ -35,7 +35,8 @@ def main() -> int:
         dist.all_reduce(total)  # default group
         cpu_backend = str(dist.get_backend(groups.cpu_group))
         # Unequal data: rank r holds 2 + 3r sequences; a budget of 64 tokens per micro-batch.
-        from scaffold_core.trajectory import TrainingSample, to_padded_tensor_dict
+        from scaffold_core.train.padding import to_padded_tensor_dict
+        from scaffold_core.trajectory import TrainingSample
 
         lengths = [8 + (7 * i + 5 * rank) % 40 for i in range(2 + 3 * rank)]
         samples = [TrainingSample([1] * n, [1] * n, [0.0] * n, [0] * n, 1.0, 0.0, f"{rank}-{i}", 0, "g", 0, "stop")

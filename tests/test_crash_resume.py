@@ -49,7 +49,7 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"run did not finish: {err}")
+        raise AssertionError(f"run did not finish: {err}") from None
     return proc.returncode, out, err
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from scaffold_core import distributed
 from scaffold_core.distributed import DistEnv, DistributedError
-from scaffold_core.net import has_ipv6
-from scaffold_core.ports import control_port_range, reserve_port
+from scaffold_core.distributed.net import has_ipv6
+from scaffold_core.distributed.ports import control_port_range, reserve_port
 
 RANK_SCRIPT = Path(__file__).with_name("distributed_rank.py")
 

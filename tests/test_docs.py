@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from scaffold_core import hookspecs
 from scaffold_core.config import BUILTIN_DEFAULTS, CORE_KEYS, SECTIONS, OutputConfig, RolloutConfig, SamplingConfig
+from scaffold_core.plugins import hookspecs
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 HOOKS = [name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), "scaffold_spec")]

@@ -1,4 +1,4 @@
-"""Balanced micro-batch allocation and the padded-tensor-dict splitter (scaffold_core.microbatch)."""
+"""Balanced micro-batch allocation and the padded-tensor-dict splitter (scaffold_core.train.microbatch)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaffold_core.microbatch import (MicroBatchSpec, allocate, allocate_synced, ffd_pack, min_micro_batches,
-                                      split_padded_tensor_dict)
+from scaffold_core.train.microbatch import (
+    MicroBatchSpec,
+    allocate,
+    allocate_synced,
+    ffd_pack,
+    min_micro_batches,
+    split_padded_tensor_dict,
+)
 
 
 def _check_partition(plan, n):
@@ -58,7 +64,8 @@ def test_synced_allocation_outside_torch_distributed_is_local():
 
 
 def _padded(lengths):
-    from scaffold_core.trajectory import TrainingSample, to_padded_tensor_dict
+    from scaffold_core.train.padding import to_padded_tensor_dict
+    from scaffold_core.trajectory import TrainingSample
 
     samples = []
     for i, n in enumerate(lengths):

@@ -1,8 +1,7 @@
-"""IPv6-aware address formatting, parsing and host IP discovery (scaffold_core.net)."""
+"""IPv6-aware address formatting, parsing and host IP discovery (scaffold_core.distributed.net)."""
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import socket
 

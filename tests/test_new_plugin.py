@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scaffold_core.cli import main
-from scaffold_core.newplugin import KIND_TEMPLATES, NewPluginError, PluginNames, create_plugin, plan_files
+from scaffold_core.cli.new_plugin import KIND_TEMPLATES, NewPluginError, PluginNames, create_plugin, plan_files
 
 KINDS = list(KIND_TEMPLATES)
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Port slices and reservations (scaffold_core.ports), including hosts without IPv6."""
+"""Port slices and reservations (scaffold_core.distributed.ports), including hosts without IPv6."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from scaffold_core.config import load_config
+from scaffold_core.launch import run_workers
+from scaffold_core.launch.ray import _fetch_ledger, local_ranks
 from scaffold_core.plugins import set_plugins
-from scaffold_core.ray_launcher import _fetch_ledger, local_ranks
-from scaffold_core.workers import run_workers
 
 ROWS = [{"id": f"r{i}", "question": f"question {i}", "answer": "42" if i % 2 else "no"} for i in range(6)]
 
@@ -88,8 +88,8 @@ def test_ray_launcher_runs_the_config_on_2_actors(test_plugins, tmp_path):
 
 
 def test_a_failed_actor_is_reported_by_rank_and_shard(tmp_path):
-    from scaffold_core.ray_launcher import _collect
-    from scaffold_core.workers import merge_live
+    from scaffold_core.launch import merge_live
+    from scaffold_core.launch.ray import _collect
 
     (tmp_path / "episodes.rank-00000.jsonl").write_bytes(b"")
 
@@ -117,7 +117,7 @@ def test_a_failed_actor_is_reported_by_rank_and_shard(tmp_path):
 
 
 def test_actors_past_worker_timeout_are_reported_as_timed_out(tmp_path):
-    from scaffold_core.ray_launcher import _collect, _wait
+    from scaffold_core.launch.ray import _collect, _wait
 
     class NeverReady:
         @staticmethod

@@ -10,7 +10,7 @@ import pytest
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, plugin_set
 
 
@@ -66,7 +66,7 @@ def test_run_writes_samples_metrics_dataset_and_config(plugins, tmp_path):
 
 
 def test_length_truncation_is_reported(plugins, tmp_path, capsys):
-    from scaffold_core.cli import print_summary
+    from scaffold_core.run.summary import print_summary
 
     metrics, _ = run(plugins, tmp_path, BASE, "sampling.max_tokens=1")
     assert metrics["truncated_fraction"] == 1.0

@@ -12,13 +12,14 @@ import pytest
 from scaffold_core import hookimpl
 from scaffold_core.builtins.controllers import BestOfNController, MajorityVoteController, NativeController
 from scaffold_core.builtins.trajectories import GRPOTrajectoryMaker, SingleTurnTrajectoryMaker
+from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.controller import Controller
 from scaffold_core.episode import Outcome
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationResult, VerificationTask
-from scaffold_core.hooks import Hooks
+from scaffold_core.plugins.lifecycle import Hooks
 from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
-from scaffold_core.verifier import ExactMatchVerifier, Verdict, Verifier
+from scaffold_core.verifier import Verdict, Verifier
 
 
 def question_of(prompt: str) -> str:
@@ -292,7 +293,8 @@ def test_trajectories_are_token_faithful():
 
 def test_padded_tensor_dict_matches_areal_keys():
     torch = pytest.importorskip("torch")
-    from scaffold_core.trajectory import TrainingSample, to_padded_tensor_dict
+    from scaffold_core.train.padding import to_padded_tensor_dict
+    from scaffold_core.trajectory import TrainingSample
 
     a = TrainingSample([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [-1, 3, 3], 1.0, 0.5, "e", 0, "e", 1, "stop")
     b = TrainingSample([5, 8], [0, 1], [0.0, -1.0], [-1, 3], 0.0, -0.5, "e", 1, "e", 1, "length")

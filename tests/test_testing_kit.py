@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.testing import BackgroundLoop, ListTask, LiveEngine, ScriptedEngine, run_one_episode
-from scaffold_core.verifier import ExactMatchVerifier
 
 pytest_plugins = ["pytester"]
 

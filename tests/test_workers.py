@@ -16,8 +16,9 @@ import yaml
 from scaffold_core import cli
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
+from scaffold_core.launch import LocalLauncher, run_workers
 from scaffold_core.plugins import set_plugins
-from scaffold_core.workers import LocalLauncher, run_workers
+from scaffold_core.run.summary import ExitCode
 
 ROWS = [{"id": f"q{i}", "question": f"question {i}", "answer": "42" if i % 3 else "7"} for i in range(7)]
 
@@ -145,9 +146,10 @@ def worker_pid(out: Path, rank: int) -> int:
     for pid in processes_mentioning(str(out)):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"RANK={rank}".encode() in environ and b"scaffold_core.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if f"RANK={rank}".encode() in environ and b"scaffold_core.launch.worker" in cmdline:
             return pid
     raise AssertionError(f"no worker of rank {rank} for {out}")
 
@@ -168,7 +170,7 @@ def test_a_worker_killed_midway_is_reported_and_resume_completes_every_episode_o
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-    assert proc.returncode == cli.EXIT_ERROR, stderr[-2000:]
+    assert proc.returncode == ExitCode.ERROR, stderr[-2000:]
     failure, = json.loads(stdout[stdout.index("{"):])["worker_failures"]
     assert failure["rank"] == 1 and failure["exit_code"] == -signal.SIGKILL
     assert "episodes.rank-00001.jsonl" in failure["shard"]
@@ -198,7 +200,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-    assert proc.returncode == cli.EXIT_INTERRUPTED, stderr[-2000:]
+    assert proc.returncode == ExitCode.INTERRUPTED, stderr[-2000:]
     metrics = json.loads(stdout[stdout.index("{"):])
     assert metrics["interrupted"] == "SIGINT" and "worker_failures" not in metrics
     assert 2 <= metrics["episodes"] < 200
@@ -208,7 +210,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp
 
 @pytest.mark.slow
 def test_the_worker_entry_point_runs_under_torchrun(test_plugins, tmp_path):
-    from scaffold_core.ports import control_port_range, reserve_port
+    from scaffold_core.distributed.ports import control_port_range, reserve_port
 
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(canned(tmp_path)))
@@ -264,7 +266,7 @@ def test_auto_device_gives_each_local_worker_its_own_gpu():
 
 
 def test_a_failed_launch_leaves_no_worker_behind(test_plugins, tmp_path, monkeypatch):
-    import scaffold_core.workers as workers_module
+    import scaffold_core.launch.local as workers_module
 
     real_popen = subprocess.Popen
     calls = []

@@ -9,7 +9,7 @@ from typing import Any
 from ..controller import Controller, close_controller, start_controller
 from ..episode import EpisodeContext, Outcome
 from ..generation import VerificationTask
-from ..hookimpl import hookimpl
+from ..plugins.markers import hookimpl
 
 
 def _check_samples(samples: int) -> int:
@@ -40,7 +40,7 @@ def _sub_controller(spec: Any) -> Controller:
         return spec
     if spec is None:
         return NativeController()
-    from ..registry import current_registry
+    from ..plugins.manager import current_registry
 
     if isinstance(spec, str):
         spec = {"name": spec}

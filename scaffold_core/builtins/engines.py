@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..engines.canned import CannedBenchmarkEngine
 from ..engines.transformers_engine import TransformersEngine
-from ..hookimpl import hookimpl
+from ..plugins.markers import hookimpl
 
 
 @hookimpl

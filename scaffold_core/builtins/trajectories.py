@@ -10,7 +10,7 @@ answer only feeds metrics (accuracy, maj@k).
 from __future__ import annotations
 
 from ..episode import EpisodeResult
-from ..hookimpl import hookimpl
+from ..plugins.markers import hookimpl
 from ..trajectory import TrainingSample, TrajectoryMaker, group_normalized
 
 

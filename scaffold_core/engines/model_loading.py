@@ -118,8 +118,8 @@ def load_model_and_tokenizer(source: ModelSource, *, dtype: str = "float32", dev
         else:
             kwargs = {"gguf_file": source.gguf_file}
             try:
-                import gguf  # noqa: F401
                 import accelerate  # noqa: F401
+                import gguf  # noqa: F401
             except ImportError as exc:
                 raise MissingDependencyError(
                     f"loading a GGUF model needs the gguf and accelerate packages ({exc}); "
@@ -135,7 +135,7 @@ def load_model_and_tokenizer(source: ModelSource, *, dtype: str = "float32", dev
     if model.dtype != torch_dtype:
         model = model.to(torch_dtype)
     model.eval()
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # a device string: transformers types only the dtype overload
     return model, tokenizer, info
 
 

@@ -165,7 +165,7 @@ class TransformersEngine(Engine):
             self._executor = None
 
     def stats(self) -> dict[str, Any]:
-        s = dict(self._stats)
+        s: dict[str, Any] = dict(self._stats)
         s["mean_batch"] = round(s["rows"] / s["batches"], 2) if s["batches"] else 0.0
         s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
         return s

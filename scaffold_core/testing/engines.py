@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..engine import Engine
 from ..errors import EngineError

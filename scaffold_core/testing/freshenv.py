@@ -17,8 +17,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 #: Variables that would make commands in the fresh venv see the caller's environment.
 _LEAKY = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX", "PYTHONSTARTUP", "PYTEST_ADDOPTS",
@@ -92,10 +93,10 @@ class FreshVenv:
         venv = cls(root, find_uv() if use_uv else None)
         try:
             if venv.uv:
-                run_bounded([venv.uv, "venv", "--quiet", "--python", sys.executable, venv.path], timeout=timeout,
+                run_bounded([venv.uv, "venv", "--quiet", "--python", sys.executable, str(venv.path)], timeout=timeout,
                             env=venv.env())
             else:
-                run_bounded([sys.executable, "-m", "venv", venv.path], timeout=timeout, env=venv.env())
+                run_bounded([sys.executable, "-m", "venv", str(venv.path)], timeout=timeout, env=venv.env())
         except BaseException:
             venv.close()
             raise
@@ -149,10 +150,10 @@ class FreshVenv:
     def run(self, args: Sequence[str | Path], *, timeout: float = 300.0, cwd: str | Path | None = None,
             check: bool = True, **env: str) -> subprocess.CompletedProcess:
         """Run a command of this venv (e.g. ``["scaffold", "list-plugins"]``) with bounded time."""
-        args = [str(a) for a in args]
-        if not os.path.isabs(args[0]) and (self.bin / args[0]).exists():
-            args[0] = str(self.bin / args[0])
-        return run_bounded(args, timeout=timeout, cwd=cwd, env=self.env(**env), check=check)
+        argv = [str(a) for a in args]
+        if not os.path.isabs(argv[0]) and (self.bin / argv[0]).exists():
+            argv[0] = str(self.bin / argv[0])
+        return run_bounded(argv, timeout=timeout, cwd=cwd, env=self.env(**env), check=check)
 
     def close(self) -> None:
         """Remove the venv and its folder."""

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..controller import close_controller, start_controller
 from ..episode import EpisodeContext, EpisodeResult
 from ..plugins import PluginSet
-from ..runtime import Runtime
+from ..run.runtime import Runtime
+from ..run.verifier_pool import VerifierPool
 from ..sampling import SamplingParams
 from ..task import Task, episode_context
-from ..verifier import VerifierPool
 
 
 def plugin_set(*plugins: Any, entry_points: bool = False, **named: Any) -> PluginSet:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Awaitable, Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Any
 
 from ..engine import Engine
 from ..generation import GenerationRequest, GenerationResult

@@ -18,9 +18,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, ClassVar, Iterable
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
-from ..hookimpl import hookimpl
+from ..plugins.markers import hookimpl
 from .helpers import ListTask
 
 

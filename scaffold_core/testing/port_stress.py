@@ -3,7 +3,7 @@
 ``python -m scaffold_core.testing.port_stress --workers 16 --ports 8 --rounds 50 [--no-ipv6] [--same-slice]``
 prints JSON figures. Each round the parent tells every child "reserve" at
 once; each child reserves ``--ports`` ports from its rank slice
-(:func:`scaffold_core.ports.reserve_ports`) and reports them; then "bind":
+(:func:`scaffold_core.distributed.ports.reserve_ports`) and reports them; then "bind":
 each child releases its reservations and binds real listening sockets (with
 ``SO_REUSEADDR``, as servers do) on them, counting EADDRINUSE; then "close".
 The parent counts ports handed to two processes in the same round
@@ -68,8 +68,8 @@ def _real_bind(port: int, ipv6: bool) -> tuple[list[socket.socket], int]:
 def child(rank: int, world: int, count: int, no_ipv6: bool, probe_only: bool = False) -> None:
     if no_ipv6:
         disable_ipv6_sockets()
-    from scaffold_core.net import has_ipv6
-    from scaffold_core.ports import reserve_ports
+    from scaffold_core.distributed.net import has_ipv6
+    from scaffold_core.distributed.ports import reserve_ports
 
     ipv6 = has_ipv6()
     reservations: list[Any] = []
@@ -138,10 +138,10 @@ def run(workers: int = 16, ports: int = 8, rounds: int = 50, *, no_ipv6: bool = 
     procs: list[subprocess.Popen] = []
     t0 = time.perf_counter()
     figures: dict[str, Any] = {"workers": workers, "ports_per_worker": ports, "rounds": 0, "no_ipv6": no_ipv6,
-                               "same_slice": same_slice, "probe_only": probe_only, "collisions": 0, "eaddrinuse": 0, "reserve_errors": 0,
-                               "out_of_slice": 0, "children_saw_ipv6": None}
+                               "same_slice": same_slice, "probe_only": probe_only, "collisions": 0, "eaddrinuse": 0,
+                               "reserve_errors": 0, "out_of_slice": 0, "children_saw_ipv6": None}
     try:
-        from scaffold_core.ports import rank_slice
+        from scaffold_core.distributed.ports import rank_slice
 
         for rank in range(workers):
             r, w = (0, 1) if same_slice else (rank, workers)
@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-only", action="store_true", help="release ports right after finding them (naive)")
     args = p.parse_args(argv)
     if args.child:
-        child(*args.child, no_ipv6=args.no_ipv6, probe_only=args.probe_only)
+        rank, world, ports = args.child
+        child(rank, world, ports, no_ipv6=args.no_ipv6, probe_only=args.probe_only)
         return 0
     figures = run(args.workers, args.ports, args.rounds, no_ipv6=args.no_ipv6, same_slice=args.same_slice,
                   probe_only=args.probe_only)

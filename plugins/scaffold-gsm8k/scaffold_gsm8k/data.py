@@ -20,7 +20,7 @@ SAMPLE_SPLITS = ("test", "train")
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 #: ``data_files`` as users write it: one path, a list of paths, or split -> path(s).
-DataFiles = Union[str, list[str], dict[str, Union[str, list[str]]]]
+DataFiles = Union[str, list[str], dict[str, str | list[str]]]
 
 
 class DataSourceError(ScaffoldError):

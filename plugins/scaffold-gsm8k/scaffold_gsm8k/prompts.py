@@ -6,7 +6,8 @@ The runtime renders them with the engine tokenizer's chat template.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 DEFAULT_SYSTEM_PROMPT = "You are a careful math tutor. You solve grade-school math word problems step by step."
 DEFAULT_INSTRUCTION = (

@@ -11,14 +11,13 @@ from fractions import Fraction
 
 import pytest
 
+import scaffold_gsm8k
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.hookimpl import hookimpl
 from scaffold_core.rollout import Rollout
 from scaffold_core.testing import ScriptedEngine, plugin_set
 from scaffold_core.tokenizers import ByteTokenizer
-
-import scaffold_gsm8k
 from scaffold_gsm8k import data
 from scaffold_gsm8k.answers import canonical_number
 from scaffold_gsm8k.task import GSM8KTask

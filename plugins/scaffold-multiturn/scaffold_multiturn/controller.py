@@ -147,7 +147,7 @@ class MultiTurnChatController(Controller):
                 sampling = sampling.replace(max_tokens=min(sampling.max_tokens, self.max_total_tokens - len(conv)))
             task = ctx.generation_task(0, prompt_ids=conv.ids, sampling=sampling, turn=turn)
             yield [task]
-            model_turn = conv.add_model_turn(task.result)
+            model_turn = conv.add_model_turn(task.need_result())
             if turn + 1 == self.max_turns:
                 break  # the last turn allowed: the verifier scores it; the environment is not asked to reply
             step = yield from run_step(self.environment, self.environment_name, state, model_turn.text,
@@ -191,7 +191,7 @@ class MultiTurnChatController(Controller):
         if verdict is None:
             check = VerificationTask(conv.turns[-1].text, ctx.reference)
             yield [check]
-            verdict = check.verdict
+            verdict = check.need_verdict()
         turns = len(conv.turns)
         reward = discounted(verdict.reward, turns, self.turn_discount)
         reason = verdict.reason + (f"; turn {turns} of {self.max_turns}, x{self.turn_discount ** (turns - 1):g}"

@@ -9,8 +9,9 @@ environment something to read and to record the conversation's messages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from scaffold_core.generation import GenerationResult
 from scaffold_core.tokenizers import encode

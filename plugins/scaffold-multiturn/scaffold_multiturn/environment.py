@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Any
 
 from scaffold_core.errors import EpisodeError
 from scaffold_core.generation import AwaitTask

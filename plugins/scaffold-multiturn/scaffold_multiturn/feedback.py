@@ -37,9 +37,11 @@ class VerifierFeedbackEnvironment(Environment):
     def step(self, state: dict[str, Any], response: str):
         check = VerificationTask(response, state["reference"])
         yield [check]
-        verdict = check.verdict
+        verdict = check.need_verdict()
         if verdict.correct:
             return EnvStep.finish(reward=verdict.reward, verdict=verdict)
-        missing = verdict.extracted is None and self.missing_message is not None
-        text = self.missing_message if missing else self.wrong_message.replace("{answer}", verdict.extracted or "")
+        if verdict.extracted is None and self.missing_message is not None:
+            text = self.missing_message
+        else:
+            text = self.wrong_message.replace("{answer}", verdict.extracted or "")
         return EnvStep.reply(text, reward=verdict.reward, verdict=verdict)

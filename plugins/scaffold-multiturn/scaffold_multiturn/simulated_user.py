@@ -98,7 +98,7 @@ class SimulatedUserEnvironment(Environment):
         if self.stop_when_correct and state["reference"] is not None:
             check = VerificationTask(response, state["reference"])
             yield [check]
-            verdict = check.verdict
+            verdict = check.need_verdict()
             if verdict.correct:
                 return EnvStep.finish(reward=verdict.reward, verdict=verdict)
         state["messages"].append({"role": "user", "content": response})

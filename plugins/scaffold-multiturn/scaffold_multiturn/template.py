@@ -15,8 +15,9 @@ has produced none of it, so the turn is closed explicitly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from scaffold_core.tokenizers import encode
 

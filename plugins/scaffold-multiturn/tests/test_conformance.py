@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import scaffold_multiturn
 from mt_helpers import registry
+
+import scaffold_multiturn
 from scaffold_core.testing.conformance import ControllerConformance, TaskConformance, TrajectoryMakerConformance
 from scaffold_core.testing.conformance.trajectories import example_episodes
 
@@ -31,6 +32,7 @@ class TestMultiTurnChatSeveralConversationsConformance(TestMultiTurnChatConforma
 def multiturn_episode():
     """A real multi-turn episode (two model turns, an environment turn between) from the controller."""
     from mt_helpers import controller, run
+
     from scaffold_core.testing import ListTask, ScriptedEngine
 
     def respond(prompt, request):

@@ -7,8 +7,8 @@ import random
 import re
 
 import pytest
-
 from mt_helpers import IdsEngine, assistant_turns, controller, registry, run
+
 from scaffold_core import hookimpl
 from scaffold_core.errors import ConfigError
 from scaffold_core.testing import ListTask, ScriptedEngine

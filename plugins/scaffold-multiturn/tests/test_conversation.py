@@ -4,8 +4,8 @@ the drift check tells template drift, boundary drift and the model's non-canonic
 from __future__ import annotations
 
 import pytest
-
 from mt_helpers import JinjaByteTokenizer
+
 from scaffold_core.generation import GenerationResult
 from scaffold_core.tokenizers import ByteTokenizer, render_chat
 from scaffold_multiturn.conversation import Conversation

@@ -8,8 +8,8 @@ import time
 
 import pytest
 import yaml
-
 from mt_helpers import controller, registry, run
+
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError

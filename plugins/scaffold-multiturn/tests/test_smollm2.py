@@ -7,8 +7,8 @@ import math
 import re
 
 import pytest
-
 from mt_helpers import TokenizerScriptedEngine, controller, registry, run
+
 from scaffold_core.engine import Engine
 from scaffold_core.testing import LiveEngine
 from scaffold_multiturn.template import render_text

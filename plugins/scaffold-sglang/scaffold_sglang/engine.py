@@ -11,7 +11,8 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 from scaffold_core.engine import Engine, RunInfo
 from scaffold_core.errors import ConfigError, EngineError
@@ -129,8 +130,9 @@ class SGLangEngine(Engine):
         client = None
         try:
             if self.launch is not None:
-                from .launcher import Launcher, default_log_dir
                 from scaffold_core.ports import rank_slice
+
+                from .launcher import Launcher, default_log_dir
 
                 info = self.run_info or RunInfo()
                 port_range = info.port_range or rank_slice(info.rank, info.world_size)

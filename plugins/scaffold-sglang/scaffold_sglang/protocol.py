@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from scaffold_core.generation import GenerationRequest, GenerationResult
 

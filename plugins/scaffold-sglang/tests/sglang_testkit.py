@@ -69,7 +69,7 @@ class ServerSubprocess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "ServerSubprocess":
+    def start(self, timeout: float = 30.0) -> ServerSubprocess:
         argv = [*SERVER_COMMAND, "--model-path", ts.DEFAULT_MODEL, "--port", str(self.port), *self.args]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -6,12 +6,12 @@ import asyncio
 import logging
 
 import pytest
+from sglang_testkit import byte_server, free_port, run, ts
 
 from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.generation import GenerationRequest
 from scaffold_core.sampling import SamplingParams
 from scaffold_sglang import SGLangEngine
-from sglang_testkit import byte_server, free_port, run, ts
 
 
 def req(i: int | str = 0, *, prompt=None, episode: str | None = None, **sampling) -> GenerationRequest:
@@ -395,9 +395,9 @@ def test_options_are_validated_before_anything_starts():
 
 
 def test_config_errors_name_the_key_through_the_yaml_path():
+    import scaffold_sglang
     from scaffold_core.config import load_config
     from scaffold_core.testing import plugin_set
-    import scaffold_sglang
 
     data = {"task": {"name": "t"}, "engine": {"name": "sglang", "url": "http://a:1", "max_retriess": 2}}
 

@@ -15,10 +15,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sglang_testkit import byte_server, ts  # noqa: E402
+
 import scaffold_sglang  # noqa: E402
 from scaffold_core.testing import BackgroundLoop, LiveEngine  # noqa: E402
 from scaffold_core.testing.conformance import EngineConformance  # noqa: E402
-from sglang_testkit import byte_server, ts  # noqa: E402
 
 
 class TestSGLangEngineConformance(EngineConformance):

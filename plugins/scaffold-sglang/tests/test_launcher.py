@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sglang_testkit import SERVER_COMMAND, free_port_range, pid_alive, run
 
 from scaffold_core.engine import RunInfo
 from scaffold_core.errors import MissingDependencyError
@@ -28,7 +29,6 @@ from scaffold_core.ports import rank_slice
 from scaffold_core.sampling import SamplingParams
 from scaffold_sglang import SGLangEngine
 from scaffold_sglang.launcher import LaunchError, live_servers
-from sglang_testkit import SERVER_COMMAND, free_port_range, pid_alive, run
 
 BYTE_VOCAB = ["--vocab-size", "262"]  # token ids the byte tokenizer can decode
 

@@ -10,8 +10,15 @@ import pytest
 from scaffold_core.generation import GenerationRequest
 from scaffold_core.sampling import SamplingParams
 from scaffold_sglang.protocol import (
-    SAMPLING_KEYS, BodyEncoder, ProtocolError, check_extra_sampling, encode_json, error_message, generate_body,
-    parse_generate_response, sampling_params,
+    SAMPLING_KEYS,
+    BodyEncoder,
+    ProtocolError,
+    check_extra_sampling,
+    encode_json,
+    error_message,
+    generate_body,
+    parse_generate_response,
+    sampling_params,
 )
 from scaffold_sglang.servers import ServerPool, normalize_url, parse_urls
 

@@ -10,9 +10,9 @@ import json
 
 import aiohttp
 import pytest
+from sglang_testkit import byte_server, run, ts
 
 from scaffold_sglang.protocol import error_message, parse_generate_response
-from sglang_testkit import byte_server, run, ts
 
 
 async def call(url: str, method: str, path: str, body=None, headers=None):

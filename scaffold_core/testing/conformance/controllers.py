@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from ...sampling import SamplingParams
 from ._common import ComponentConformance
@@ -65,7 +66,7 @@ class ControllerConformance(ComponentConformance):
         return ListTask(list(self.rows))
 
     def make_verifier(self) -> Any:
-        from ...verifier import ExactMatchVerifier
+        from ...builtins.verifiers import ExactMatchVerifier
 
         return ExactMatchVerifier()
 
@@ -197,7 +198,8 @@ def _shared_mutables(a: Any, b: Any, path: str, allowed: set[str], depth: int = 
         elif isinstance(mine, tuple) and isinstance(other, tuple):
             for i, (x, y) in enumerate(zip(mine, other)):
                 if _is_controller(x):
-                    found += [f"{where}[{i}]"] if x is y else _shared_mutables(x, y, f"{where}[{i}]", allowed, depth + 1)
+                    here = f"{where}[{i}]"
+                    found += [here] if x is y else _shared_mutables(x, y, here, allowed, depth + 1)
     return found
 
 

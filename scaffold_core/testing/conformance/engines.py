@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import pytest
 
@@ -104,7 +105,8 @@ class EngineConformance(ComponentConformance):
             assert len(result.output_ids) == sampling.max_tokens, "finish 'length' before max_tokens was reached"
         assert all(isinstance(t, int) and t >= 0 for t in result.output_ids), "output ids must be ints >= 0"
         for lp in result.logprobs:
-            assert isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-4, f"logprob {lp!r} is not a log-probability"
+            assert isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-4, \
+                f"logprob {lp!r} is not a log-probability"
         assert isinstance(result.text, str)
 
     # -- tests -----------------------------------------------------------

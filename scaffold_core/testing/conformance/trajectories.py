@@ -168,7 +168,7 @@ class TrajectoryMakerConformance(ComponentConformance):
     def test_pads_into_a_tensor_dict(self) -> None:
         """The samples pad into the tensor dict trainers consume (needs torch)."""
         pytest.importorskip("torch", reason="padding into tensors needs torch")
-        from ...trajectory import TENSOR_KEYS, to_padded_tensor_dict
+        from ...train.padding import TENSOR_KEYS, to_padded_tensor_dict
 
         rows = [t for _, made in self.trajectories() for t in made]
         batch = to_padded_tensor_dict(rows)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import math
 import pickle
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import pytest
 
@@ -47,7 +48,7 @@ class VerifierConformance(ComponentConformance):
             wrong = [("The answer is 41.", "42")]
 
     Checks run the verifier the way the runtime does (a
-    :class:`~scaffold_core.verifier.VerifierPool` with the verifier's own
+    :class:`~scaffold_core.run.verifier_pool.VerifierPool` with the verifier's own
     ``executor``), each call bounded by ``time_limit`` seconds.
     """
 
@@ -70,7 +71,8 @@ class VerifierConformance(ComponentConformance):
     # -- running ---------------------------------------------------------
     def verify_all(self, pairs: Sequence[tuple[str, str | None]], verifier: Any = None) -> list[Any]:
         """Verify each pair as the runtime would; each call must finish within ``time_limit``."""
-        from ...verifier import Verdict, VerifierPool
+        from ...run.verifier_pool import VerifierPool
+        from ...verifier import Verdict
 
         verifier = verifier if verifier is not None else self.make_verifier()
         limit = self.time_limit

@@ -1,0 +1,155 @@
+"""The ``scaffold`` command line: its parser and one function per command.
+
+Heavier imports stay inside the commands so start-up is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
+from ..errors import ScaffoldError
+from ..run.summary import ExitCode, exit_code_for, print_summary
+from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROJECT_NAME,
+        description="Plugin-based LLM rollout scaffolding for reinforcement learning.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list-plugins", help="list installed plugins and their components")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--all", action="store_true", help="include the built-in components (as plugin 'builtin')")
+    p.set_defaults(handler=cmd_list_plugins)
+
+    p = sub.add_parser("config", help="print the resolved config, with every default filled in")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, e.g. --set sampling.max_tokens=256 (repeatable)")
+    p.set_defaults(handler=cmd_config)
+
+    p = sub.add_parser("run", help="run a rollout described by a YAML config")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, e.g. --set task.limit=4 (repeatable)")
+    p.add_argument("-o", "--output", help="output directory (overrides output.dir)")
+    p.add_argument("--resume", action="store_true", help="continue a killed run in the output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
+    p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("score", help="re-score saved responses with a verifier")
+    p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
+    p.add_argument("--input", required=True, help="JSONL file; each line has 'response' and 'answer'")
+    p.add_argument("--output", help="write each line with 'reward' and 'extracted' added")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="verifier option, e.g. --option mode=flexible (repeatable)")
+    p.set_defaults(handler=cmd_score)
+
+    p = sub.add_parser("new-plugin", help="create a ready-to-install plugin package (scaffold-NAME)")
+    p.add_argument("name", help="the plugin's short name: 'arith' makes scaffold-arith, module scaffold_arith")
+    p.add_argument("--kind", default="task",
+                   choices=list(KIND_TEMPLATES),
+                   help="the component the plugin adds (default: task)")
+    p.add_argument("--dir", default=".", help="the folder to create scaffold-NAME/ in (default: the current one)")
+    p.set_defaults(handler=cmd_new_plugin)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        print(f"{CORE_DISTRIBUTION} {version()}")
+        return ExitCode.OK
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return ExitCode.USAGE
+    try:
+        return int(args.handler(args) or 0)
+    except ScaffoldError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+
+
+# ---------------------------------------------------------------------------
+
+
+def cmd_list_plugins(args: argparse.Namespace) -> int:
+    from ..plugins import get_plugins
+
+    infos = get_plugins().plugin_infos(include_builtin=args.all)
+    if args.json:
+        print(json.dumps([i.to_json() for i in infos], indent=2))
+        return ExitCode.OK
+    if not infos:
+        print("No plugins installed. Add one with e.g.: pip install scaffold-gsm8k")
+        return ExitCode.OK
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS")]
+    for info in infos:
+        comps = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in info.components.items() if names)
+        rows.append((info.name, info.distribution or "-", info.version or "-", info.status, comps or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
+    for info in infos:
+        if info.status == "error":
+            print(f"\n{info.name}: {info.error}", file=sys.stderr)
+    return ExitCode.OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from ..config import load_config
+
+    config = load_config(args.config, args.overrides)
+    sys.stdout.write(config.to_yaml())
+    return ExitCode.OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..config import load_config
+
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"rollout.workers={args.workers}")
+    if args.overwrite:
+        overrides.append("output.overwrite=true")
+    config = load_config(args.config, overrides)  # validates everything before any model loads
+    progress = False if args.no_progress else None
+    if config.rollout.workers > 1 or config.rollout.launcher != "local":
+        from ..launch import run_workers
+
+        metrics = run_workers(config, output_dir=args.output, resume=args.resume, progress=progress)
+    else:
+        from ..run.rollout import Rollout
+
+        rollout = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress)
+        print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
+        metrics = rollout.run()
+    print_summary(metrics)
+    return exit_code_for(metrics)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from ..run.score import score_file
+
+    summary = score_file(args.verifier, args.input, args.output, args.option)
+    print(json.dumps(summary, indent=2))
+    return ExitCode.OK
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    target = create_plugin(args.name, kind=args.kind, parent=args.dir)
+    print(next_steps(target, args.name, args.kind))
+    return ExitCode.OK

@@ -1,0 +1,276 @@
+"""Multi-worker rollouts: start N worker processes, wait (bounded), merge their shards.
+
+``rollout.workers: N`` (or ``scaffold run --workers N``) runs N copies of
+:mod:`scaffold_core.launch.worker`, each in its own process group (``setsid``) with
+torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). Worker ``r`` runs
+the rows with ``index % N == r`` on its own engine and appends them to its
+own ledger ``episodes.rank-0000r.jsonl`` in the shared output directory; its
+log is ``workers/rank-0000r.log`` and its live metrics
+``workers/rank-0000r.json``. When every worker has ended, the launcher merges
+the ledgers into ``samples.jsonl``, ``failures.jsonl``, ``trajectories/`` and
+``metrics.json`` exactly as a one-process run would.
+
+A worker that fails (non-zero exit, no result, or past
+``rollout.worker_timeout``) is reported in ``metrics["worker_failures"]`` by
+rank and shard with its exit code and the tail of its log; the other
+workers' episodes are kept, and ``--resume`` runs the missing ones. Ctrl-C
+(or SIGTERM) is forwarded to every worker, which finishes its in-flight
+episodes within ``rollout.shutdown_timeout``; a second Ctrl-C, or that
+timeout, kills the workers' process groups.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..distributed.env import DistEnv
+from ..distributed.net import loopback_host
+from ..distributed.ports import control_port_range, reserve_port
+from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..run.summary import ExitCode, report_failures
+from .results import (
+    PARENT_ENV,
+    RESULT_ENV,
+    WORKERS_DIR,
+    WorkerResult,
+    exit_description,
+    finalize_run,
+    read_result,
+    tail,
+    worker_paths,
+)
+
+KILL_GRACE_S = 10.0
+POLL_S = 0.2
+#: The module each worker process runs.
+WORKER_MODULE = "scaffold_core.launch.worker"
+
+
+def default_threads(workers: int) -> int:
+    """CPU threads per worker so that N workers do not oversubscribe this machine's cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, workers))
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalLauncher:
+    """Starts, watches and stops the worker processes of one run on this machine."""
+
+    def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
+                 progress: bool | None = None, python: str | None = None):
+        self.config = config
+        self.workers = config.rollout.workers
+        self.resume = resume
+        self.python = python or sys.executable
+        # The config was validated when it loaded; this checks the directory (existing run, --resume, overwrite).
+        self.output = RunOutput(Path(output_dir) if output_dir is not None else expand_output_dir(config),
+                                resume=resume, overwrite=config.output.overwrite)
+        self.dir = self.output.dir.resolve()
+        self.progress = config.rollout.progress if progress is None else progress
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.ended: dict[int, tuple[int | None, str | None]] = {}
+        self.interrupted: str | None = None
+
+    # -- starting ----------------------------------------------------------
+    def _env(self, rank: int, master_addr: str, master_port: int, result: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(DistEnv(rank, self.workers, rank, self.workers, master_addr, master_port, True).to_env())
+        env[RESULT_ENV] = str(result)
+        env[PARENT_ENV] = str(os.getpid())
+        env.setdefault("OMP_NUM_THREADS", str(default_threads(self.workers)))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _command(self, config_path: Path) -> list[str]:
+        cmd = [self.python, "-m", WORKER_MODULE, str(config_path), "-o", str(self.dir)]
+        return cmd + (["--resume"] if self.resume else [])
+
+    def start(self) -> None:
+        workers_dir = self.dir / WORKERS_DIR
+        workers_dir.mkdir(parents=True, exist_ok=True)
+        config_path = self.dir / "config.yaml"
+        self.output.write_config(self.config)
+        master_addr = loopback_host()
+        # Held on every address (as torch's TCP store binds it), released just before the workers start.
+        reservation = reserve_port(port_range=control_port_range())
+        plans = []
+        for rank in range(self.workers):
+            log, result = worker_paths(self.dir, rank)
+            result.unlink(missing_ok=True)  # a stale result from an earlier session must not count
+            plans.append((rank, log, result))
+        port = reservation.release()  # handed to the workers; nothing of ours binds it until rank 0 does
+        for rank, log, result in plans:
+            with open(log, "ab") as fh:
+                fh.write(f"--- scaffold worker rank {rank} of {self.workers} started {time.ctime()} ---\n".encode())
+                fh.flush()
+                self.procs[rank] = subprocess.Popen(
+                    self._command(config_path), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                    env=self._env(rank, master_addr, port, result), start_new_session=True, cwd=os.getcwd())
+
+    # -- waiting -----------------------------------------------------------
+    def wait(self) -> None:
+        """Wait for every worker, bounded by rollout.worker_timeout; Ctrl-C stops them cleanly."""
+        deadline = time.monotonic() + self.config.rollout.worker_timeout
+        bar = _LedgerProgress(self.dir, self.workers, self.progress)
+        kill_at: float | None = None
+        try:
+            while len(self.ended) < len(self.procs):
+                try:
+                    self._poll()
+                    bar.update()
+                    now = time.monotonic()
+                    if now > deadline:
+                        limit = self.config.rollout.worker_timeout
+                        self._stop_all(f"timed out after rollout.worker_timeout={limit:g} s")
+                        break
+                    if kill_at is not None and now > kill_at:
+                        self._stop_all("did not stop within rollout.shutdown_timeout after Ctrl-C")
+                        break
+                    time.sleep(POLL_S)
+                except KeyboardInterrupt:
+                    if self.interrupted is None:
+                        self.interrupted = "SIGINT"
+                        timeout = self.config.rollout.shutdown_timeout
+                        print(f"\nscaffold: interrupted: workers finish their episodes in flight "
+                              f"(up to {timeout:g} s); press Ctrl-C again to stop now", file=sys.stderr)
+                        for proc in self._running():
+                            _kill_group(proc, signal.SIGINT)
+                        kill_at = time.monotonic() + timeout + KILL_GRACE_S
+                    else:
+                        self._stop_all("killed by a second Ctrl-C")
+                        break
+        finally:
+            bar.close()
+            self._stop_all("stopped because the launcher stopped")  # no-op when all have ended
+
+    def _running(self) -> list[subprocess.Popen]:
+        return [p for r, p in self.procs.items() if r not in self.ended]
+
+    def _poll(self) -> None:
+        for rank, proc in self.procs.items():
+            if rank not in self.ended and proc.poll() is not None:
+                self.ended[rank] = (proc.returncode, None)
+
+    def _stop_all(self, reason: str) -> None:
+        """SIGTERM each running worker's process group, then SIGKILL after a grace period."""
+        running = {r: p for r, p in self.procs.items() if r not in self.ended}
+        if not running:
+            return
+        for proc in running.values():
+            _kill_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE_S
+        for rank, proc in running.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(proc, signal.SIGKILL)  # its children too, even when the worker itself exited
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            self.ended[rank] = (proc.returncode, reason)
+
+    # -- results -----------------------------------------------------------
+    def results(self) -> list[WorkerResult]:
+        out = []
+        for rank in range(self.workers):
+            log, result = worker_paths(self.dir, rank)
+            code, reason = self.ended.get(rank, (None, "never ended"))
+            live, error = read_result(result)
+            if error is None and live is not None and code in (ExitCode.OK, ExitCode.INTERRUPTED):
+                out.append(WorkerResult(rank, self.workers, live, code, None, str(log)))
+                continue
+            if error is None:
+                error = reason or exit_description(code)
+            elif code not in (None, 1):
+                error = f"{error} ({exit_description(code)})"
+            out.append(WorkerResult(rank, self.workers, live, code, error, str(log), tail(log)))
+        return out
+
+    def run(self) -> dict[str, Any]:
+        print(f"scaffold: writing to {self.dir} with {self.workers} worker processes "
+              f"(logs: {self.dir / WORKERS_DIR}/rank-*.log)", file=sys.stderr)
+        began = time.perf_counter()
+        previous = _sigterm_as_interrupt()
+        try:
+            self.start()
+            self.wait()
+        except BaseException:
+            self._stop_all("stopped because the launch failed")  # no worker outlives a failed launch
+            raise
+        finally:
+            _restore_sigterm(previous)
+        results = self.results()
+        extra = {"interrupted": self.interrupted} if self.interrupted else {}
+        metrics = finalize_run(self.config, self.dir, results, extra_live=extra,
+                               launcher_wall_s=time.perf_counter() - began)
+        report_failures(metrics)
+        return metrics
+
+
+def _sigterm_as_interrupt() -> Any:
+    """While workers run, SIGTERM to the launcher stops them like Ctrl-C (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def _restore_sigterm(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _LedgerProgress:
+    """A progress bar over every worker's ledger (counts finished episodes by their lines)."""
+
+    def __init__(self, directory: Path, workers: int, enabled: bool | None):
+        self.paths = [directory / rank_ledger_name(r) for r in range(workers)]
+        self.offsets = {p: (p.stat().st_size if p.exists() else 0) for p in self.paths}
+        self.bar = None
+        self.last = 0.0
+        if enabled is False:
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=None, unit="ep", desc=f"episodes ({workers} workers)",
+                        disable=None if enabled is None else False, dynamic_ncols=True, mininterval=0.5)
+
+    def update(self) -> None:
+        now = time.monotonic()
+        if self.bar is None or now - self.last < 0.5:
+            return
+        self.last = now
+        new = 0
+        for path in self.paths:
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[path])
+                    data = fh.read()
+            except OSError:
+                continue
+            cut = data.rfind(b"\n") + 1
+            new += data[:cut].count(b"\n")
+            self.offsets[path] += cut
+        if new:
+            self.bar.update(new)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.update()
+            self.bar.close()

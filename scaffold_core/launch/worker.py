@@ -1,0 +1,166 @@
+"""One worker of a multi-worker rollout: ``python -m scaffold_core.launch.worker CONFIG [-o DIR] [--resume]``.
+
+(``python -m scaffold_core.worker`` is the same command under its earlier name.)
+
+It reads its place from torchrun's variables (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``),
+runs the rows with ``index % WORLD_SIZE == RANK`` on its own engine and
+appends them to ``episodes.rank-<RANK>.jsonl`` in the output directory. Two
+ways to start it:
+
+* **by scaffold** (``scaffold run --workers N``, Ray): the launcher prepared
+  the directory, sets ``SCAFFOLD_WORKER_RESULT``, and merges the shards when
+  every worker has ended. The worker writes its live metrics there and exits.
+* **by torchrun** (or any launcher setting those variables), across machines
+  sharing the output directory::
+
+      torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT \\
+          -m scaffold_core.launch.worker run.yaml -o /shared/runs/x
+
+  The ranks meet on a Gloo group (every wait bounded by
+  ``rollout.worker_timeout``): rank 0 prepares the directory and shares its
+  path, every rank runs its shard, and rank 0 merges and writes the metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import load_config
+from ..distributed.env import DistEnv
+from ..distributed.groups import all_gather_objects, broadcast_object, init_process_group
+from ..errors import ScaffoldError
+from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..run.rollout import Rollout
+from ..run.summary import ExitCode, exit_code_for, print_summary, report_failures
+from .results import PARENT_ENV, RESULT_ENV, WorkerResult, finalize_run, write_result
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scaffold_core.launch.worker",
+                                description="Run one rank's shard of a scaffold rollout (torchrun-compatible).")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key (repeatable)")
+    p.add_argument("-o", "--output", help="output directory shared by every rank (overrides output.dir)")
+    p.add_argument("--resume", action="store_true", help="skip episodes completed in any ledger of the directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run (standalone mode: rank 0)")
+    p.add_argument("--progress", action="store_true", help="show this rank's progress bar")
+    return p
+
+
+def die_with_parent() -> None:
+    """When started by scaffold's launcher, exit (SIGTERM) if the launcher dies (Linux)."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != parent:  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_shard(config: Any, output_dir: Path, env: Any, *, resume: bool, progress: bool | None) -> dict[str, Any]:
+    """Run this rank's rows into its own ledger; returns its live metrics (no merge)."""
+    rollout = Rollout(config, output_dir=output_dir, resume=resume, dist=env, ledger_name=rank_ledger_name(env.rank),
+                      finalize=False, prepared=True, progress=progress)
+    live = rollout.run()
+    live["skipped_rows"] = dict(rollout.metrics.skipped_rows)
+    live["rank"] = env.rank
+    return live
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    die_with_parent()
+    result_path = os.environ.get(RESULT_ENV)
+    try:
+        env = DistEnv.from_env()
+        overrides = list(args.overrides) + (["output.overwrite=true"] if args.overwrite else [])
+        config = load_config(args.config, overrides)
+    except ScaffoldError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if result_path:
+            write_result(Path(result_path), None, str(exc))
+        return ExitCode.ERROR
+    progress = True if args.progress else False
+    if result_path:
+        return _launched(config, args, env, Path(result_path), progress)
+    if not env.launched or env.world_size == 1:
+        metrics = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress or None).run()
+        print_summary(metrics)
+        return exit_code_for(metrics)
+    return _standalone(config, args, env, progress)
+
+
+def _launched(config: Any, args: argparse.Namespace, env: Any, result_path: Path, progress: bool) -> int:
+    """Started by scaffold's launcher: run the shard, write the result, exit."""
+    if not args.output:
+        write_result(result_path, None, "the launcher must pass -o DIR")
+        return ExitCode.ERROR
+    try:
+        live = run_shard(config, Path(args.output), env, resume=args.resume, progress=progress)
+    except ScaffoldError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        write_result(result_path, None, f"{type(exc).__name__}: {exc}")
+        return ExitCode.ERROR
+    except BaseException as exc:  # record why, then let the traceback reach the log
+        write_result(result_path, None, f"{type(exc).__name__}: {exc}")
+        raise
+    write_result(result_path, live)
+    return ExitCode.INTERRUPTED if live.get("interrupted") else ExitCode.OK
+
+
+def _standalone(config: Any, args: argparse.Namespace, env: Any, progress: bool) -> int:
+    """Started by torchrun: coordinate over a Gloo group; rank 0 prepares and merges."""
+    groups = init_process_group("gloo", timeout_s=config.rollout.worker_timeout)
+    try:
+        prepared: tuple[str | None, str | None] = (None, None)
+        if env.rank == 0:
+            try:
+                directory = Path(args.output) if args.output else expand_output_dir(config)
+                output = RunOutput(directory, resume=args.resume, overwrite=config.output.overwrite)
+                output.write_config(config)
+                prepared = (str(directory.resolve()), None)
+            except ScaffoldError as exc:
+                prepared = (None, str(exc))
+        directory_text, error = broadcast_object(prepared, src=0)
+        if error is not None or directory_text is None:
+            if env.rank == 0:
+                print(f"error: {error}", file=sys.stderr)
+            return ExitCode.ERROR
+        directory = Path(directory_text)
+        live: dict[str, Any] | None = None
+        failure: str | None = None
+        try:
+            live = run_shard(config, directory, env, resume=args.resume, progress=progress)
+        except Exception as exc:  # reported by rank 0 as this rank's failure
+            failure = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        gathered = all_gather_objects((live, failure))
+        if env.rank != 0:
+            return ExitCode.ERROR if failure else ExitCode.OK
+        results = [WorkerResult(rank, env.world_size, lv, 0 if err is None else 1, err)
+                   for rank, (lv, err) in enumerate(gathered)]
+        metrics = finalize_run(config, directory, results, launcher="torchrun")
+        print_summary(metrics)
+        report_failures(metrics)
+        return exit_code_for(metrics)
+    finally:
+        groups.destroy()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""A run's output directory: the episode ledger, the files derived from it, and the directory itself.
+
+``files`` (atomic writes, paths that cannot escape), ``ledger`` (one line per
+finished episode), ``derived`` (samples, failures, trajectories dataset) and
+``rundir`` (preparing a directory for a fresh, resumed or overwritten run).
+"""
+
+from .derived import extra_features, save_trajectories, write_derived
+from .files import atomic_write_text, safe_child
+from .ledger import (
+    LEDGER,
+    RANK_LEDGER_GLOB,
+    latest_records,
+    ledger_paths,
+    rank_ledger_name,
+    read_ledger,
+    record_of,
+    result_of,
+)
+from .rundir import RUN_FILES, RunOutput, expand_output_dir, run_files
+
+__all__ = [
+    "LEDGER", "RANK_LEDGER_GLOB", "RUN_FILES", "RunOutput", "atomic_write_text", "expand_output_dir",
+    "extra_features", "latest_records", "ledger_paths", "rank_ledger_name", "read_ledger", "record_of",
+    "result_of", "run_files", "safe_child", "save_trajectories", "write_derived",
+]

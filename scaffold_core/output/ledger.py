@@ -1,0 +1,115 @@
+"""The episode ledger: one JSON line per finished episode, appended as it finishes.
+
+``episodes.jsonl`` (or ``episodes.rank-NNNNN.jsonl`` per worker of a
+multi-worker run) holds every finished episode, completed or failed, with its
+samples and training sequences. A killed run loses at most the episodes in
+flight; ``--resume`` skips every completed episode found in any ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..episode import EpisodeResult, Sample
+from ..verifier import Verdict
+
+LEDGER = "episodes.jsonl"
+#: Per-worker ledgers of multi-worker runs: ``episodes.rank-00003.jsonl`` (see scaffold_core.launch).
+RANK_LEDGER_GLOB = "episodes.rank-*.jsonl"
+
+
+def rank_ledger_name(rank: int) -> str:
+    """The ledger file of worker ``rank`` in a multi-worker run."""
+    return f"episodes.rank-{rank:05d}.jsonl"
+
+
+def ledger_paths(directory: str | Path) -> list[Path]:
+    """Every ledger of the run in ``directory``: ``episodes.jsonl`` and the rank ledgers, in rank order."""
+    root = Path(directory)
+    paths = [root / LEDGER] if (root / LEDGER).exists() else []
+    return paths + sorted(root.glob(RANK_LEDGER_GLOB))
+
+
+def record_of(result: EpisodeResult) -> dict[str, Any]:
+    """The ledger line of one episode."""
+    samples = []
+    for s in result.samples:
+        v = s.verdict
+        samples.append({
+            "sample_index": s.sample_index,
+            "response": s.text,
+            "extracted": v.extracted if v else None,
+            "key": v.key if v else None,
+            "reward": v.reward if v else None,
+            "reason": v.reason if v else None,
+            "finish_reason": s.finish_reason,
+            "prompt_tokens": len(s.prompt_ids),
+            "generated_tokens": s.generated_tokens,
+            "weight_version": s.weight_version,
+            **({"turn_rewards": s.turn_rewards} if s.turn_rewards is not None else {}),
+            **({"metadata": s.metadata} if s.metadata else {}),
+        })
+    return {
+        "episode_id": result.episode_id,
+        "index": result.index,
+        "status": result.status,
+        "error": result.error,
+        "error_component": result.error_component,
+        "attempts": result.attempts,
+        "wall_s": round(result.wall_s, 6),
+        "prompt": result.prompt_text,
+        "answer": result.reference,
+        "final_answer": result.answer,
+        "answer_reward": result.answer_reward,
+        "chosen": result.chosen,
+        "metrics": result.metrics,
+        "samples": samples,
+        "trajectories": [t.to_dict() for t in result.trajectories],
+    }
+
+
+def result_of(record: dict[str, Any]) -> EpisodeResult:
+    """A light EpisodeResult rebuilt from a ledger line (enough for metrics)."""
+    samples = []
+    for s in record.get("samples", []):
+        verdict = None if s.get("reward") is None else Verdict(s["reward"], s.get("extracted"), s.get("key"),
+                                                               s.get("reason") or "")
+        n = int(s.get("generated_tokens", 0))
+        samples.append(Sample([], [0] * n, [0.0] * n, [1] * n, s.get("response", ""), s.get("finish_reason", ""),
+                              s.get("sample_index", 0), s.get("weight_version"), verdict))
+    return EpisodeResult(
+        episode_id=record["episode_id"], index=record.get("index", 0), status=record["status"],
+        reference=record.get("answer"), samples=samples, chosen=record.get("chosen"),
+        answer=record.get("final_answer"), answer_reward=record.get("answer_reward"),
+        metrics=record.get("metrics") or {}, error=record.get("error"),
+        error_component=record.get("error_component"), attempts=record.get("attempts", 1),
+    )
+
+
+def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
+    """Ledger records; a torn last line (the process died mid-write) is ignored."""
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                return  # torn tail
+            try:
+                yield json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+
+
+def latest_records(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """episode id -> its last ledger record across ``paths`` (a completed record beats a failed one)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        for record in read_ledger(path):
+            eid = record["episode_id"]
+            old = latest.get(eid)
+            if old is None or not (old["status"] == "ok" and record["status"] != "ok"):
+                latest[eid] = record
+    return latest

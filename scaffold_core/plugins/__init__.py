@@ -1,0 +1,34 @@
+"""Plugin machinery: the hookspecs, discovery and failure policy, the component registry, option validation.
+
+``markers`` (the pluggy markers), ``hookspecs`` (every hook, documented where
+defined), ``kinds`` (the table of component kinds), ``options`` (YAML options
+validated against a factory's signature), ``registry`` (components by kind
+and name), ``manager`` (loading built-ins and entry points, the process-wide
+plugin set) and ``lifecycle`` (calling the lifecycle hooks safely).
+"""
+
+from .kinds import KINDS, SECTION_KINDS, Kind
+from .manager import (
+    BUILTIN,
+    DEFAULT_PLUGINS,
+    DISABLE_ENV,
+    ENTRY_POINT_GROUP,
+    EXTRA_ENV,
+    PluginInfo,
+    PluginSet,
+    current_registry,
+    extra_plugin_specs,
+    get_plugins,
+    get_registry,
+    import_spec,
+    set_plugins,
+)
+from .markers import hookimpl, hookspec
+from .registry import KNOWN_PROVIDERS, BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
+
+__all__ = [
+    "BUILTIN", "DEFAULT_PLUGINS", "DISABLE_ENV", "ENTRY_POINT_GROUP", "EXTRA_ENV", "KINDS", "KNOWN_PROVIDERS",
+    "SECTION_KINDS", "BrokenPlugin", "ComponentInfo", "ComponentRegistry", "Kind", "PluginInfo", "PluginSet",
+    "Registry", "current_registry", "extra_plugin_specs", "get_plugins", "get_registry", "hookimpl", "hookspec",
+    "import_spec", "set_plugins",
+]

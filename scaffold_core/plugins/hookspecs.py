@@ -1,0 +1,195 @@
+"""The hooks scaffold calls, and what plugins implement.
+
+A plugin is a module (or object) whose functions are decorated with
+``scaffold_core.hookimpl`` (``from scaffold_core import hookimpl``) and whose names match the specs below. It is found
+through the ``scaffold`` entry-point group::
+
+    [project.entry-points.scaffold]
+    gsm8k = "scaffold_gsm8k"
+
+Implementations may accept fewer arguments than the spec lists (pluggy's
+opt-in arguments), so specs can grow without breaking plugins.
+
+There are two families of hooks:
+
+* **Registration hooks** (``register_*``) contribute named components. Each
+  receives a core-owned ``registry`` bound to one component kind; call
+  ``registry.add(name, factory)``. The core calls every implementation once per
+  process, when the registry is first built. A plugin that raises here is
+  listed with status ``error`` and its components are unavailable; every other
+  plugin keeps working.
+* **Lifecycle hooks** let several plugins take part in one step at once:
+  observing finished episodes, wrapping engine requests for tracing and
+  metrics, and seeing a run start and end. An exception raised by one of these
+  is reported with the plugin's name and never corrupts another plugin's work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from .markers import hookspec
+
+if TYPE_CHECKING:  # imported for annotations only; keeps `scaffold list-plugins` fast
+    from ..episode import EpisodeResult
+    from ..generation import GenerationRequest, GenerationResult
+    from .registry import ComponentRegistry
+
+
+# --------------------------------------------------------------------------
+# Registration hooks: called once per process when the registry is built.
+# --------------------------------------------------------------------------
+
+
+@hookspec
+def register_tasks(registry: ComponentRegistry) -> None:
+    """Register tasks: a dataset loader plus a prompt builder.
+
+    :param registry: the task registry. Call ``registry.add(name, factory)``
+        where ``factory(**options)`` builds a :class:`scaffold_core.Task`.
+        ``options`` are the keys of the config's ``task:`` section other than
+        ``name``; they are validated against the factory's signature and type
+        annotations before anything is built.
+
+    A task may declare ``default_config`` (a dict with ``sampling``,
+    ``verifier`` and ``controller`` sections) that the config resolves under
+    the user's explicit values.
+
+    Example::
+
+        @hookimpl
+        def register_tasks(registry):
+            registry.add("gsm8k", GSM8KTask)
+    """
+
+
+@hookspec
+def register_controllers(registry: ComponentRegistry) -> None:
+    """Register controllers: generators that decide what to generate and verify.
+
+    :param registry: the controller registry; ``registry.add(name, factory)``
+        where ``factory(**options)`` returns a :class:`scaffold_core.Controller`.
+
+    The runtime clones the configured controller once per episode (before
+    anything awaits), so per-episode state kept on ``self`` never leaks
+    between episodes.
+    """
+
+
+@hookspec
+def register_verifiers(registry: ComponentRegistry) -> None:
+    """Register reward verifiers: score a response against a reference answer.
+
+    :param registry: the verifier registry; ``registry.add(name, factory)``
+        where ``factory(**options)`` returns a :class:`scaffold_core.Verifier`.
+
+    Verifiers run off the event loop with a timeout; their ``verify`` method
+    must be thread-safe and free of per-call state on ``self``.
+    """
+
+
+@hookspec
+def register_engines(registry: ComponentRegistry) -> None:
+    """Register inference engines: generate tokens for token ids.
+
+    :param registry: the engine registry; ``registry.add(name, factory)``
+        where ``factory(**options)`` returns a :class:`scaffold_core.Engine`.
+
+    Engines import heavy libraries (torch, HTTP clients) lazily, inside
+    ``start()``, never at module import time.
+    """
+
+
+@hookspec
+def register_trajectory_makers(registry: ComponentRegistry) -> None:
+    """Register trajectory makers: turn a finished episode into training samples.
+
+    :param registry: the trajectory-maker registry; ``registry.add(name,
+        factory)`` where ``factory(**options)`` returns a
+        :class:`scaffold_core.TrajectoryMaker`.
+    """
+
+
+@hookspec
+def register_environments(registry: ComponentRegistry) -> None:
+    """Register environments for multi-turn controllers (the user side of a conversation).
+
+    :param registry: the environment registry; ``registry.add(name, factory)``
+        where ``factory(**options)`` returns an environment object (see the
+        ``scaffold-multiturn`` plugin for the protocol).
+
+    The protocol (``scaffold_multiturn.environment``): ``reset(ctx) -> state``
+    once per conversation, ``step(state, response) -> EnvStep`` after each
+    assistant turn (a plain function, a generator yielding runtime tasks, or
+    ``async``), optional ``async start()``/``close()``. Per-conversation data
+    lives in the state, never on the shared environment object. A controller
+    selects one with ``environment: {name: ..., options...}``.
+    """
+
+
+# --------------------------------------------------------------------------
+# Lifecycle hooks: several plugins may implement each; all are called.
+# --------------------------------------------------------------------------
+
+
+@hookspec
+def on_run_start(config: Any, output_dir: str | None) -> None:
+    """Called once per worker process before the first episode starts.
+
+    :param config: the resolved :class:`scaffold_core.config.Config`.
+    :param output_dir: where this run writes its files, or ``None`` when the
+        runtime is used as a library without an output directory.
+    """
+
+
+@hookspec
+def on_episode_end(result: EpisodeResult) -> None:
+    """Called on the event loop each time an episode finishes, failed ones included.
+
+    :param result: the :class:`scaffold_core.EpisodeResult`: episode id,
+        status (``"ok"`` or ``"failed"``), error, samples with rewards, the
+        episode's answer. Treat it as read-only.
+
+    Keep implementations fast (they run on the event loop). An exception is
+    reported with the plugin's name and counted in the run's metrics; it does
+    not fail the episode or stop other observers.
+    """
+
+
+@hookspec
+def on_run_end(metrics: dict, output_dir: str | None) -> None:
+    """Called once per worker process after the last episode, before exit.
+
+    :param metrics: the run's metrics dict (what ``metrics.json`` holds).
+    :param output_dir: the run's output directory, or ``None``.
+    """
+
+
+@hookspec
+def engine_request(  # type: ignore[empty-body]  # a spec: pluggy never runs its body
+    request: GenerationRequest, engine: str
+) -> Generator[None, GenerationResult, GenerationResult]:
+    """Wrap every request sent to an engine: for tracing, metrics, or rewriting.
+
+    Implementations **must** be new-style wrappers (``@hookimpl(wrapper=True)``)
+    with exactly one ``yield``. The code before ``yield`` runs when the request
+    is sent; ``yield`` returns the engine's :class:`GenerationResult` once it
+    arrives (the request is awaited in between, so this works for async
+    engines); return the result, or a replacement. If the engine fails,
+    ``yield`` raises the error, which the wrapper may observe and re-raise::
+
+        @hookimpl(wrapper=True)
+        def engine_request(request, engine):
+            start = time.perf_counter()
+            result = yield
+            record(engine, time.perf_counter() - start, len(result.output_ids))
+            return result
+
+    :param request: the :class:`GenerationRequest` (prompt ids, sampling
+        parameters, request and episode ids). Treat it as read-only.
+    :param engine: the engine's registered name.
+
+    A wrapper that raises fails that request's episode with an error naming
+    the plugin.
+    """

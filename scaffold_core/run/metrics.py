@@ -1,0 +1,136 @@
+"""Run metrics, accumulated as episodes finish (O(1) memory per run).
+
+Definitions (also in docs/config.md):
+
+* ``reward_mean``: mean reward over every sample of every completed episode.
+* ``accuracy``: mean over completed episodes of whether the episode's answer
+  is correct: the chosen sample (best_of_n, native with one sample), the
+  voted answer (majority_vote), or, when the controller names no single
+  answer, the fraction of its samples that are correct.
+* ``pass@k``: episodes with k > 1 samples where at least one sample is correct.
+* controller metrics such as ``maj@k`` are averaged over the episodes that
+  report them.
+* ``truncated_fraction``: samples that stopped on ``length``; above 20% the
+  run warns loudly (that is how a too-small ``max_tokens`` shows itself).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+from ..episode import EpisodeResult
+
+TRUNCATION_WARNING = 0.2
+
+
+def episode_correct(result: EpisodeResult) -> float:
+    if result.chosen is not None and 0 <= result.chosen < len(result.samples):
+        reward = result.samples[result.chosen].reward
+        return float((reward or 0.0) > 0)
+    if result.answer_reward is not None:
+        return float(result.answer_reward > 0)
+    if not result.samples:
+        return 0.0
+    return sum(1.0 for s in result.samples if (s.reward or 0.0) > 0) / len(result.samples)
+
+
+class RunMetrics:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.episodes = 0
+        self.completed = 0
+        self.failed = 0
+        self.failures: Counter[str] = Counter()
+        self.failure_examples: dict[str, str] = {}
+        self.samples = 0
+        self.reward_sum = 0.0
+        self.correct_sum = 0.0
+        self.generated_tokens = 0
+        self.truncated = 0
+        self.retried = 0
+        self.extra_sum: dict[str, float] = defaultdict(float)
+        self.extra_n: Counter[str] = Counter()
+        self.skipped_rows: Counter[str] = Counter()
+        self.resumed = 0
+
+    def restart_clock(self) -> None:
+        self.start = time.perf_counter()
+
+    def add(self, result: EpisodeResult) -> None:
+        self.episodes += 1
+        self.retried += max(0, result.attempts - 1)
+        if not result.ok:
+            self.failed += 1
+            key = result.error_component or "episode"
+            self.failures[key] += 1
+            self.failure_examples.setdefault(key, result.error or "")
+            return
+        self.completed += 1
+        self.correct_sum += episode_correct(result)
+        for sample in result.samples:
+            self.samples += 1
+            self.reward_sum += sample.reward or 0.0
+            self.generated_tokens += sample.generated_tokens
+            if sample.finish_reason == "length":
+                self.truncated += 1
+        k = len(result.samples)
+        if k > 1:
+            name = f"pass@{k}"
+            self.extra_sum[name] += float(any((s.reward or 0.0) > 0 for s in result.samples))
+            self.extra_n[name] += 1
+        for name, value in result.metrics.items():
+            self.extra_sum[name] += float(value)
+            self.extra_n[name] += 1
+
+    @property
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.start
+
+    @property
+    def reward_mean(self) -> float:
+        return self.reward_sum / self.samples if self.samples else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        wall = self.wall_s
+        return self.generated_tokens / wall if wall > 0 else 0.0
+
+    @property
+    def truncated_fraction(self) -> float:
+        return self.truncated / self.samples if self.samples else 0.0
+
+    def summary(self, **extra: Any) -> dict[str, Any]:
+        wall = self.wall_s
+        out: dict[str, Any] = {
+            "episodes": self.episodes,
+            "completed": self.completed,
+            "failed": self.failed,
+            "failures": dict(self.failures),
+            "failure_examples": dict(self.failure_examples),
+            "samples": self.samples,
+            "reward_mean": round(self.reward_mean, 6),
+            "accuracy": round(self.correct_sum / self.completed, 6) if self.completed else 0.0,
+            "generated_tokens": self.generated_tokens,
+            "tokens_per_s": round(self.generated_tokens / wall, 3) if wall > 0 else 0.0,
+            "episodes_per_s": round(self.episodes / wall, 3) if wall > 0 else 0.0,
+            "wall_s": round(wall, 3),
+            "truncated_fraction": round(self.truncated_fraction, 6),
+            "retried_attempts": self.retried,
+        }
+        for name in sorted(self.extra_sum):
+            out[name] = round(self.extra_sum[name] / self.extra_n[name], 6)
+        if self.skipped_rows:
+            out["skipped_rows"] = dict(self.skipped_rows)
+        out.update(extra)
+        return out
+
+def truncation_warning(fraction: float) -> str | None:
+    """The loud message for runs where too many responses hit max_tokens, else None."""
+    if fraction <= TRUNCATION_WARNING:
+        return None
+    return (
+        f"WARNING: {fraction:.0%} of responses stopped because they hit max_tokens. Their rewards are usually 0.\n"
+        "Raise sampling.max_tokens (e.g. --set sampling.max_tokens=1024) unless this is intended."
+    )

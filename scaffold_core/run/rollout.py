@@ -1,0 +1,285 @@
+"""``scaffold run``: build the components a config names, run every episode, write the results."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..controller import close_controller, start_controller
+from ..distributed.env import DistEnv
+from ..distributed.ports import rank_slice
+from ..engine import RunInfo
+from ..episode import EpisodeContext, EpisodeResult
+from ..errors import DataError
+from ..output import LEDGER, RunOutput, expand_output_dir
+from ..plugins import get_plugins
+from ..plugins.lifecycle import Hooks
+from ..task import episode_context, episode_id_of
+from .finalize import finalize_run_dir
+from .metrics import RunMetrics
+from .runtime import Runtime
+from .verifier_pool import VerifierPool
+
+log = logging.getLogger("scaffold.rollout")
+
+
+@dataclass
+class Components:
+    task: Any
+    controller: Any
+    verifier: Any
+    engine: Any
+    trajectory_maker: Any
+
+
+def build_components(config: Config, registry: Any) -> Components:
+    """Construct every component (cheap: nothing loads until the engine starts)."""
+
+    def make(section: str, kind: str) -> Any:
+        comp = getattr(config, section)
+        return registry.create(kind, comp.name, comp.options, path=section)
+
+    return Components(
+        task=make("task", "task"),
+        controller=make("controller", "controller"),
+        verifier=make("verifier", "verifier"),
+        engine=make("engine", "engine"),
+        trajectory_maker=make("trajectory", "trajectory_maker"),
+    )
+
+
+def shard(index: int, rank: int, world_size: int) -> bool:
+    return index % world_size == rank
+
+
+class Rollout:
+    """One process's share of a run (rank ``rank`` of ``world_size``)."""
+
+    def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
+                 dist: DistEnv | None = None, progress: bool | None = None, registry: Any = None,
+                 plugins: Any = None, ledger_name: str = LEDGER, finalize: bool = True, prepared: bool = False):
+        """``dist``: this process's place among the run's workers (one process when omitted).
+        ``prepared``: a launcher already prepared the output directory; only the own ledger is opened."""
+        self.config = config
+        self.plugins = plugins or get_plugins()
+        self.registry = registry or self.plugins.registry
+        self.dist = dist or DistEnv()
+        self.dir = Path(output_dir) if output_dir is not None else expand_output_dir(config)
+        # Both of these validate before any model loads.
+        self.components = build_components(config, self.registry)
+        self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, ledger_name=ledger_name,
+                                prepared=prepared)
+        self.progress = config.rollout.progress if progress is None else progress
+        self.finalize_outputs = finalize
+        self.metrics = RunMetrics()
+        self.hooks = Hooks(self.plugins.pm)
+        self.interrupted: str | None = None
+        self.runtime: Runtime | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    # -- episodes -------------------------------------------------------
+    def _rows(self) -> list[tuple[int, dict[str, Any]]]:
+        task = self.components.task
+        rows = []
+        for i, row in enumerate(task.load()):
+            if shard(i, self.rank, self.world_size):
+                rows.append((i, row))
+        skipped = dict(getattr(task, "skipped", None) or {})
+        for reason, count in skipped.items():
+            self.metrics.skipped_rows[reason] += count
+        if skipped and self.config.rollout.bad_rows == "fail":
+            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+            raise DataError(f"task {self.config.task.name!r}: {sum(skipped.values())} dataset rows are unusable "
+                            f"({reasons}); fix the data, or set rollout.bad_rows: skip to skip and count them")
+        return rows
+
+    def _contexts(self, rows: list[tuple[int, dict[str, Any]]], done: set[str]) -> Iterator[Any]:
+        task = self.components.task
+        tokenizer = self.components.engine.tokenizer
+        sampling = self.config.sampling.params()
+        for index, row in rows:
+            episode_id = episode_id_of(row, index)
+            if episode_id in done:
+                continue
+            try:
+                yield episode_context(task, index, row, tokenizer, sampling)
+            except Exception as exc:  # this row only
+                yield EpisodeResult(episode_id=episode_id, index=index, status="failed", reference=task.reference(row),
+                                    error=f"building the prompt failed: {type(exc).__name__}: {exc}",
+                                    error_component="task", row=row)
+
+    # -- running --------------------------------------------------------
+    async def run_async(self) -> dict[str, Any]:
+        cfg = self.config
+        comps = self.components
+        if self.rank == 0:
+            self.output.write_config(cfg)
+        done = self.output.completed_ids()
+        pool = VerifierPool(comps.verifier, timeout=cfg.verifier_timeout, workers=cfg.verifier_workers,
+                            name=cfg.verifier.name)
+        self.hooks.run_start(cfg, str(self.dir))
+        bar = None
+        controller_started = False
+        try:
+            rows = self._rows()  # bad data fails here, before any model loads
+            self._attach_engine()
+            await comps.engine.start()
+            controller_started = True  # a start that fails half-way is still closed
+            await start_controller(comps.controller)
+            todo = sum(1 for index, row in rows if episode_id_of(row, index) not in done)
+            self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
+            self.runtime = self._runtime(pool)
+            bar = _progress_bar(todo, self.progress, position=self.rank if self.world_size > 1 else None)
+            self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
+            self.output.open()
+            on_result = self._result_sink(bar)
+            with _signals(self):
+                await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
+        finally:
+            if bar is not None:
+                bar.close()
+            self.output.close()
+            pool.close()
+            try:
+                if controller_started:
+                    await close_controller(comps.controller)
+            finally:
+                await comps.engine.close()
+        return self._summary()
+
+    def _attach_engine(self) -> None:
+        """Tell the engine where it runs: output dir, rank and this worker's port slice."""
+        attach = getattr(self.components.engine, "attach_run", None)
+        if attach is None:
+            return
+        dist = self.dist
+        port_range = rank_slice(dist.local_rank, dist.local_world_size)  # ports are per host: the rank on this host
+        attach(RunInfo(output_dir=self.dir, rank=dist.rank, world_size=dist.world_size,
+                       local_rank=dist.local_rank, port_range=port_range))
+
+    def _runtime(self, pool: VerifierPool) -> Runtime:
+        cfg, comps = self.config, self.components
+        return Runtime(
+            engine=comps.engine, controller=comps.controller, verifier=pool,
+            trajectory_maker=comps.trajectory_maker, hooks=self.hooks, engine_name=cfg.engine.name,
+            concurrency=cfg.rollout.concurrency, request_timeout=cfg.rollout.request_timeout,
+            episode_timeout=cfg.rollout.episode_timeout, retries=cfg.rollout.retries,
+        )
+
+    def _result_sink(self, bar: Any) -> Callable[[EpisodeResult], None]:
+        """Persist each finished episode, count it, and move the progress bar."""
+        last = [0.0]
+
+        def on_result(result: EpisodeResult) -> None:
+            self.output.append(result)
+            self.metrics.add(result)
+            if bar is not None:
+                bar.update(1)
+                now = time.perf_counter()
+                if now - last[0] > 0.5:
+                    last[0] = now
+                    bar.set_postfix_str(
+                        f"tok/s={self.metrics.tokens_per_s:.1f} reward={self.metrics.reward_mean:.3f} "
+                        f"failed={self.metrics.failed}", refresh=False)
+
+        return on_result
+
+    def _pre_failed(self, items: Iterator[Any], on_result: Any) -> Iterator[EpisodeContext]:
+        """Report episodes that failed before running (bad prompt) and pass the rest on."""
+        for item in items:
+            if isinstance(item, EpisodeResult):
+                self.hooks.episode_end(item)
+                on_result(item)
+            else:
+                yield item
+
+    def _summary(self) -> dict[str, Any]:
+        engine_stats = {}
+        try:
+            engine_stats = self.components.engine.stats()
+        except Exception:
+            pass
+        summary = self.metrics.summary(engine=engine_stats)
+        if self.hooks.errors:
+            summary["hook_errors"] = dict(self.hooks.errors)
+        if self.metrics.resumed:
+            summary["resumed_episodes"] = self.metrics.resumed
+        if self.interrupted:
+            summary["interrupted"] = self.interrupted
+        return summary
+
+    def finalize(self, live: dict[str, Any], ledgers: list[Path] | None = None) -> dict[str, Any]:
+        """Derive samples, failures, dataset and metrics from the ledger(s); returns metrics."""
+        return finalize_run_dir(self.dir, live, hooks=self.hooks, save_dataset=self.config.output.save_dataset,
+                                ledgers=ledgers, skipped_rows=self.metrics.skipped_rows)
+
+    def run(self) -> dict[str, Any]:
+        live = asyncio.run(self.run_async())
+        return self.finalize(live) if self.finalize_outputs else live
+
+
+def _progress_bar(total: int, enabled: bool | None, position: int | None = None) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="ep", desc="episodes", disable=(None if enabled is None else not enabled),
+                dynamic_ncols=True, mininterval=0.5, position=position, leave=True)
+
+
+class _signals:
+    """First SIGINT/SIGTERM: stop taking episodes and let in-flight ones finish within
+    ``rollout.shutdown_timeout``; a second signal (or the timeout) cancels them."""
+
+    def __init__(self, rollout: Rollout):
+        self.rollout = rollout
+        self.installed: list[int] = []
+
+    def __enter__(self) -> _signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._handle, sig)
+                self.installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                pass
+        return self
+
+    def _handle(self, sig: int) -> None:
+        rollout = self.rollout
+        runtime = rollout.runtime
+        name = signal.Signals(sig).name
+        loop = asyncio.get_running_loop()
+        if rollout.interrupted is None:
+            rollout.interrupted = name
+            timeout = rollout.config.rollout.shutdown_timeout
+            print(f"\nscaffold: {name} received: finishing episodes in flight (up to {timeout:g} s); "
+                  "send it again to stop now", file=sys.stderr)
+            if runtime is not None:
+                runtime.stopping = True
+            loop.call_later(timeout, self._cancel_all)
+        else:
+            self._cancel_all()
+
+    def _cancel_all(self) -> None:
+        runtime = self.rollout.runtime
+        if runtime is not None:
+            runtime.cancel_in_flight()
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.installed:
+            loop.remove_signal_handler(sig)

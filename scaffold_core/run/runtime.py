@@ -1,0 +1,339 @@
+"""The episode runtime: one asyncio event loop, bounded concurrency, bounded waits.
+
+* Each episode runs on its own clone of the prototype controller, made
+  synchronously when the episode starts, before anything awaits; per-episode
+  data travels in its :class:`EpisodeContext`.
+* Concurrency is bounded by a fixed number of worker coroutines (no thread per
+  request, no task per queued episode).
+* Every await is bounded: each engine request by ``request_timeout``, each
+  verification by the verifier pool's timeout, each episode by
+  ``episode_timeout``.
+* An error fails its episode with the component and reason (retried up to
+  ``retries`` times when the error is retryable); it never becomes a silent
+  zero reward and never stops other episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import sys
+import time
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator
+from typing import Any
+
+from ..controller import Controller, Parallel
+from ..episode import EpisodeContext, EpisodeResult, Outcome, Sample
+from ..errors import ControllerError, EngineError, EpisodeError, TrajectoryError, VerifierError
+from ..generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
+from ..plugins.lifecycle import Hooks
+from .verifier_pool import VerifierPool
+
+if sys.version_info >= (3, 11):  # no extra task per bounded await
+
+    async def bounded(awaitable: Any, seconds: float | None) -> Any:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # pragma: no cover - Python 3.10
+
+    async def bounded(awaitable: Any, seconds: float | None) -> Any:
+        return await asyncio.wait_for(awaitable, seconds)
+
+
+@contextlib.contextmanager
+def gc_tuned(threshold: int = 50_000) -> Iterator[None]:
+    """Fewer, cheaper garbage collections while episodes run.
+
+    Thousands of episodes in flight keep many young objects alive; with the
+    default threshold (700) the collector runs constantly and rescans them.
+    Everything alive before the run (model, libraries) is frozen out of
+    collection; thresholds are restored afterwards.
+    """
+    old = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(max(threshold, old[0]), old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
+async def gather_or_cancel(coros: list[Any]) -> list[Any]:
+    """Await all; on the first failure cancel the rest (no orphaned tasks) and raise it."""
+    if len(coros) == 1:
+        return [await coros[0]]
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if pending:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]  # marks every one retrieved
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return [t.result() for t in tasks]
+
+
+class Runtime:
+    """Runs episodes of one controller against one engine and verifier."""
+
+    def __init__(
+        self,
+        *,
+        engine: Any,
+        controller: Controller,
+        verifier: VerifierPool | None,
+        trajectory_maker: Any = None,
+        hooks: Hooks | None = None,
+        engine_name: str = "engine",
+        concurrency: int = 64,
+        request_timeout: float = 3600.0,
+        episode_timeout: float = 7200.0,
+        retries: int = 0,
+    ):
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.engine = engine
+        self.prototype = controller
+        self.verifier = verifier
+        self.trajectory_maker = trajectory_maker
+        self.hooks = hooks or Hooks(None)
+        self.engine_name = engine_name
+        self.concurrency = concurrency
+        self.request_timeout = request_timeout
+        self.episode_timeout = episode_timeout
+        self.retries = retries
+        self.stopping = False
+        self._workers: list[asyncio.Future] = []
+
+    # -- running many ---------------------------------------------------
+    async def run(
+        self,
+        contexts: Iterable[EpisodeContext] | AsyncIterable[EpisodeContext],
+        on_result: Callable[[EpisodeResult], None] | None = None,
+    ) -> int:
+        """Run every episode; call ``on_result`` for each as it finishes. Returns how many ran."""
+        if hasattr(contexts, "__aiter__"):
+            source: Any = contexts.__aiter__()
+            is_async = True
+        else:
+            source = iter(contexts)
+            is_async = False
+        lock = asyncio.Lock()
+        count = 0
+
+        async def next_ctx() -> EpisodeContext | None:
+            if self.stopping:
+                return None
+            if not is_async:
+                return next(source, None)
+            async with lock:
+                try:
+                    return await source.__anext__()
+                except StopAsyncIteration:
+                    return None
+
+        async def worker() -> None:
+            nonlocal count
+            while True:
+                ctx = await next_ctx()
+                if ctx is None:
+                    return
+                result = await self.run_episode(ctx)
+                count += 1
+                self.hooks.episode_end(result)
+                if on_result is not None:
+                    on_result(result)
+
+        self._workers = [asyncio.ensure_future(worker()) for _ in range(self.concurrency)]
+        try:
+            with gc_tuned():
+                outcomes = await asyncio.gather(*self._workers, return_exceptions=True)
+        finally:
+            for task in self._workers:
+                task.cancel()
+            self._workers = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+        return count
+
+    def cancel_in_flight(self) -> None:
+        """Stop now: cancel every running episode (they are not reported, so a resume redoes them)."""
+        self.stopping = True
+        for task in self._workers:
+            task.cancel()
+
+    # -- one episode ----------------------------------------------------
+    async def run_episode(self, ctx: EpisodeContext) -> EpisodeResult:
+        controller = self.prototype.clone()  # synchronous, before anything awaits
+        started = time.perf_counter()
+        attempt = 0
+        while True:
+            ctx.attempt = attempt
+            try:
+                result = await bounded(self._attempt(controller, ctx), self.episode_timeout)
+                result.attempts = attempt + 1
+                result.wall_s = time.perf_counter() - started
+                return result
+            except asyncio.CancelledError:
+                raise
+            except (asyncio.TimeoutError, TimeoutError):
+                error, component, retryable = (
+                    f"episode did not finish within {self.episode_timeout:g} s (rollout.episode_timeout)",
+                    "timeout", True)
+            except EpisodeError as exc:
+                error, component = str(exc), exc.component
+                retryable = isinstance(exc, (EngineError, VerifierError)) and getattr(exc, "retryable", True)
+            except Exception as exc:  # a bug in a controller or plugin: fail this episode only
+                error, component, retryable = f"{type(exc).__name__}: {exc}", "controller", False
+            if attempt >= self.retries or not retryable:
+                return EpisodeResult(
+                    episode_id=ctx.episode_id, index=ctx.index, status="failed", reference=ctx.reference,
+                    prompt_text=ctx.prompt_text, error=error, error_component=component,
+                    attempts=attempt + 1, wall_s=time.perf_counter() - started, row=ctx.row,
+                )
+            attempt += 1
+            controller = self.prototype.clone()
+            ctx.state = {}
+
+    async def _attempt(self, controller: Controller, ctx: EpisodeContext) -> EpisodeResult:
+        outcome = await self._drive(controller.process(ctx), ctx)
+        if not isinstance(outcome, Outcome):
+            raise ControllerError(
+                f"{type(controller).__name__}.process returned {type(outcome).__name__}; it must return an Outcome"
+            )
+        samples = [s if isinstance(s, Sample) else Sample.from_task(s) for s in outcome.samples]
+        unverified = [s for s in samples if s.verdict is None]
+        if unverified and self.verifier is not None:
+            verdicts = await self.verifier.verify_many([(s.text, ctx.reference) for s in unverified])
+            for sample, verdict in zip(unverified, verdicts):
+                sample.verdict = verdict
+        result = EpisodeResult(
+            episode_id=ctx.episode_id, index=ctx.index, status="ok", reference=ctx.reference,
+            prompt_text=ctx.prompt_text, samples=samples, chosen=outcome.chosen, answer=outcome.answer,
+            answer_reward=outcome.answer_reward, metrics=dict(outcome.metrics), row=ctx.row,
+        )
+        if self.trajectory_maker is not None:
+            try:
+                result.trajectories = self.trajectory_maker.make(result)
+            except Exception as exc:
+                raise TrajectoryError(f"trajectory maker raised {type(exc).__name__}: {exc}") from exc
+        return result
+
+    async def _drive(self, gen: Any, ctx: EpisodeContext) -> Any:
+        """Step a controller generator, running what it yields."""
+        if not hasattr(gen, "send"):
+            raise ControllerError(f"process() must be a generator (use yield), got {type(gen).__name__}")
+        send: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                item = gen.throw(error) if error is not None else gen.send(send)
+            except StopIteration as stop:
+                return stop.value
+            error = None
+            try:
+                if isinstance(item, list):
+                    await self._run_tasks(item, ctx)
+                    send = item
+                elif isinstance(item, Parallel):
+                    send = await gather_or_cancel(
+                        [self._drive(b.controller.process(b.ctx), b.ctx) for b in item.branches])
+                else:
+                    raise ControllerError(
+                        f"controller yielded {type(item).__name__}; yield a list of tasks or a Parallel"
+                    )
+            except asyncio.CancelledError:
+                gen.close()
+                raise
+            except Exception as exc:  # hand it to the controller, which may handle it
+                error = exc
+
+    async def _run_tasks(self, tasks: list[Any], ctx: EpisodeContext) -> None:
+        generations = []
+        verifications = []
+        awaits = []
+        for task in tasks:
+            if isinstance(task, GenerationTask):
+                generations.append(task)
+            elif isinstance(task, VerificationTask):
+                verifications.append(task)
+            elif isinstance(task, AwaitTask):
+                awaits.append(task)
+            else:
+                raise ControllerError(
+                    f"cannot run a {type(task).__name__}: yield GenerationTask, VerificationTask or AwaitTask")
+        coros = [self._generate(t, ctx) for t in generations]
+        if verifications:
+            coros.append(self._verify(verifications))
+        coros += [self._await(t) for t in awaits]
+        if coros:
+            await gather_or_cancel(coros)
+
+    async def _await(self, task: AwaitTask) -> None:
+        try:
+            task.result = await bounded(task.make(), task.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise EpisodeError(f"{task.what} did not finish within {task.timeout:g} s",
+                               component=task.component) from None
+        except (EpisodeError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise EpisodeError(f"{task.what} raised {type(exc).__name__}: {exc}", component=task.component) from exc
+
+    async def _verify(self, tasks: list[VerificationTask]) -> None:
+        if self.verifier is None:
+            raise VerifierError("the controller asked for verification but this run has no verifier")
+        verdicts = await self.verifier.verify_many([(t.response, t.reference) for t in tasks])
+        for task, verdict in zip(tasks, verdicts):
+            task.verdict = verdict
+
+    async def _generate(self, task: GenerationTask, ctx: EpisodeContext) -> None:
+        request = GenerationRequest(
+            request_id=task.request_id, prompt_ids=task.prompt_ids, sampling=task.sampling,
+            seed=task.seed, episode_id=ctx.episode_id,
+        )
+        engine = self.engine
+        if self.hooks.has_request_wrappers:
+            result = await self.hooks.wrap_request(request, self.engine_name,
+                                                   lambda: self._call_engine(engine, request))
+        else:
+            result = await self._call_engine(engine, request)
+        task.result = result
+
+    async def _call_engine(self, engine: Any, request: GenerationRequest) -> Any:
+        try:
+            result = await bounded(engine.generate(request), self.request_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise EngineError(
+                f"engine {self.engine_name!r} did not answer request {request.request_id} within "
+                f"{self.request_timeout:g} s (rollout.request_timeout)", retryable=True) from None
+        except EpisodeError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"engine {self.engine_name!r} raised {type(exc).__name__}: {exc}",
+                              retryable=True) from exc
+        try:
+            result.check()
+        except (ValueError, AttributeError) as exc:
+            raise EngineError(f"engine {self.engine_name!r} returned a malformed result: {exc}",
+                              retryable=False) from exc
+        if result.finish_reason == "abort":
+            raise EngineError(
+                f"engine {self.engine_name!r} aborted request {request.request_id}"
+                + (f": {result.meta.get('message')}" if result.meta.get("message") else ""), retryable=True)
+        return result

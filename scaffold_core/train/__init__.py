@@ -1,0 +1,1 @@
+"""Trainer-side batching: padded tensor dicts and micro-batches balanced across data-parallel ranks."""

@@ -1,0 +1,175 @@
+"""The core's layout holds: no import cycles, no import from a layer above, every module in a documented room.
+
+The rooms and their layers are read from the module map in docs/architecture.md, so the map and the
+code cannot drift apart. Every import counts: top-level, inside functions, and under TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "scaffold_core"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "templates" not in p.parts}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every scaffold_core module ``name`` imports, wherever the import statement is."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import a.b.c` where c is a name, not a module
+                target = target.rpartition(".")[0]
+            if target.startswith("scaffold_core") and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def documented_rooms() -> dict[str, int]:
+    """Room (``errors.py``, ``plugins/``) -> layer, from the module map table of docs/architecture.md."""
+    rooms: dict[str, int] = {}
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"\|\s*(\d+)\s*\|([^|]+)\|", line)
+        if match:
+            for room in re.findall(r"`([^`]+)`", match.group(2)):
+                rooms[room] = int(match.group(1))
+    return rooms
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    return f"{parts[0]}/" if (PACKAGE / parts[0]).is_dir() else f"{parts[0]}.py"
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_relative_imports_resolve_to_modules(tmp_path):
+    graph = import_graph()
+    assert "scaffold_core.errors" in graph["scaffold_core.run.runtime"]
+    assert "scaffold_core.plugins.markers" in graph["scaffold_core.builtins.controllers"]
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles in scaffold_core:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_every_module_sits_in_a_documented_room():
+    rooms = documented_rooms()
+    missing = sorted({room_of(m) for m in modules()} - set(rooms))
+    assert not missing, f"rooms missing from the module map in docs/architecture.md: {missing}"
+    stale = sorted(set(rooms) - {room_of(m) for m in modules()})
+    assert not stale, f"docs/architecture.md lists rooms that do not exist: {stale}"
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    rooms = documented_rooms()
+    graph = import_graph()
+    upward = [f"{m} (layer {rooms[room_of(m)]}) imports {t} (layer {rooms[room_of(t)]})"
+              for m, targets in graph.items() if m != "scaffold_core" for t in sorted(targets)
+              if rooms[room_of(t)] > rooms[room_of(m)]]
+    assert not upward, "imports from a layer above:\n" + "\n".join(upward)
+
+
+def test_only_the_facade_imports_the_package_root():
+    graph = import_graph()
+    offenders = sorted(m for m, targets in graph.items() if "scaffold_core" in targets)
+    assert not offenders, f"these import the package facade instead of the module that defines a name: {offenders}"
+
+
+@pytest.mark.parametrize("old", ["scaffold_core.workers", "scaffold_core.ports", "scaffold_core.net",
+                                 "scaffold_core.rollout", "scaffold_core.runtime", "scaffold_core.registry",
+                                 "scaffold_core.microbatch", "scaffold_core.worker", "scaffold_core.hookimpl"])
+def test_earlier_module_paths_still_import(old):
+    import importlib
+
+    from scaffold_core._compat import MOVED_MODULES
+
+    module = importlib.import_module(old)
+    assert module is importlib.import_module(MOVED_MODULES[old])
+    assert module.__spec__.name == MOVED_MODULES[old]
+
+
+def test_importing_the_old_marker_path_keeps_the_marker():
+    import scaffold_core.hookimpl  # noqa: F401
+    from scaffold_core import hookimpl
+    from scaffold_core.plugins.markers import hookimpl as marker
+
+    assert hookimpl is marker and callable(hookimpl)

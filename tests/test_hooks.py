@@ -1,0 +1,211 @@
+"""Every hook, exercised the way a plugin uses it (datasette style: one ``test_hook_<name>`` per hookspec).
+
+``test_every_hookspec_has_a_test`` fails when a hookspec is added without a test of its own here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import scaffold_core.testing.plugin as test_tasks
+from scaffold_core import hookimpl
+from scaffold_core.config import load_config
+from scaffold_core.plugins import hookspecs
+from scaffold_core.run.rollout import Rollout
+from scaffold_core.testing import plugin_set
+
+HOOKS = sorted(name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), "scaffold_spec"))
+ROWS = [{"id": "a", "question": "What is 1 + 1?", "answer": "2"},
+        {"id": "b", "question": "What is 2 + 2?", "answer": "4"}]
+
+
+def run_with(tmp_path: Path, *plugins: object, **sections: dict) -> tuple[dict, Path]:
+    data = {"task": {"name": "list", "rows": ROWS}, "engine": {"name": "benchmark_canned", "response": "2"},
+            "output": {"save_dataset": False}, **sections}
+    pset = plugin_set(test_tasks, *plugins)
+    config = load_config(data=data, registry=pset.registry)
+    out = tmp_path / "run"
+    return Rollout(config, output_dir=out, plugins=pset, progress=False).run(), out
+
+
+def test_every_hookspec_has_a_test():
+    tests = {name for name in globals() if name.startswith("test_hook_")}
+    missing = [hook for hook in HOOKS if f"test_hook_{hook}" not in tests]
+    assert not missing, f"hookspecs without a test_hook_<name> in tests/test_hooks.py: {missing}"
+
+
+class Registers:
+    """A plugin adding one component of each kind under its own name."""
+
+    @hookimpl
+    def register_tasks(self, registry):
+        registry.add("hook_task", test_tasks.ConfiguredListTask)
+
+    @hookimpl
+    def register_controllers(self, registry):
+        from scaffold_core.builtins.controllers import NativeController
+
+        class TwiceController(NativeController):
+            """Two samples per episode."""
+
+            def __init__(self):
+                super().__init__(samples=2)
+
+        registry.add("hook_twice", TwiceController)
+
+    @hookimpl
+    def register_verifiers(self, registry):
+        from scaffold_core.verifier import Verdict
+
+        class AlwaysHalf:
+            """Half a reward for anything."""
+
+            def verify(self, response, reference):
+                return Verdict(0.5, response.strip(), None, "half")
+
+        registry.add("hook_half", AlwaysHalf)
+
+    @hookimpl
+    def register_engines(self, registry):
+        from scaffold_core.engines.canned import CannedBenchmarkEngine
+
+        registry.add("hook_engine", lambda response="4": CannedBenchmarkEngine(response=response))
+
+    @hookimpl
+    def register_trajectory_makers(self, registry):
+        from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
+        from scaffold_core.trajectory import TrainingSample
+
+        class Doubled(SingleTurnTrajectoryMaker):
+            """Advantage = 2 * reward."""
+
+            def make(self, episode) -> list[TrainingSample]:
+                out = super().make(episode)
+                for sample in out:
+                    sample.advantage = 2 * sample.reward
+                return out
+
+        registry.add("hook_doubled", Doubled)
+
+    @hookimpl
+    def register_environments(self, registry):
+        registry.add("hook_env", lambda greeting="hi": {"greeting": greeting})
+
+
+def registered_run(tmp_path: Path) -> tuple[dict, Path]:
+    return run_with(tmp_path, Registers(), task={"name": "hook_task", "rows": ROWS},
+                    controller={"name": "hook_twice"}, verifier={"name": "hook_half"},
+                    engine={"name": "hook_engine", "response": "4"}, trajectory={"name": "hook_doubled"})
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_hook_register_tasks(tmp_path):
+    metrics, out = registered_run(tmp_path)
+    assert metrics["episodes"] == 2 and {r["episode_id"] for r in records(out)} == {"a", "b"}
+
+
+def test_hook_register_controllers(tmp_path):
+    _, out = registered_run(tmp_path)
+    assert all(len(r["samples"]) == 2 for r in records(out))
+
+
+def test_hook_register_verifiers(tmp_path):
+    metrics, _ = registered_run(tmp_path)
+    assert metrics["reward_mean"] == 0.5
+
+
+def test_hook_register_engines(tmp_path):
+    _, out = registered_run(tmp_path)
+    assert {s["response"] for r in records(out) for s in r["samples"]} == {"4"}
+
+
+def test_hook_register_trajectory_makers(tmp_path):
+    _, out = registered_run(tmp_path)
+    assert {t["advantage"] for r in records(out) for t in r["trajectories"]} == {1.0}
+
+
+def test_hook_register_environments():
+    pset = plugin_set(Registers())
+    assert pset.registry.create("environment", "hook_env", {"greeting": "hello"}) == {"greeting": "hello"}
+    assert "hook_env" in pset.registry.names("environment")
+
+
+class Lifecycle:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    @hookimpl
+    def on_run_start(self, config, output_dir):
+        self.calls.append(("start", config.task.name, output_dir))
+
+    @hookimpl
+    def on_episode_end(self, result):
+        self.calls.append(("episode", result.episode_id, result.status))
+
+    @hookimpl
+    def on_run_end(self, metrics, output_dir):
+        self.calls.append(("end", metrics["episodes"], output_dir,
+                           (Path(output_dir) / "samples.jsonl").exists()))
+
+
+def test_hook_on_run_start(tmp_path):
+    probe = Lifecycle()
+    _, out = run_with(tmp_path, probe)
+    assert probe.calls[0] == ("start", "list", str(out))
+
+
+def test_hook_on_episode_end(tmp_path):
+    probe = Lifecycle()
+    run_with(tmp_path, probe)
+    assert sorted(c[1:] for c in probe.calls if c[0] == "episode") == [("a", "ok"), ("b", "ok")]
+
+
+def test_hook_on_run_end(tmp_path):
+    probe = Lifecycle()
+    metrics, out = run_with(tmp_path, probe)
+    # Once, last, after the derived files are written, with the metrics that metrics.json holds.
+    assert probe.calls[-1] == ("end", 2, str(out), True)
+    assert [c[0] for c in probe.calls].count("end") == 1
+    assert json.loads((out / "metrics.json").read_text())["episodes"] == metrics["episodes"] == 2
+
+
+def test_hook_on_run_end_error_is_counted_not_fatal(tmp_path, caplog):
+    class Broken:
+        @hookimpl
+        def on_run_end(self, metrics, output_dir):
+            raise RuntimeError("boom")
+
+    probe = Lifecycle()
+    metrics, _ = run_with(tmp_path, Broken(), probe)
+    assert metrics["episodes"] == 2 and probe.calls[-1][0] == "end"
+    assert "raised in on_run_end" in caplog.text
+
+
+class Tracer:
+    def __init__(self):
+        self.seen: list[tuple[str, str, int]] = []
+
+    @hookimpl(wrapper=True)
+    def engine_request(self, request, engine):
+        result = yield
+        self.seen.append((request.episode_id, engine, len(result.output_ids)))
+        return result
+
+
+def test_hook_engine_request(tmp_path):
+    tracer = Tracer()
+    run_with(tmp_path, tracer)
+    assert sorted(e for e, _, _ in tracer.seen) == ["a", "b"]
+    assert {name for _, name, _ in tracer.seen} == {"benchmark_canned"}
+    assert all(n == 2 for _, _, n in tracer.seen)  # "2" and EOS
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_hookspec_is_documented_where_defined(hook):
+    assert (getattr(hookspecs, hook).__doc__ or "").strip(), f"hookspec {hook} has no docstring"
