@@ -103,7 +103,7 @@ def start_server(kind: str) -> tuple[subprocess.Popen, str]:
             return proc, f"http://127.0.0.1:{port}"
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"the {kind} server exited with code {proc.returncode}")
+                raise RuntimeError(f"the {kind} server exited with code {proc.returncode}") from None
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"the {kind} server did not start")

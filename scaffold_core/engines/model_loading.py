@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._meta import PROJECT_NAME
 from ..errors import MissingDependencyError
 
 DEFAULT_HUB_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -76,7 +77,7 @@ def cache_root() -> Path:
         return Path(env).expanduser()
     from platformdirs import user_cache_dir
 
-    return Path(user_cache_dir("scaffold"))
+    return Path(user_cache_dir(PROJECT_NAME))
 
 
 def _cache_key(source: ModelSource) -> str:

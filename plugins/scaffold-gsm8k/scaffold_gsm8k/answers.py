@@ -238,7 +238,7 @@ def _last_number(response: str) -> tuple[str | None, str | None, str | None]:
     start = max(0, last + 1 - MAX_ANSWER_CHARS)
     window = clean_answer_text(response[start:last + 1])
     match = None
-    for match in _NUMBER.finditer(window):
+    for match in _NUMBER.finditer(window):  # noqa: B007  # the last match is the one wanted
         pass
     if match is None:  # pragma: no cover - a digit always starts a match
         return None, None, "no number in the response"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from scaffold_core.errors import ScaffoldError
 
@@ -20,7 +20,7 @@ SAMPLE_SPLITS = ("test", "train")
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 #: ``data_files`` as users write it: one path, a list of paths, or split -> path(s).
-DataFiles = Union[str, list[str], dict[str, str | list[str]]]
+DataFiles = str | list[str] | dict[str, str | list[str]]
 
 
 class DataSourceError(ScaffoldError):

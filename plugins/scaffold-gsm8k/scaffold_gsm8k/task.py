@@ -140,7 +140,7 @@ class GSM8KTask(Task):
 
     def load(self) -> list[dict[str, Any]]:
         """The usable rows of ``split``, shuffled (if asked) with ``seed``, then cut to ``limit``."""
-        self.skipped = Counter()
+        self.skipped: Counter[str] = Counter()
         rows = self._rows(self.split, self.skipped)
         if self.shuffle:
             random.Random(self.seed).shuffle(rows)

@@ -30,8 +30,8 @@ class SGLangEngine(Engine):
 
     Give ``url`` (one URL, a list, or comma-separated; default SGLang's own
     default address, ``http://127.0.0.1:30000``) to use running servers, or
-    ``launch`` to start ``launch.count`` servers on this worker's ports. Requests are balanced by least in-flight requests; an episode
-    sticks to one server. See the plugin README for every option.
+    ``launch`` to start ``launch.count`` servers on this worker's ports. Requests are balanced by least
+    in-flight requests; an episode sticks to one server. See the plugin README for every option.
     """
 
     def __init__(
@@ -97,7 +97,7 @@ class SGLangEngine(Engine):
         self._client: Any = None
         self._launcher: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._resumed: asyncio.Event | None = None
+        self._resumed = asyncio.Event()  # set while requests may flow (cleared by pause)
         self._final_stats: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------
@@ -123,7 +123,6 @@ class SGLangEngine(Engine):
         if self._client is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._resumed = asyncio.Event()
         self._resumed.set()
         api_key = self._api_key()
         tokenizer_job: asyncio.Future | None = None
@@ -182,6 +181,8 @@ class SGLangEngine(Engine):
     def _launch_tokenizer_name(self) -> str:
         if self.tokenizer_name is not None:
             return self.tokenizer_name
+        if self.launch is None:
+            raise RuntimeError("the sglang engine has no launch options: it is not launching servers")
         args = list(self.launch.extra_args)
         for i, arg in enumerate(args):  # SGLang's own --tokenizer-path wins over the model path
             if arg == "--tokenizer-path" and i + 1 < len(args):

@@ -276,8 +276,8 @@ class Launcher:
     def argv(self, index: int, port: int, nccl_port: int) -> tuple[list[str], str]:
         """(argument list, the same for display with the API key redacted)."""
         o = self.options
-        args = [*self.command_prefix(), "--model-path", o.model_path, "--host", o.host, "--port", str(port),
-                "--nccl-port", str(nccl_port), "--tp-size", str(o.tp)]
+        args = [*self.command_prefix(), "--model-path", o.model_path, "--host", o.host or loopback_host(),
+                "--port", str(port), "--nccl-port", str(nccl_port), "--tp-size", str(o.tp)]
         if o.assign_gpus and not any(a.split("=", 1)[0] == "--base-gpu-id" for a in o.extra_args):
             args += ["--base-gpu-id", str((self.local_rank * o.count + index) * o.tp)]
         secret = None
@@ -320,7 +320,7 @@ class Launcher:
                 http, nccl = reservations[2 * i], reservations[2 * i + 1]
                 self._used_ports.update((http.port, nccl.port))
                 argv, display = self.argv(i, http.port, nccl.port)
-                server = ServerProcess(i, o.host, http.port, nccl.port, argv,
+                server = ServerProcess(i, o.host or loopback_host(), http.port, nccl.port, argv,
                                        self.log_dir / f"server-r{self.rank}-{i}.log", display)
                 self.servers.append(server)
                 http.release()
@@ -348,7 +348,7 @@ class Launcher:
         log.warning("sglang server %d lost its port to another process; restarted on port %d", server.index,
                     server.port)
 
-    async def wait_ready(self, probe: Callable[[str, str, float], Awaitable[str | None]], timeout: float,
+    async def wait_ready(self, probe: Callable[[str, str, float], Awaitable[str | None]], timeout: float,  # noqa: C901
                          path: str = "/health_generate") -> None:
         """Poll every server's health endpoint until all answer 200; raise LaunchError with the log tail.
 

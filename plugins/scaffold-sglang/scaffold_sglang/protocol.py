@@ -129,7 +129,7 @@ class BodyEncoder:
                          b',"sampling_params":', fragment, b',"return_logprob":true}'))
 
 
-def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> GenerationResult:
+def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> GenerationResult:  # noqa: C901
     """Turn one non-streaming ``/generate`` response object into a :class:`GenerationResult`.
 
     ``output_ids`` are the server's sampled ids (a matched EOS/stop token

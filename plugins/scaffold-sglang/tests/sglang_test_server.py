@@ -392,7 +392,7 @@ class TestServer:
         raise BadRequest(400, {"object": "error", "message": "input_ids: Input should be a valid list of integers",
                               "type": "Bad Request", "param": None, "code": 400})
 
-    async def generate(self, request: web.Request) -> web.StreamResponse:
+    async def generate(self, request: web.Request) -> web.StreamResponse:  # noqa: C901
         started = time.perf_counter()
         self.requests_seen += 1
         try:

@@ -146,7 +146,7 @@ def test_real_model_behind_a_launched_server(tmp_path):
     episodes = ledger(out)
     assert_token_faithful(episodes, records(record))
     tokenizer = rollout.components.engine.tokenizer
-    for episode, served in zip(sorted(episodes, key=lambda e: e["episode_id"]), sorted(
+    for episode, _served in zip(sorted(episodes, key=lambda e: e["episode_id"]), sorted(
             records(record), key=lambda r: r["input_ids"])):
         sample = episode["samples"][0]
         assert sample["generated_tokens"] <= 8 and sample["finish_reason"] in ("stop", "length")
