@@ -13,6 +13,7 @@ import sys
 import weakref
 from typing import Any, Literal
 
+from scaffold_core.errors import ConfigError
 from scaffold_core.tool import Tool, ToolContext, ToolResult
 
 from .sandbox import SandboxLimits, SandboxRun, namespaces_available, run_python
@@ -92,7 +93,7 @@ class PythonTool(Tool):
             else:
                 available = await asyncio.to_thread(namespaces_available)
                 if self.namespaces == "on" and not available:
-                    raise RuntimeError(
+                    raise ConfigError(
                         "python tool: namespaces: on, but `unshare --user --map-root-user --net` does not work on "
                         "this host (unprivileged user namespaces are disabled, or unshare is missing); "
                         "set namespaces: auto to run without them")

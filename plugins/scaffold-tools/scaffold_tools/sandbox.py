@@ -282,7 +282,11 @@ async def _supervise(proc: asyncio.subprocess.Process, exited: asyncio.Event, ou
             await asyncio.wait_for(proc.wait(), timeout=10)
         except asyncio.TimeoutError:
             pass
-    await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), timeout=10)
+    try:  # the pipes close once every process holding them is gone
+        await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), timeout=10)
+    except asyncio.TimeoutError:  # held open by a process outside the group: keep what was read
+        for task in pumps:
+            task.cancel()
     return status
 
 

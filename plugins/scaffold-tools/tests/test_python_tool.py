@@ -51,6 +51,9 @@ def processes_in(root: Path) -> list[int]:
     return found
 
 
+MODES = ["off"] + (["on"] if namespaces_available() else [])
+
+
 def run(code: str, tmp_root: Path, **options):
     tool = PythonTool(tmp_root=str(tmp_root), **{**FAST, **options})
     return asyncio.run(invoke_tool(tool, {"code": code}, ToolContext("ep", "call")))
@@ -128,9 +131,10 @@ def test_concurrent_calls_get_their_own_directories(tmp_root):
 # -- limits --------------------------------------------------------------------------------------
 
 
-def test_infinite_loop_hits_the_cpu_limit(tmp_root):
+@pytest.mark.parametrize("namespaces", MODES)
+def test_infinite_loop_hits_the_cpu_limit(tmp_root, namespaces):
     start = time.monotonic()
-    result = run("while True:\n    pass", tmp_root, cpu_seconds=1, timeout=20)
+    result = run("while True:\n    pass", tmp_root, cpu_seconds=1, timeout=20, namespaces=namespaces)
     assert not result.ok and result.error == "limit" and result.metadata["status"] == "cpu"
     assert "1 s of CPU time" in result.content
     assert time.monotonic() - start < 10
@@ -154,8 +158,9 @@ def test_a_cancelled_call_kills_the_program_and_cleans_up(tmp_root):
     # the fixture checks that neither the process nor its directory is left
 
 
-def test_memory_hog_hits_the_memory_limit(tmp_root):
-    result = run("x = bytearray(1024 ** 3)\nprint('allocated')", tmp_root, memory_mb=128)
+@pytest.mark.parametrize("namespaces", MODES)
+def test_memory_hog_hits_the_memory_limit(tmp_root, namespaces):
+    result = run("x = bytearray(1024 ** 3)\nprint('allocated')", tmp_root, memory_mb=128, namespaces=namespaces)
     assert not result.ok and result.error == "limit" and result.metadata["status"] == "memory"
     assert "128 MiB" in result.content and "allocated" not in result.content
 
@@ -270,9 +275,10 @@ def test_namespaces_off_still_refuses_the_network(tmp_root):
     assert "network access is disabled" in result.content
 
 
-def test_fork_bomb_is_refused_and_leaves_nothing(tmp_root):
+@pytest.mark.parametrize("namespaces", MODES)
+def test_fork_bomb_is_refused_and_leaves_nothing(tmp_root, namespaces):
     start = time.monotonic()
-    result = run("import os\nwhile True:\n    os.fork()", tmp_root)
+    result = run("import os\nwhile True:\n    os.fork()", tmp_root, namespaces=namespaces)
     assert result.error == "failed" and "starting processes is disabled" in result.content
     assert time.monotonic() - start < 10
     # the fixture checks that no process is left
@@ -344,3 +350,14 @@ def test_options_are_validated():
 
 def test_empty_program_is_a_bad_argument(tmp_root):
     assert run("   \n", tmp_root).error == "bad_arguments"
+
+
+def test_namespaces_on_fails_at_start_where_they_are_unavailable(monkeypatch, tmp_root):
+    import scaffold_tools.python_tool as module
+
+    monkeypatch.setattr(module, "namespaces_available", lambda: False)
+    with pytest.raises(ConfigError, match="set namespaces: auto"):
+        asyncio.run(PythonTool(namespaces="on").start())
+    auto = PythonTool(namespaces="auto", tmp_root=str(tmp_root), **FAST)
+    result = asyncio.run(invoke_tool(auto, {"code": "print('fine')"}, ToolContext("ep", "c")))
+    assert result.content == "fine\n" and result.metadata["network_namespace"] is False
