@@ -1,0 +1,27 @@
+"""scaffold-tools: built-in tools for tool-calling agents.
+
+Components (hookimpls only; the logic lives in sibling modules):
+
+* tool ``calculator`` (:class:`scaffold_tools.calculator.CalculatorTool`): arithmetic by parsing, never eval
+* tool ``python`` (:class:`scaffold_tools.python_tool.PythonTool`): a program in a limited child process
+* tool ``search`` (:class:`scaffold_tools.search.SearchTool`): BM25 over a local JSONL collection
+"""
+
+from __future__ import annotations
+
+from scaffold_core import hookimpl
+
+__version__ = "0.1.0"
+
+
+# optionalhook: the plugin loads (and `scaffold list-plugins` shows it as ok) on a core that does
+# not declare the register_tools hook yet; on one that does, this is an ordinary registration hook.
+@hookimpl(optionalhook=True)
+def register_tools(registry):
+    from .calculator import CalculatorTool
+    from .python_tool import PythonTool
+    from .search import SearchTool
+
+    registry.add("calculator", CalculatorTool)
+    registry.add("python", PythonTool)
+    registry.add("search", SearchTool)

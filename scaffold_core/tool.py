@@ -1,0 +1,405 @@
+"""Tools: named, schema-described async functions that an agent controller lets the model call.
+
+What a plugin author implements
+-------------------------------
+
+Subclass :class:`Tool` and set four things:
+
+* ``name``: what the model calls the tool (letters, digits, ``_`` or ``-``; at most 64).
+* ``description``: one or two sentences telling the model what the tool does and when to use it.
+* ``parameters``: a JSON Schema object (``{"type": "object", "properties": ..., "required": ...}``)
+  describing the ``arguments`` dict. It is shown to the model (through :meth:`Tool.spec`, the
+  OpenAI-style function spec that chat templates' ``tools=`` take) and enforced by
+  :func:`invoke_tool` before :meth:`Tool.call` runs, so ``call`` only ever sees valid arguments.
+* ``async def call(self, arguments, context) -> ToolResult``.
+
+Optionally set ``timeout`` (seconds; :func:`invoke_tool` cancels a call that runs longer) and
+implement ``async start()`` / ``async close()`` for resources shared by every call (an index, a
+process pool, a connection); the agent controller calls them once per run, on its event loop.
+
+Rules that keep episodes isolated and runs healthy:
+
+* One tool instance serves every episode, concurrently. Keep no per-call or per-episode data on
+  ``self``: per-episode scratch lives in ``context.state``, a dict owned by one episode and passed
+  to every call that episode makes. (Copying a :class:`Tool`, deep or shallow, returns the tool
+  itself, so a controller cloned per episode shares its tools instead of copying them.)
+* ``call`` must not block the event loop. Await I/O; run CPU-heavy Python in a thread
+  (``asyncio.to_thread``) or, better, a subprocess that can be killed; a cancelled ``call`` must
+  release what it started (``try``/``finally``), since :func:`invoke_tool` cancels it on timeout.
+* Report failures as results, not exceptions: return ``ToolResult.failure(kind, message)`` or
+  raise :class:`ToolCallError`; any other exception is turned into a ``"failed"`` result too, but
+  a deliberate message reads better to the model.
+
+Calling a tool
+--------------
+
+Agent controllers never call ``tool.call`` directly; they call :func:`invoke_tool`, the one place
+that parses and validates arguments, bounds the call in time and turns every failure into a
+:class:`ToolResult` the model can read. It never raises (except :class:`asyncio.CancelledError`,
+which always propagates). :func:`check_tool` checks a tool's definition once, when it is loaded,
+and raises :class:`ToolDefinitionError` naming the tool and the fix.
+
+Tools register through the ``register_tools`` hook like every other component::
+
+    @hookimpl
+    def register_tools(registry):
+        registry.add("calculator", CalculatorTool)   # CalculatorTool(**options) builds one
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import difflib
+import functools
+import inspect
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import PluginError, ScaffoldError
+
+#: The kinds of failure a :class:`ToolResult` may report in ``error``.
+ERROR_KINDS: tuple[str, ...] = ("bad_arguments", "timeout", "failed", "unknown_tool", "parse_error", "limit")
+
+#: Seconds a call may take when neither the caller nor the tool says otherwise.
+DEFAULT_TIMEOUT = 10.0
+
+#: What a tool name may look like (the constraint OpenAI-style function specs put on names).
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ToolDefinitionError(PluginError):
+    """A tool's definition (name, description, parameters schema, timeout, ``call``) is unusable."""
+
+
+class ToolCallError(ScaffoldError):
+    """Raised inside :meth:`Tool.call` to fail the call with a given error kind and message.
+
+    :func:`invoke_tool` turns it into ``ToolResult(content=message, ok=False, error=kind)``.
+    """
+
+    def __init__(self, message: str, *, kind: str = "failed", metadata: dict[str, Any] | None = None):
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"ToolCallError kind {kind!r} is not one of {', '.join(ERROR_KINDS)}")
+        super().__init__(message)
+        self.kind = kind
+        self.metadata = dict(metadata or {})
+
+
+@dataclass
+class ToolResult:
+    """What one tool call produced.
+
+    ``content`` is the text the model sees next (the tool message). ``ok`` is False when the call
+    failed; ``error`` then names the kind of failure, one of :data:`ERROR_KINDS`:
+
+    * ``"bad_arguments"``: the arguments did not match the schema, or the tool refused them;
+    * ``"timeout"``: the call ran past its time budget;
+    * ``"failed"``: the tool raised or reported a failure;
+    * ``"unknown_tool"``: the model named a tool that is not available;
+    * ``"parse_error"``: the model's tool call (or its arguments) could not be parsed;
+    * ``"limit"``: a resource limit was hit (CPU, memory, output size, number of calls).
+
+    ``metadata`` carries anything worth keeping in the trajectory that the model does not see
+    (timings, exit codes, the ids of retrieved documents); keep it JSON-serializable.
+    """
+
+    content: str
+    ok: bool = True
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.content, str):
+            raise TypeError(f"ToolResult.content must be a str, got {type(self.content).__name__}")
+        if self.ok and self.error is not None:
+            raise ValueError(f"ToolResult: ok=True but error={self.error!r}; set ok=False for a failure")
+        if not self.ok:
+            if self.error is None:
+                self.error = "failed"
+            elif self.error not in ERROR_KINDS:
+                raise ValueError(f"ToolResult.error {self.error!r} is not one of {', '.join(ERROR_KINDS)}")
+
+    @classmethod
+    def failure(cls, kind: str, message: str, **metadata: Any) -> ToolResult:
+        """A failed result of the given kind whose content is ``message``."""
+        return cls(content=message, ok=False, error=kind, metadata=metadata)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "ok": self.ok, "error": self.error, "metadata": self.metadata}
+
+
+@dataclass
+class ToolContext:
+    """Who is calling: passed to every :meth:`Tool.call`.
+
+    ``episode_id`` and ``call_id`` identify the episode and this call (for logs and keys).
+    ``state`` is per-episode scratch: the agent controller creates one dict per episode and passes
+    that same dict to every call the episode makes, so a stateful tool (a notebook, a browser
+    session) keeps its state there, never on ``self``. ``row`` is the episode's dataset row, when
+    there is one (read it; do not modify it).
+    """
+
+    episode_id: str
+    call_id: str
+    state: dict[str, Any] = field(default_factory=dict)
+    row: dict[str, Any] | None = None
+
+
+class Tool:
+    """Base class of tools. See the module docstring for the contract."""
+
+    #: The name the model calls the tool by.
+    name: str = ""
+    #: What the tool does and when to use it, for the model.
+    description: str = ""
+    #: JSON Schema of the ``arguments`` object (type ``object``).
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}  # subclasses replace it, never mutate it
+    #: Seconds one call may take before :func:`invoke_tool` cancels it.
+    timeout: float = DEFAULT_TIMEOUT
+
+    async def start(self) -> None:
+        """Acquire resources shared by every call (called once per run, on its event loop)."""
+
+    async def close(self) -> None:
+        """Release what :meth:`start` acquired. Called once at the end of a run, even a failed one; safe twice."""
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:  # pragma: no cover
+        """Run the tool on validated ``arguments``; return a :class:`ToolResult`."""
+        raise NotImplementedError
+
+    def spec(self) -> dict[str, Any]:
+        """The OpenAI-style function spec: ``{"type": "function", "function": {name, description, parameters}}``.
+
+        This is what chat templates' ``tools=`` argument takes. The dict is a copy; changing it
+        changes nothing on the tool.
+        """
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": copy.deepcopy(self.parameters),
+            },
+        }
+
+    def __copy__(self) -> Tool:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tool:
+        """Tools are shared, never copied: a controller deep-copied per episode keeps the same tool
+        (and whatever its ``start()`` acquired). Per-episode data belongs in ``ToolContext.state``."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+# -- checking definitions --------------------------------------------------------------------
+
+
+def _tool_label(tool: Any) -> str:
+    name = getattr(tool, "name", None)
+    return f"tool {name!r} ({type(tool).__name__})" if name else f"tool {type(tool).__name__}"
+
+
+def check_tool(tool: Any) -> None:
+    """Check a tool's definition; raise :class:`ToolDefinitionError` naming the tool and the fix.
+
+    Checked: ``name`` (non-empty, letters/digits/``_``/``-``, at most 64), ``description``
+    (non-empty text), ``parameters`` (a valid JSON Schema whose type is ``object``), ``timeout``
+    (a positive number) and ``call`` (an ``async def`` method). Call it once when a tool is loaded.
+    """
+    label = _tool_label(tool)
+    name = getattr(tool, "name", None)
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ToolDefinitionError(
+            f"{label}: name {name!r} is not valid; set the class attribute `name` to 1-64 letters, "
+            "digits, '_' or '-' (what the model calls the tool)")
+    description = getattr(tool, "description", None)
+    if not isinstance(description, str) or not description.strip():
+        raise ToolDefinitionError(
+            f"{label}: description is missing; set `description` to a sentence telling the model "
+            "what the tool does and when to use it")
+    parameters = getattr(tool, "parameters", None)
+    if not isinstance(parameters, dict):
+        raise ToolDefinitionError(
+            f"{label}: parameters must be a JSON Schema dict such as "
+            '{"type": "object", "properties": {...}, "required": [...]}, '
+            f"got {type(parameters).__name__}")
+    if parameters.get("type") != "object":
+        raise ToolDefinitionError(
+            f"{label}: parameters must describe an object (the arguments dict): set "
+            f'"type": "object" at the top of the schema, got type {parameters.get("type")!r}')
+    try:
+        _validator_for(_schema_key(parameters))
+    except _InvalidSchema as exc:
+        raise ToolDefinitionError(f"{label}: parameters is not a valid JSON Schema: {exc}; fix the schema") from None
+    timeout = getattr(tool, "timeout", None)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout > 0) or math.isinf(timeout):
+        raise ToolDefinitionError(f"{label}: timeout {timeout!r} must be a positive number of seconds")
+    call = getattr(tool, "call", None)
+    if isinstance(tool, Tool) and type(tool).call is Tool.call:
+        raise ToolDefinitionError(
+            f"{label}: call is not implemented; define `async def call(self, arguments, context) -> ToolResult`")
+    if not inspect.iscoroutinefunction(call):
+        raise ToolDefinitionError(
+            f"{label}: call must be a coroutine method: define it as "
+            "`async def call(self, arguments, context) -> ToolResult`")
+
+
+class _InvalidSchema(Exception):
+    pass
+
+
+def _schema_key(schema: dict[str, Any]) -> str:
+    try:
+        return json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise _InvalidSchema(f"the schema is not JSON-serializable ({exc})") from None
+
+
+@functools.lru_cache(maxsize=512)
+def _validator_for(schema_text: str) -> Any:
+    """A compiled validator for the schema (by its canonical JSON text); checks the schema once."""
+    import jsonschema  # lazily: only agents pay for it
+    from jsonschema.exceptions import SchemaError
+
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise _InvalidSchema(f"{exc.message}" + (f" (at {where})" if where else "")) from None
+    return cls(schema)
+
+
+# -- invoking --------------------------------------------------------------------------------
+
+
+def parse_arguments(arguments: Any) -> dict[str, Any]:
+    """Arguments as a dict: a dict passes through, a JSON text is parsed, ``None`` or ``""`` is ``{}``.
+
+    Raises :class:`ToolCallError` (kind ``parse_error`` or ``bad_arguments``) otherwise.
+    """
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise ToolCallError(
+                f"the arguments are not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                "write them as a JSON object", kind="parse_error") from None
+    if not isinstance(arguments, dict):
+        raise ToolCallError(
+            f"the arguments must be a JSON object, got {type(arguments).__name__} {_short(arguments)}",
+            kind="bad_arguments")
+    return arguments
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _argument_errors(tool: Any, arguments: dict[str, Any]) -> str | None:
+    """Why ``arguments`` do not match the tool's schema (up to three reasons), or None."""
+    validator = _validator_for(_schema_key(tool.parameters))
+    errors = sorted(validator.iter_errors(arguments), key=lambda e: (list(e.path), e.message))
+    if not errors:
+        return None
+    lines = []
+    for err in errors[:3]:
+        where = ".".join(str(p) for p in err.path)
+        lines.append(f"{where}: {err.message}" if where else err.message)
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(lines) + more
+
+
+async def invoke_tool(tool: Any, arguments: Any, context: ToolContext, *,
+                      timeout: float | None = None) -> ToolResult:
+    """Call ``tool`` with ``arguments``; always return a :class:`ToolResult`.
+
+    * ``arguments`` is a dict or a JSON text (as models write them); text that does not parse gives
+      a ``parse_error`` result.
+    * The arguments are validated against ``tool.parameters``; a mismatch gives a ``bad_arguments``
+      result saying what is wrong, and ``call`` is not run.
+    * The call is bounded by ``timeout`` (default ``tool.timeout``, else :data:`DEFAULT_TIMEOUT`
+      seconds); past it, the call is cancelled and the result is a ``timeout`` failure.
+    * A :class:`ToolCallError` becomes a result of its kind; any other exception a ``failed``
+      result naming it. A ``call`` that returns a plain ``str`` is taken as a successful result.
+
+    Only :class:`asyncio.CancelledError` propagates (the caller itself was cancelled).
+    ``metadata["duration_s"]`` records how long the call took.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    name = getattr(tool, "name", type(tool).__name__)
+    budget = timeout if timeout is not None else getattr(tool, "timeout", None)
+    if budget is None or isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        budget = DEFAULT_TIMEOUT
+
+    def finish(result: ToolResult) -> ToolResult:
+        result.metadata = dict(result.metadata)
+        result.metadata.setdefault("duration_s", round(loop.time() - started, 6))
+        return result
+
+    try:
+        args = parse_arguments(arguments)
+        problem = _argument_errors(tool, args)
+        if problem is not None:
+            return finish(ToolResult.failure(
+                "bad_arguments", f"bad arguments for tool {name!r}: {problem}. Expected arguments: "
+                f"{_schema_summary(tool.parameters)}"))
+        outcome = await asyncio.wait_for(tool.call(args, context), timeout=budget)
+    except asyncio.CancelledError:
+        raise
+    except ToolCallError as exc:
+        return finish(ToolResult(content=str(exc), ok=False, error=exc.kind, metadata=dict(exc.metadata)))
+    except (asyncio.TimeoutError, TimeoutError):
+        return finish(ToolResult.failure("timeout", f"tool {name!r} timed out after {budget:g} s"))
+    except _InvalidSchema as exc:
+        return finish(ToolResult.failure("failed", f"tool {name!r} has an invalid parameters schema: {exc}"))
+    except Exception as exc:
+        return finish(ToolResult.failure("failed", f"tool {name!r} failed: {type(exc).__name__}: {exc}"))
+    if isinstance(outcome, str):
+        return finish(ToolResult(content=outcome))
+    if not isinstance(outcome, ToolResult):
+        return finish(ToolResult.failure(
+            "failed", f"tool {name!r} returned {type(outcome).__name__}, expected a ToolResult or str"))
+    return finish(outcome)
+
+
+def _schema_summary(schema: dict[str, Any]) -> str:
+    """``{"expression": string (required), "precision": integer}``: a compact reminder for the model."""
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    if not props:
+        return "{}"
+    parts = []
+    for key, sub in props.items():
+        kind = sub.get("type", "any") if isinstance(sub, dict) else "any"
+        if isinstance(kind, list):
+            kind = " or ".join(map(str, kind))
+        parts.append(f'"{key}": {kind}' + (" (required)" if key in required else ""))
+    return "{" + ", ".join(parts) + "}"
+
+
+def unknown_tool(name: Any, available: Iterable[str]) -> ToolResult:
+    """The result for a call to a tool that is not available (with a did-you-mean hint)."""
+    names = sorted(available)
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    listed = ", ".join(names) if names else "(none)"
+    return ToolResult.failure("unknown_tool", f"unknown tool {name!r}. Available tools: {listed}.{hint}")
+
+
+def tool_specs(tools: Iterable[Any]) -> list[dict[str, Any]]:
+    """The function specs of ``tools``, in order (what chat templates' ``tools=`` take)."""
+    return [tool.spec() for tool in tools]
