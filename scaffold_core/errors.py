@@ -7,6 +7,8 @@ Errors that code reacts to carry structured fields (``component``,
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ScaffoldError(Exception):
     """Base class of every error scaffold raises on purpose."""
@@ -111,6 +113,30 @@ class PluginHookError(EpisodeError):
     def __init__(self, message: str, plugin: str):
         super().__init__(message, component=f"plugin:{plugin}")
         self.plugin = plugin
+
+
+# -- tools ----------------------------------------------------------------------
+
+#: The kinds of failure a tool result may report (``ToolResult.error``).
+TOOL_ERROR_KINDS: tuple[str, ...] = ("bad_arguments", "timeout", "failed", "unknown_tool", "parse_error", "limit")
+
+
+class ToolDefinitionError(PluginError):
+    """A tool's definition (name, description, parameters schema, timeout, ``call``) is unusable."""
+
+
+class ToolCallError(ScaffoldError):
+    """Raised inside ``Tool.call`` to fail the call with a given error kind and message.
+
+    ``scaffold_core.tool.invoke_tool`` turns it into ``ToolResult(content=message, ok=False, error=kind)``.
+    """
+
+    def __init__(self, message: str, *, kind: str = "failed", metadata: dict[str, Any] | None = None):
+        if kind not in TOOL_ERROR_KINDS:
+            raise ValueError(f"ToolCallError kind {kind!r} is not one of {', '.join(TOOL_ERROR_KINDS)}")
+        super().__init__(message)
+        self.kind = kind
+        self.metadata = dict(metadata or {})
 
 
 # -- processes and networks -------------------------------------------------

@@ -56,14 +56,12 @@ import inspect
 import json
 import math
 import re
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PluginError, ScaffoldError
-
-#: The kinds of failure a :class:`ToolResult` may report in ``error``.
-ERROR_KINDS: tuple[str, ...] = ("bad_arguments", "timeout", "failed", "unknown_tool", "parse_error", "limit")
+from .errors import TOOL_ERROR_KINDS as ERROR_KINDS
+from .errors import ToolCallError, ToolDefinitionError
 
 #: Seconds a call may take when neither the caller nor the tool says otherwise.
 DEFAULT_TIMEOUT = 10.0
@@ -71,23 +69,6 @@ DEFAULT_TIMEOUT = 10.0
 #: What a tool name may look like (the constraint OpenAI-style function specs put on names).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-
-class ToolDefinitionError(PluginError):
-    """A tool's definition (name, description, parameters schema, timeout, ``call``) is unusable."""
-
-
-class ToolCallError(ScaffoldError):
-    """Raised inside :meth:`Tool.call` to fail the call with a given error kind and message.
-
-    :func:`invoke_tool` turns it into ``ToolResult(content=message, ok=False, error=kind)``.
-    """
-
-    def __init__(self, message: str, *, kind: str = "failed", metadata: dict[str, Any] | None = None):
-        if kind not in ERROR_KINDS:
-            raise ValueError(f"ToolCallError kind {kind!r} is not one of {', '.join(ERROR_KINDS)}")
-        super().__init__(message)
-        self.kind = kind
-        self.metadata = dict(metadata or {})
 
 
 @dataclass

@@ -209,3 +209,37 @@ def test_hook_engine_request(tmp_path):
 @pytest.mark.parametrize("hook", HOOKS)
 def test_hookspec_is_documented_where_defined(hook):
     assert (getattr(hookspecs, hook).__doc__ or "").strip(), f"hookspec {hook} has no docstring"
+
+
+class Tools:
+    @hookimpl
+    def register_tools(self, registry):
+        from scaffold_core.tool import Tool, ToolResult
+
+        class Echo(Tool):
+            """Echo the text back."""
+
+            name = "echo"
+            description = "Echo the text back."
+            parameters = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+            def __init__(self, prefix: str = ""):
+                self.prefix = prefix
+
+            async def call(self, arguments, context):
+                return ToolResult(self.prefix + arguments["text"])
+
+        registry.add("echo", Echo)
+
+
+def test_hook_register_tools():
+    import asyncio
+
+    from scaffold_core.tool import ToolContext, invoke_tool
+
+    pset = plugin_set(Tools())
+    tool = pset.registry.create("tool", "echo", {"prefix": "> "})
+    context = ToolContext(episode_id="e", call_id="c", state={})
+    assert asyncio.run(invoke_tool(tool, {"text": "hi"}, context)).content == "> hi"
+    bad = asyncio.run(invoke_tool(tool, {"txt": "hi"}, context))
+    assert not bad.ok and bad.error == "bad_arguments"

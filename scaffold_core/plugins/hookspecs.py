@@ -128,6 +128,24 @@ def register_environments(registry: ComponentRegistry) -> None:
     """
 
 
+@hookspec
+def register_tools(registry: ComponentRegistry) -> None:
+    """Register tools an agent controller may call.
+
+    :param registry: the tool registry; ``registry.add(name, factory)`` where
+        ``factory(**options)`` returns a :class:`scaffold_core.tool.Tool`: a
+        ``description``, a JSON Schema of its arguments (``parameters``) and an
+        ``async call(arguments, context) -> ToolResult``.
+
+    A controller selects tools by name with their options, e.g.
+    ``controller: {name: agent, tools: [calculator, {name: search, top_k: 3}]}``.
+    Calls go through :func:`scaffold_core.tool.invoke_tool`, which validates the
+    arguments, bounds the call by the tool's timeout and turns every failure
+    into an error result the model reads. Per-episode data lives in the call's
+    ``context.state``, never on the tool object.
+    """
+
+
 # --------------------------------------------------------------------------
 # Lifecycle hooks: several plugins may implement each; all are called.
 # --------------------------------------------------------------------------

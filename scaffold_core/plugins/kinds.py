@@ -29,6 +29,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("engine", "register_engines", "engine"),
     Kind("trajectory_maker", "register_trajectory_makers", "trajectory"),
     Kind("environment", "register_environments", None),
+    Kind("tool", "register_tools", None),
 )}
 
 #: Config section -> the kind it selects, for the sections that select a component.

@@ -47,6 +47,9 @@ KNOWN_PROVIDERS: dict[str, str] = {
     "multiturn": "scaffold-multiturn",
     "sglang": "scaffold-sglang",
     "math_verify": 'scaffold-gsm8k[math-verify]',
+    "calculator": "scaffold-tools",
+    "python": "scaffold-tools",
+    "search": "scaffold-tools",
 }
 
 

@@ -14,9 +14,7 @@ from scaffold_core import hookimpl
 __version__ = "0.1.0"
 
 
-# optionalhook: the plugin loads (and `scaffold list-plugins` shows it as ok) on a core that does
-# not declare the register_tools hook yet; on one that does, this is an ordinary registration hook.
-@hookimpl(optionalhook=True)
+@hookimpl
 def register_tools(registry):
     from .calculator import CalculatorTool
     from .python_tool import PythonTool

@@ -120,10 +120,10 @@ class _Evaluator:
                 self.check_power(left, right)
             return self.check(op(left, right))
         if isinstance(node, ast.UnaryOp):
-            op = _UNARY.get(type(node.op))
-            if op is None:
+            unary = _UNARY.get(type(node.op))
+            if unary is None:
                 raise CalculatorError(f"operator {_op_text(node.op)} is not supported; use + or - in front of a number")
-            return self.check(op(self.eval(node.operand)))
+            return self.check(unary(self.eval(node.operand)))
         if isinstance(node, ast.Name):
             if node.id in CONSTANTS:
                 return CONSTANTS[node.id]

@@ -25,7 +25,7 @@ SAMPLE_COLLECTION = "encyclopedia.jsonl"
 
 def sample_collection_path() -> str:
     """The path of the bundled sample collection."""
-    return str(resources.files("scaffold_tools").joinpath("data", SAMPLE_COLLECTION))
+    return str(resources.files("scaffold_tools").joinpath("data").joinpath(SAMPLE_COLLECTION))
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ class SearchTool(Tool):
         if len(query) > self.max_query_chars:
             raise ToolCallError(f"search: the query is {len(query)} characters long; the limit is "
                                 f"{self.max_query_chars}", kind="bad_arguments")
-        index = self._index or await asyncio.to_thread(self._build)
+        index = self._index if self._index is not None else await asyncio.to_thread(self._build)
         hits = await asyncio.to_thread(index.search, query, self.top_k)
         metadata = {"ids": [doc.id for doc, _ in hits], "scores": [round(score, 4) for _, score in hits]}
         if not hits:
