@@ -25,7 +25,9 @@ from typing import Any
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
 
-from .protocol import BodyEncoder, ProtocolError, encode_json, error_message, parse_generate_response
+from .protocol import (
+    BodyEncoder, ProtocolError, decode_json, encode_json, error_message, parse_generate_response,
+)
 from .servers import Server, ServerPool
 
 log = logging.getLogger("scaffold.sglang")
@@ -142,7 +144,7 @@ class SGLangClient:
             else:
                 if status == 200:
                     try:
-                        result = parse_generate_response(json.loads(payload), expect_rid=rid)
+                        result = parse_generate_response(decode_json(payload), expect_rid=rid)
                     except (ValueError, ProtocolError) as exc:
                         raise EngineError(f"sglang server {server.url} sent a response scaffold cannot use for "
                                           f"request {request.request_id}: {exc}", retryable=False) from None
