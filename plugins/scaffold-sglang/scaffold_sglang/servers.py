@@ -78,7 +78,7 @@ class Server:
     failures: int = 0
     consecutive_failures: int = 0
     down_until: float = 0.0
-    generate_url: object = field(default=None, repr=False)  # a prebuilt yarl.URL, set by the client
+    endpoint: object = field(default=None, repr=False)  # its /generate endpoint in the client's connection pool
 
     def up(self, now: float) -> bool:
         return self.down_until <= now
