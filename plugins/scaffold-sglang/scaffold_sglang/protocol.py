@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-from operator import itemgetter
 from typing import Any, Mapping
 
 import orjson
@@ -150,8 +149,6 @@ def decode_json(payload: bytes | str) -> Any:
         return json.loads(payload)
 
 
-_FIRST = itemgetter(0)
-_SECOND = itemgetter(1)
 _INT_ONLY = frozenset({int})
 
 
@@ -191,12 +188,16 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
     if not isinstance(tuples, list):
         raise ProtocolError(f"meta_info.output_token_logprobs must be a list, got {type(tuples).__name__}")
     try:
-        # 0.5.23 serialises NaN/Inf as null: keep "no value" visible as NaN rather than inventing one.
-        logprobs = list(map(_FIRST, tuples))
-        if None in logprobs:
-            logprobs = [math.nan if lp is None else lp for lp in logprobs]
-        logprobs = list(map(float, logprobs))
-        tuple_ids = list(map(_SECOND, tuples))
+        logprobs = [t[0] for t in tuples]
+        tuple_ids = [t[1] for t in tuples]
+        try:
+            total = sum(logprobs)  # fast, and NaN when any value is NaN
+        except TypeError:
+            # 0.5.23 serialises NaN/Inf as null: keep "no value" visible as NaN rather than inventing one.
+            logprobs = [math.nan if lp is None else float(lp) for lp in logprobs]
+            total = math.nan
+        else:
+            logprobs = list(map(float, logprobs))
     except (TypeError, IndexError, ValueError) as exc:
         raise ProtocolError(f"malformed output_token_logprobs entry ({exc}); expected [logprob, token_id, text]") \
             from None
@@ -229,7 +230,7 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
             info["message"] = str(finish.get("message") or "aborted by the server")
             if finish.get("status_code") is not None:
                 info["status_code"] = finish["status_code"]
-    null_logprobs = sum(map(math.isnan, logprobs))
+    null_logprobs = sum(map(math.isnan, logprobs)) if total != total else 0
     if null_logprobs:
         info["null_logprobs"] = null_logprobs
     text = body.get("text")
