@@ -59,9 +59,10 @@ def canned(tokens: int) -> bytes:
     ids = [30 + i % 200 for i in range(tokens - 1)] + [2]
     logprobs = [(-0.5, -0.25, -1.0, -0.125)[i % 4] for i in range(tokens)]
     tuples = ",".join(f"[{lp},{t},null]" for lp, t in zip(logprobs, ids))
-    return ('{"output_ids":[%s],"meta_info":{"id":"%%s","finish_reason":{"type":"stop","matched":2},'
-            '"prompt_tokens":8,"completion_tokens":%d,"cached_tokens":0,"weight_version":"default",'
-            '"e2e_latency":0.0,"output_token_logprobs":[%s]}}' % (",".join(map(str, ids)), tokens, tuples)).encode()
+    return ('{"output_ids":[' + ",".join(map(str, ids)) + '],"meta_info":{"id":"%s","finish_reason":'
+            '{"type":"stop","matched":2},"prompt_tokens":8,"completion_tokens":' + str(tokens) + ','
+            '"cached_tokens":0,"weight_version":"default","e2e_latency":0.0,"output_token_logprobs":['
+            + tuples + ']}}').encode()
 
 
 class ZeroWork(asyncio.Protocol):
@@ -129,7 +130,7 @@ def start_server(kind: str, tokens: int) -> tuple[subprocess.Popen, str]:
             return proc, f"http://127.0.0.1:{port}"
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"the {kind} server exited with code {proc.returncode}")
+                raise RuntimeError(f"the {kind} server exited with code {proc.returncode}") from None
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"the {kind} server did not start")
