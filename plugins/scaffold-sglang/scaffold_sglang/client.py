@@ -29,7 +29,12 @@ from scaffold_core.generation import GenerationRequest, GenerationResult
 
 from .http_pool import ConnectionPool, ConnectTimeout
 from .protocol import (
-    BodyEncoder, ProtocolError, decode_json, encode_json, error_message, parse_generate_response,
+    BodyEncoder,
+    ProtocolError,
+    decode_json,
+    encode_json,
+    error_message,
+    parse_generate_response,
 )
 from .servers import Server, ServerPool
 
@@ -75,10 +80,9 @@ class SGLangClient:
         """Replace the servers (e.g. a launched server restarted on another port before it was ready)."""
         self.pool = ServerPool(urls, sticky=self.pool.sticky)
         if self._http is not None:
-            self._bind_endpoints()
+            self._bind_endpoints(self._http)
 
-    def _bind_endpoints(self) -> None:
-        http = self._http
+    def _bind_endpoints(self, http: ConnectionPool) -> None:
         for server in self.pool.servers:
             server.endpoint = http.endpoint(server.url, "/generate")
         http.forget([server.endpoint for server in self.pool.servers])
@@ -101,7 +105,7 @@ class SGLangClient:
         )
         self._http = ConnectionPool(limit=self.max_connections, request_timeout=self.request_timeout,
                                     connect_timeout=self.connect_timeout, headers=self._headers)
-        self._bind_endpoints()
+        self._bind_endpoints(self._http)
 
     async def close(self) -> None:
         http, self._http = self._http, None

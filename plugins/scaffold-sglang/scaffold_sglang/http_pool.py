@@ -248,7 +248,7 @@ class ConnectionPool:
             infos = await self._loop.getaddrinfo(ep.host, ep.port, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise CannotConnect(f"cannot resolve {ep.host}: {exc}") from exc
-        addresses = list(dict.fromkeys((family, sockaddr[0]) for family, _, _, _, sockaddr in infos))
+        addresses = list(dict.fromkeys((int(family), str(sockaddr[0])) for family, _, _, _, sockaddr in infos))
         if not addresses:
             raise CannotConnect(f"cannot resolve {ep.host}: no address")
         ep.addresses, ep.addresses_until = addresses, self._loop.time() + self.dns_ttl_s
@@ -469,6 +469,7 @@ class _Connection(asyncio.Protocol):
 
     def _chunked(self, data: bytes | bytearray) -> tuple[int, bytes] | None:
         chunks = self.chunks
+        assert chunks is not None  # set when the head said chunked
         pos = self.scan if self.scan > self.body_at else self.body_at
         while True:
             line_end = data.find(b"\r\n", pos)

@@ -123,11 +123,12 @@ class BodyEncoder:
         sp = request.sampling
         last, fragment = self._last
         if sp is not last:
-            fragment = self._sampling.get(sp)
-            if fragment is None:
+            cached = self._sampling.get(sp)
+            if cached is None:
                 if len(self._sampling) >= self.cache_size:
                     self._sampling.clear()
-                fragment = self._sampling[sp] = encode_json(sampling_params(request, extra=self.extra))
+                cached = self._sampling[sp] = encode_json(sampling_params(request, extra=self.extra))
+            fragment = cached
             self._last = (sp, fragment)
         return b'{"input_ids":%b,"rid":%b,"sampling_params":%b,"return_logprob":true}' % (
             encode_ids(request.prompt_ids), orjson.dumps(rid) if rid.isascii() else encode_json(rid), fragment)

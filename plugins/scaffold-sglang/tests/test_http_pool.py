@@ -12,11 +12,17 @@ import subprocess
 import time
 
 import pytest
+from sglang_testkit import run
 
 from scaffold_sglang.http_pool import (
-    CannotConnect, ConnectionPool, ConnectTimeout, Endpoint, MalformedResponse, RequestTimeout, ServerDisconnected,
+    CannotConnect,
+    ConnectionPool,
+    ConnectTimeout,
+    Endpoint,
+    MalformedResponse,
+    RequestTimeout,
+    ServerDisconnected,
 )
-from sglang_testkit import run
 
 
 def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
