@@ -367,6 +367,11 @@ def _operand_problem(before: str, after: str) -> str | None:
     "5 and a half"). A run of ``*`` touching the number is markdown when a blank (or the text's end)
     lies on its other side ("**18**"), an operator otherwise ("x*5", "5*x").
     """
+    return _problem_after(after) or _problem_before(before)
+
+
+def _problem_after(after: str) -> str | None:
+    """Why what follows flexible mode's last number makes it an operand or scales it, else None."""
     tokens = _DRESSING_TOKEN.findall(after[:_FLEXIBLE_TAIL])
     i = 0
     while i < len(tokens) and tokens[i] == "*":
@@ -391,6 +396,11 @@ def _operand_problem(before: str, after: str) -> str | None:
     for word in words:
         if word.lower() in VALUE_WORDS:
             return f"{word!r} changes its value"
+    return None
+
+
+def _problem_before(before: str) -> str | None:
+    """Why what precedes flexible mode's last number makes it an operand or scales it, else None."""
     tokens = _DRESSING_TOKEN.findall(before[-_FLEXIBLE_TAIL:])
     j = len(tokens) - 1
     if j >= 0 and tokens[j].isdigit():

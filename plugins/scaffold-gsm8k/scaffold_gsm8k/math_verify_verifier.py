@@ -133,7 +133,19 @@ def latex_answer(text: str) -> str:
     text = _unwrap_boxed(text)
     if "_" in text:
         raise AnswerError("not one expression: a subscript")
-    tokens = _LATEX_TOKEN.findall(text)
+    kept = _trimmed(_LATEX_TOKEN.findall(text))
+    _check_kept(kept)
+    latex = "".join(kept).strip()
+    if not latex:
+        raise AnswerError("not a number")
+    if _MALFORMED_DECIMAL.search(latex):
+        raise AnswerError("not one expression: a number with two decimal points")
+    return latex
+
+
+def _trimmed(tokens: list[str]) -> list[str]:
+    """The tokens without a leading phrase ("The answer is") and a trailing unit ("dollars.", "km/h");
+    AnswerError for a word that changes the value ("thousand")."""
     for token in tokens:
         if _is_word(token) and token.lower() in VALUE_WORDS:
             raise AnswerError(f"not a plain number: {token!r} changes its value")
@@ -157,7 +169,11 @@ def latex_answer(text: str) -> str:
             end -= 1
         else:
             break
-    kept = tokens[start:end]
+    return tokens[start:end]
+
+
+def _check_kept(kept: list[str]) -> None:
+    """Raise AnswerError when the remaining tokens are not one expression latex2sympy reads right."""
     for token in kept:
         if _is_word(token) and len(token) > 1:
             raise AnswerError(f"not one expression: words inside it ({token!r})")
@@ -171,12 +187,6 @@ def latex_answer(text: str) -> str:
     problem = _structure_problem(kept)
     if problem:
         raise AnswerError(f"not one expression: {problem}")
-    latex = "".join(kept).strip()
-    if not latex:
-        raise AnswerError("not a number")
-    if _MALFORMED_DECIMAL.search(latex):
-        raise AnswerError("not one expression: a number with two decimal points")
-    return latex
 
 
 def _structure_problem(tokens: list[str]) -> str | None:
