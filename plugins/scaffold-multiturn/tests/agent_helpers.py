@@ -7,12 +7,16 @@ import json
 import time
 from typing import Any
 
+from mt_helpers import TokenizerScriptedEngine
 from mt_helpers import registry as mt_registry
 
 from scaffold_core import hookimpl
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.testing import ScriptedEngine
+from scaffold_core.tokenizers import encode
 from scaffold_core.tool import Tool, ToolCallError, ToolContext, ToolResult
+from scaffold_multiturn.template import render_text
+from scaffold_multiturn.tool_formats import HermesFormat
 
 
 class AddTool(Tool):
@@ -103,15 +107,61 @@ def last_user(prompt: str) -> str:
     return body[body.rfind("<|user|>\n") + len("<|user|>\n"):].removesuffix("<|end|>\n")
 
 
-class RecordingEngine(ScriptedEngine):
-    """A ScriptedEngine that keeps every (request, result); each result's weight_version counts the requests before."""
+class Recording:
+    """Keeps every (request, result); each result's weight_version counts the requests before it."""
 
-    def __init__(self, respond: Any, **options: Any):
-        super().__init__(respond, **options)
-        self.results: list[tuple[GenerationRequest, GenerationResult]] = []
+    results: list[tuple[GenerationRequest, GenerationResult]]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        result = await super().generate(request)
+        result = await super().generate(request)  # type: ignore[misc]
         result.weight_version = len(self.results)
         self.results.append((request, result))
         return result
+
+
+class RecordingEngine(Recording, ScriptedEngine):
+    """A recording :class:`ScriptedEngine` (the core ByteTokenizer)."""
+
+    def __init__(self, respond: Any, **options: Any):
+        super().__init__(respond, **options)
+        self.results = []
+
+
+class RecordingTokenizerEngine(Recording, TokenizerScriptedEngine):
+    """A recording scripted engine speaking through a real tokenizer (SmolLM2's): no model, exact ids."""
+
+    def __init__(self, tokenizer: Any, respond: Any, **options: Any):
+        super().__init__(tokenizer, respond, **options)
+        self.results = []
+
+
+def check_token_by_token(result: Any, engine: Any, tools: Any = None, fmt: Any = None, task: Any = None) -> None:
+    """The sequence is the prompt, the engine's own ids on each model turn and the rendered results between them.
+
+    ``task`` gives the episode's prompt messages (default: the row's question as one user message).
+    """
+    tok = engine.tokenizer
+    sample, traj = result.samples[0], result.trajectories[0]
+    assert traj.input_ids == sample.prompt_ids + sample.output_ids
+    mine = [r for q, r in engine.results if q.episode_id == result.episode_id]
+    turns = sample.metadata["turns"]
+    assert len(turns) == len(mine)
+    expected_mask = [0] * len(traj.input_ids)
+    for turn, generated in zip(turns, mine):
+        start, end = turn["start"], turn["end"]
+        assert traj.input_ids[start:end] == generated.output_ids  # the engine's ids, untouched
+        assert traj.logprobs[start:end] == generated.logprobs
+        assert traj.versions[start:end] == [generated.weight_version] * (end - start)
+        expected_mask[start:end] = [1] * (end - start)
+    assert traj.loss_mask == expected_mask
+    for i, trained in enumerate(expected_mask):
+        if not trained:
+            assert traj.logprobs[i] == 0.0 and traj.versions[i] == -1
+    # Drift 0: the ids are a fresh render of the whole conversation, tokenized at once.
+    fmt = fmt or HermesFormat()
+    asked = task.messages(result.row) if task is not None else [{"role": "user", "content": result.row["question"]}]
+    prompt = fmt.prompt(asked, list(tools or [AddTool()]), tok)
+    messages = [*prompt.messages, *sample.metadata["messages"]]
+    fresh = encode(tok, render_text(tok, messages, add_generation_prompt=False, template_kwargs=prompt.template_kwargs))
+    assert fresh[:len(traj.input_ids)] == traj.input_ids
+    assert result.metrics["drift"] == 0.0

@@ -6,13 +6,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from agent_helpers import AddTool, RecordingEngine, agent, call, last_user, registry, turn_of
+from agent_helpers import AddTool, RecordingEngine, agent, call, check_token_by_token, last_user, registry, turn_of
 from mt_helpers import run
 
 from scaffold_core.testing import ListTask
-from scaffold_core.tokenizers import encode
 from scaffold_gsm8k.verifier import GSM8KVerifier
-from scaffold_multiturn.template import render_text
 from scaffold_multiturn.tool_formats import HermesFormat
 
 ROW = {"id": "q", "question": "What is 2 + 3?", "answer": "#### 5"}
@@ -25,34 +23,6 @@ def one(respond, ctrl=None, *, engine=None, rows=None, **options):
     results = run(ListTask(rows or [ROW]), engine, ctrl or agent(**options), verifier=GSM8KVerifier(),
                   max_tokens=max_tokens)
     return results[0], engine
-
-
-def check_token_by_token(result, engine, tools=None, fmt=None):
-    """The sequence is the prompt, the engine's own ids on each model turn and the rendered results between them."""
-    tok = engine.tokenizer
-    sample, traj = result.samples[0], result.trajectories[0]
-    assert traj.input_ids == sample.prompt_ids + sample.output_ids
-    mine = [r for q, r in engine.results if q.episode_id == result.episode_id]
-    turns = sample.metadata["turns"]
-    assert len(turns) == len(mine)
-    expected_mask = [0] * len(traj.input_ids)
-    for turn, generated in zip(turns, mine):
-        start, end = turn["start"], turn["end"]
-        assert traj.input_ids[start:end] == generated.output_ids  # the engine's ids, untouched
-        assert traj.logprobs[start:end] == generated.logprobs
-        assert traj.versions[start:end] == [generated.weight_version] * (end - start)
-        expected_mask[start:end] = [1] * (end - start)
-    assert traj.loss_mask == expected_mask
-    for i, trained in enumerate(expected_mask):
-        if not trained:
-            assert traj.logprobs[i] == 0.0 and traj.versions[i] == -1
-    # Drift 0: the ids are a fresh render of the whole conversation, tokenized at once.
-    fmt = fmt or HermesFormat()
-    prompt = fmt.prompt([{"role": "user", "content": result.row["question"]}], list(tools or [AddTool()]), tok)
-    messages = [*prompt.messages, *sample.metadata["messages"]]
-    fresh = encode(tok, render_text(tok, messages, add_generation_prompt=False, template_kwargs=prompt.template_kwargs))
-    assert fresh[:len(traj.input_ids)] == traj.input_ids
-    assert result.metrics["drift"] == 0.0
 
 
 # -- the loop ----------------------------------------------------------------------------------
