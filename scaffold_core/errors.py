@@ -125,6 +125,10 @@ class ToolDefinitionError(PluginError):
     """A tool's definition (name, description, parameters schema, timeout, ``call``) is unusable."""
 
 
+class ToolFormatError(ScaffoldError):
+    """A tool-call format cannot present tools with this tokenizer (e.g. its chat template ignores ``tools=``)."""
+
+
 class ToolCallError(ScaffoldError):
     """Raised inside ``Tool.call`` to fail the call with a given error kind and message.
 

@@ -40,14 +40,15 @@ def _sub_controller(spec: Any) -> Controller:
         return spec
     if spec is None:
         return NativeController()
-    from ..plugins.manager import current_registry
+    from ..plugins.manager import current_path, current_registry
 
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(f"generator must be a controller name or {{name: ..., options...}}, got {spec!r}")
     options = {k: v for k, v in spec.items() if k != "name"}
-    return current_registry().create("controller", spec["name"], options, path="controller.generator")
+    path = f"{current_path('controller')}.generator"
+    return current_registry().create("controller", spec["name"], options, path=path)
 
 
 class _SampleThenVerify(Controller):
