@@ -3,13 +3,16 @@ and trajectories that are exactly the engine's tokens plus the rendered tool res
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 from agent_helpers import AddTool, RecordingEngine, agent, call, check_token_by_token, last_user, registry, turn_of
 from mt_helpers import run
 
+from scaffold_core import hookimpl
 from scaffold_core.testing import ListTask
+from scaffold_core.tool import Tool, ToolResult
 from scaffold_gsm8k.verifier import GSM8KVerifier
 from scaffold_multiturn.tool_formats import HermesFormat
 
@@ -94,20 +97,42 @@ def test_a_slow_tool_times_out_and_the_episode_goes_on():
     assert "timed out after 0.1 s" in result.samples[0].text
 
 
+class MeetTool(Tool):
+    """Each call waits until ``of`` calls of its episode have arrived: calls run one after another time out."""
+
+    name = "meet"
+    description = "Wait for the others."
+    parameters = {"type": "object", "properties": {"who": {"type": "string"}, "of": {"type": "integer"}},
+                  "required": ["who", "of"]}
+
+    async def call(self, arguments, context):
+        arrived = context.state.setdefault("arrived", [])
+        everyone = context.state.setdefault("everyone", asyncio.Event())
+        arrived.append(arguments["who"])
+        if len(arrived) == arguments["of"]:
+            everyone.set()
+        await everyone.wait()  # bounded by the tool's timeout
+        return ToolResult(f"met {arguments['who']}")
+
+
+class MeetTools:
+    @hookimpl
+    def register_tools(self, registry):
+        registry.add("meet", MeetTool)
+
+
 def test_calls_of_one_turn_run_concurrently_and_results_keep_their_order():
-    reg = registry()
-    calls = "\n".join([call("sleep", seconds=0.4), call("add", a=1, b=1), call("sleep", seconds=0.4)])
+    reg = registry(MeetTools())
+    calls = "\n".join([call("meet", who="a", of=2), call("add", a=1, b=1), call("meet", who="b", of=2)])
 
     def respond(prompt, request):
         return calls if turn_of(prompt) == 0 else last_user(prompt)
 
-    started = time.perf_counter()
-    result, _ = one(respond, agent(reg, tools=["add", {"name": "sleep", "timeout": 5}]))
-    elapsed = time.perf_counter() - started
+    # Run one after another, the first `meet` would wait for the second until its timeout.
+    result, _ = one(respond, agent(reg, tools=["add", "meet"], tool_timeout=30))
     assert result.ok, result.error
-    assert result.samples[0].text == ("<tool_response>\nslept 0.4 s\n</tool_response>\n<tool_response>\n2\n"
-                                      "</tool_response>\n<tool_response>\nslept 0.4 s\n</tool_response>")
-    assert elapsed < 0.75, f"two 0.4 s calls took {elapsed:.2f} s: they did not overlap"
+    assert result.samples[0].text == ("<tool_response>\nmet a\n</tool_response>\n<tool_response>\n2\n"
+                                      "</tool_response>\n<tool_response>\nmet b\n</tool_response>")
     assert result.metrics["tool_calls"] == 3.0
 
 
