@@ -147,11 +147,12 @@ class Controller:
         memo[id(self)] = twin
         state = getattr(self, "__dict__", None)
         if state is not None:
+            copied = twin.__dict__
+            copied.update(state)
             shared = plan.shared
-            twin.__dict__.update({
-                name: value if name in shared or type(value) in _ATOMIC or is_immutable(value)
-                else copy.deepcopy(value, memo)
-                for name, value in state.items()})
+            for name, value in state.items():  # then replace every value that could be mutated by its copy
+                if type(value) not in _ATOMIC and name not in shared and not is_immutable(value):
+                    copied[name] = _copy_value(value, memo)
         for name in plan.slots:
             value = _get_attr(self, name)
             if value is not _MISSING:
@@ -175,6 +176,14 @@ class Controller:
 
 
 _MISSING = object()
+
+
+def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(value, memo)``, going straight to a sub-controller's own ``__deepcopy__``."""
+    if isinstance(value, Controller):
+        done = memo.get(id(value), _MISSING)
+        return value.__deepcopy__(memo) if done is _MISSING else done
+    return copy.deepcopy(value, memo)
 
 
 def _get_attr(obj: Any, name: str) -> Any:

@@ -27,6 +27,12 @@ def copy_data(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if kind in _DATA_ATOMS:
         return value
     if memo is None:
+        if kind is dict:  # the common case, a flat row of scalars, is a plain dict copy
+            for item in value.values():
+                if type(item) not in _DATA_ATOMS:
+                    break
+            else:
+                return dict(value)
         memo = {}
     else:
         done = memo.get(id(value))
@@ -119,7 +125,8 @@ class Outcome:
 class EpisodeContext:
     """Everything one episode needs, passed explicitly to its controller.
 
-    ``row`` is the task row; ``prompt_ids`` the rendered prompt; ``reference``
+    ``row`` is the task row; ``prompt_ids`` the rendered prompt (read-only:
+    tasks and samples share it; build a new list to extend it); ``reference``
     the gold answer (``None`` when the task has none); ``seed`` the episode's
     seed; ``messages`` the chat messages the prompt was rendered from.
     ``tokenizer`` is the engine's tokenizer (for multi-turn controllers).
@@ -141,22 +148,25 @@ class EpisodeContext:
     state: dict[str, Any] = field(default_factory=dict)
 
     def branch(self, index: int) -> EpisodeContext:
-        """A context for parallel branch ``index``: the same episode, its own copies of everything mutable.
+        """A context for parallel branch ``index``: the same episode, its own copies of its mutable data.
 
-        ``row``, ``messages``, ``prompt_ids`` and ``state`` are copied (deeply),
-        so a branch that appends a message, edits the row or writes its state
-        changes nothing its siblings or its parent see. The tokenizer (a
-        shared handle) and the immutable fields are shared. Sample numbering
-        starts at ``sample_base + index``.
+        ``row``, ``messages`` and ``state`` are copied (deeply), so a branch
+        that appends a message, edits the row or writes its state changes
+        nothing its siblings or its parent see. Shared: the tokenizer (a
+        handle), the immutable fields, and ``prompt_ids``, the rendered
+        prompt, which every task and sample of the episode refers to and
+        nothing may modify in place (a copy per branch would cost
+        ``len(prompt) x branches`` per episode in flight); build a new list to
+        extend it. Sample numbering starts at ``sample_base + index``.
         """
         try:
-            state = copy_data(self.state)
+            state = copy_data(self.state) if self.state else {}
         except Exception as exc:
             raise ValueError(
                 f"ctx.state holds something a parallel branch cannot copy ({type(exc).__name__}: {exc}); keep "
                 "shared handles on the controller (named in its `shared` tuple), not in ctx.state") from exc
         return EpisodeContext(
-            episode_id=self.episode_id, index=self.index, row=copy_data(self.row), prompt_ids=list(self.prompt_ids),
+            episode_id=self.episode_id, index=self.index, row=copy_data(self.row), prompt_ids=self.prompt_ids,
             sampling=self.sampling, seed=self.seed, reference=self.reference, prompt_text=self.prompt_text,
             messages=copy_data(self.messages), tokenizer=self.tokenizer, attempt=self.attempt,
             sample_base=self.sample_base + index, state=state,

@@ -670,14 +670,13 @@ def test_branch_contexts_get_their_own_copies_of_everything_mutable():
     first.messages.append({"role": "assistant", "content": "mine"})
     first.messages[0]["content"] = "changed"
     first.state["notes"]["seen"].append(2)
-    first.prompt_ids.append(0)
     assert second.row == rows_[0] and ctx.row == rows_[0] and ctx.row["meta"]["tags"] == ["x"]
     assert second.messages == ctx.messages and len(ctx.messages) == len(second.messages) == 1
     assert ctx.messages[0]["content"] == "Q1"
     assert ctx.state["notes"] == {"seen": [1]} and second.state["notes"] == {"seen": [1]}
     assert first.state["notes"] == {"seen": [1, 2]}  # a branch starts from a copy of its parent's state
-    assert len(second.prompt_ids) == len(ctx.prompt_ids) == len(first.prompt_ids) - 1
     assert second.tokenizer is ctx.tokenizer and second.sampling is ctx.sampling  # shared: immutable / a handle
+    assert second.prompt_ids is ctx.prompt_ids  # shared and read-only: every task and sample refers to it
     assert (first.sample_base, second.sample_base) == (0, 1)
 
 
