@@ -97,13 +97,21 @@ def _slot_names(klass: type) -> tuple[str, ...]:
     return (slots,) if isinstance(slots, str) else tuple(slots)
 
 
-_PLANS: dict[type, _ClonePlan] = {}
+_PLANS: weakref.WeakKeyDictionary[type, _ClonePlan] = weakref.WeakKeyDictionary()  # classes may come and go
+
+
+_LAST: tuple[type, _ClonePlan] | None = None  # the class cloned last: a run clones one class thousands of times
 
 
 def _plan(cls: type) -> _ClonePlan:
+    global _LAST
+    last = _LAST
+    if last is not None and last[0] is cls:
+        return last[1]
     plan = _PLANS.get(cls)
     if plan is None:
         plan = _PLANS[cls] = _ClonePlan(cls)
+    _LAST = (cls, plan)
     return plan
 
 
@@ -202,6 +210,11 @@ def _deepcopy_via_reduce(obj: Any, memo: dict[int, Any]) -> Any:
     state = rest[0] if rest else None
     twin = constructor(*copy.deepcopy(args, memo))
     memo[id(obj)] = twin
+    if len(rest) > 1 and rest[1] is not None:  # a list subclass's items
+        twin.extend(copy.deepcopy(item, memo) for item in rest[1])
+    if len(rest) > 2 and rest[2] is not None:  # a dict subclass's items
+        for key, value in rest[2]:
+            twin[copy.deepcopy(key, memo)] = copy.deepcopy(value, memo)
     if state is not None:
         state = copy.deepcopy(state, memo)
         if hasattr(twin, "__setstate__"):
