@@ -145,27 +145,29 @@ class Controller:
     def __deepcopy__(self, memo: dict[int, Any]) -> Controller:
         cls = type(self)
         plan = _plan(cls)
-        for name in plan.shared:
-            handle = _get_attr(self, name)
-            if handle is not _MISSING:
-                memo[id(handle)] = handle  # a deep copy of anything that refers to it keeps the original
+        shared = plan.shared
+        if shared:
+            for name in shared:
+                handle = _get_attr(self, name)
+                if handle is not _MISSING:
+                    memo[id(handle)] = handle  # a deep copy of anything that refers to it keeps the original
         if not plan.plain:
             return _deepcopy_via_reduce(self, memo)
         twin = cls.__new__(cls)
         memo[id(self)] = twin
-        state = getattr(self, "__dict__", None)
-        if state is not None:
+        state = _get_attr(self, "__dict__")
+        if state:
             copied = twin.__dict__
             copied.update(state)
-            shared = plan.shared
             for name, value in state.items():  # then replace every value that could be mutated by its copy
                 if type(value) not in _ATOMIC and name not in shared and not is_immutable(value):
                     copied[name] = _copy_value(value, memo)
-        for name in plan.slots:
-            value = _get_attr(self, name)
-            if value is not _MISSING:
-                object.__setattr__(twin, name, value if name in plan.shared or is_immutable(value)
-                                   else copy.deepcopy(value, memo))
+        if plan.slots:
+            for name in plan.slots:
+                value = _get_attr(self, name)
+                if value is not _MISSING:
+                    object.__setattr__(twin, name, value if name in shared or is_immutable(value)
+                                       else copy.deepcopy(value, memo))
         return twin
 
     async def start(self) -> None:
