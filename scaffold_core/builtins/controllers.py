@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from typing import Any
 
@@ -23,11 +22,6 @@ class NativeController(Controller):
 
     def __init__(self, samples: int = 1):
         self.samples = _check_samples(samples)
-
-    def clone(self) -> NativeController:
-        twin = object.__new__(type(self))  # holds no mutable state: a shallow copy is a full copy
-        twin.__dict__.update(self.__dict__)
-        return twin
 
     def process(self, ctx: EpisodeContext):
         tasks = [ctx.generation_task(i) for i in range(self.samples)]
@@ -57,11 +51,6 @@ class _SampleThenVerify(Controller):
     def __init__(self, samples: int = 4, generator: Any = None):
         self.samples = _check_samples(samples)
         self.generator = _sub_controller(generator)
-
-    def clone(self):
-        twin = copy.copy(self)
-        twin.generator = self.generator.clone()
-        return twin
 
     async def start(self) -> None:
         await start_controller(self.generator)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .metrics import truncation_warning
+from .metrics import truncation_warning, unscored_warning
 
 
 class ExitCode(enum.IntEnum):
@@ -33,12 +33,15 @@ def exit_code_for(metrics: dict[str, Any]) -> ExitCode:
 
 
 def print_summary(metrics: dict[str, Any]) -> None:
-    """The metrics as JSON on stdout; failures, truncation and interruption explained on stderr."""
+    """The metrics as JSON on stdout; failures, unscored samples, truncation and interruption explained on stderr."""
     print(json.dumps(metrics, indent=2))
     failed = metrics.get("failed", 0)
     if failed:
         print(f"scaffold: {failed} episode(s) failed: {metrics.get('failures')}; see failures.jsonl",
               file=sys.stderr)
+    unscored = unscored_warning(metrics)
+    if unscored:
+        print(unscored, file=sys.stderr)
     warning = truncation_warning(metrics.get("truncated_fraction", 0.0))
     if warning:
         print("\n" + "!" * 78 + "\n" + warning + "\n" + "!" * 78, file=sys.stderr)

@@ -51,7 +51,7 @@ class TestMultiTurnTrajectoryMakerConformance(_WithGSM8K, TrajectoryMakerConform
 
 
 class TestMultiTurnGRPOTrajectoryMakerConformance(TestMultiTurnTrajectoryMakerConformance):
-    options = {"advantage": "grpo", "scale": False}
+    options = {"advantage": "grpo", "std": "none"}
 
 
 class TestMultiTurnGSM8KTaskConformance(_WithGSM8K, TaskConformance):

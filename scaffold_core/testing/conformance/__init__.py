@@ -13,7 +13,9 @@ class                            checks
                                  seeded requests
 :class:`ControllerConformance`   clone isolation, process is a generator, episodes
                                  complete, concurrency does not change results, engine
-                                 errors fail episodes
+                                 errors fail episodes; a subclass's hidden state isolated
+                                 across 1,000 concurrent episodes; parallel branches see
+                                 only their own row, messages and state
 :class:`TrajectoryMakerConformance`  key set, equal lengths, masks, token faithfulness,
                                  JSON and tensor-dict output
 :class:`ToolConformance`         valid schema and spec, bad arguments as error results,
