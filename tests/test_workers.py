@@ -15,7 +15,7 @@ import yaml
 
 from scaffold_core import cli
 from scaffold_core.config import load_config
-from scaffold_core.errors import ConfigError
+from scaffold_core.errors import ConfigError, RunDirError
 from scaffold_core.launch import LocalLauncher, run_workers
 from scaffold_core.plugins import set_plugins
 from scaffold_core.run.summary import ExitCode
@@ -107,10 +107,15 @@ def test_a_failed_worker_is_reported_by_rank_and_shard_and_resume_finishes(test_
     assert "worker rank 1 failed" in capsys.readouterr().err
     # The other worker's episodes are kept.
     assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == [f"q{i}" for i in range(0, 7, 2)]
-    # Resume with the failure fixed and a different number of workers: every episode exactly once.
+    # Resume with the failure fixed and a different number of workers: every episode exactly once. The fix
+    # changes a task option, which a resume refuses unless forced (and then records).
     data["task"]["crash_rank"] = None
     data["rollout"]["workers"] = 3
-    resumed = run_workers(load_config(data=data), resume=True)
+    with pytest.raises(RunDirError, match=r"task\.crash_rank: 1 -> null"):
+        run_workers(load_config(data=data), resume=True)
+    resumed = run_workers(load_config(data=data), resume=True, force_config=True)
+    history = [json.loads(line) for line in (tmp_path / "out" / "config-history.jsonl").read_text().splitlines()]
+    assert history[-1]["changed"] == {"task.crash_rank": {"saved": 1, "now": None}}
     assert "worker_failures" not in resumed
     assert resumed["resumed_episodes"] == 4 and resumed["session"]["episodes"] == 3
     assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == sorted(r["id"] for r in ROWS)

@@ -9,12 +9,17 @@ flight; ``--resume`` skips every completed episode found in any ledger.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..episode import EpisodeResult, Sample
 from ..verifier import Verdict
+from .files import open_nofollow
+
+log = logging.getLogger("scaffold.output")
 
 LEDGER = "episodes.jsonl"
 #: Per-worker ledgers of multi-worker runs: ``episodes.rank-00003.jsonl`` (see scaffold_core.launch).
@@ -90,17 +95,31 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
 
 
 def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
-    """Ledger records; a torn last line (the process died mid-write) is ignored."""
-    if not path.exists():
+    """Ledger records; a torn last line (the process died mid-write) is ignored, and so is a line that is
+    not a record (garbage, not UTF-8): logged with its line number, its episode is run again on resume.
+    A link in place of the ledger is refused (RunDirError), never followed."""
+    if not os.path.lexists(path):
         return
-    with path.open("rb") as fh:
-        for raw in fh:
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
                 return  # torn tail
             try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
+                record = json.loads(raw)
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                record = None
+            if not _is_record(record):
+                if raw.strip():
+                    log.warning("%s:%d: not an episode record (skipped; its episode is run again on --resume)",
+                                path, number)
                 continue
+            yield record
+
+
+def _is_record(record: Any) -> bool:
+    return (isinstance(record, dict) and isinstance(record.get("episode_id"), str)
+            and isinstance(record.get("status"), str) and isinstance(record.get("samples", []), list)
+            and all(isinstance(s, dict) for s in record.get("samples", [])))
 
 
 def latest_records(paths: list[Path]) -> dict[str, dict[str, Any]]:

@@ -23,6 +23,16 @@ from typing import Any
 from ..episode import EpisodeResult
 
 TRUNCATION_WARNING = 0.2
+#: Distinct failure causes counted per run (more are counted under their component only).
+MAX_CAUSES = 256
+#: Causes listed in the metrics' ``top_failure_causes``.
+TOP_CAUSES = 5
+
+
+def failure_cause(error: str | None) -> str:
+    """The first line of an episode's error, shortened: failures with the same cause share it."""
+    first = (error or "").strip().splitlines()[0] if (error or "").strip() else "no reason given"
+    return first if len(first) <= 200 else first[:197] + "..."
 
 
 def episode_correct(result: EpisodeResult) -> float:
@@ -44,6 +54,7 @@ class RunMetrics:
         self.failed = 0
         self.failures: Counter[str] = Counter()
         self.failure_examples: dict[str, str] = {}
+        self.failure_causes: Counter[tuple[str, str]] = Counter()
         self.samples = 0
         self.reward_sum = 0.0
         self.correct_sum = 0.0
@@ -66,6 +77,9 @@ class RunMetrics:
             key = result.error_component or "episode"
             self.failures[key] += 1
             self.failure_examples.setdefault(key, result.error or "")
+            cause = (key, failure_cause(result.error))
+            if cause in self.failure_causes or len(self.failure_causes) < MAX_CAUSES:
+                self.failure_causes[cause] += 1
             return
         self.completed += 1
         self.correct_sum += episode_correct(result)
@@ -109,6 +123,8 @@ class RunMetrics:
             "failed": self.failed,
             "failures": dict(self.failures),
             "failure_examples": dict(self.failure_examples),
+            "top_failure_causes": [{"component": component, "error": cause, "count": count}
+                                   for (component, cause), count in self.failure_causes.most_common(TOP_CAUSES)],
             "samples": self.samples,
             "reward_mean": round(self.reward_mean, 6),
             "accuracy": round(self.correct_sum / self.completed, 6) if self.completed else 0.0,

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import parse_override
-from ..errors import ConfigError
+from ..errors import ConfigError, VerifierError
 from ..plugins import get_registry
+from ..textfiles import utf8_lines
 from .verifier_pool import VerifierPool
 
 CHUNK = 512
@@ -17,7 +18,13 @@ CHUNK = 512
 
 def score_file(verifier_name: str, input_path: str, output_path: str | None = None,
                options: list[str] | None = None, *, timeout: float = 30.0) -> dict[str, Any]:
-    """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept)."""
+    """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept).
+
+    A line the verifier cannot score (a gold answer it cannot use, a verifier error or timeout) does not
+    stop the others: it is listed in ``unscored`` with its line number and error, and written to the
+    output with ``reward: null`` and that ``error``. A line that is not UTF-8, not JSON or lacks a field
+    is an error naming the file and line.
+    """
     opts: dict[str, Any] = {}
     for text in options or []:
         parts, value = parse_override(text)
@@ -27,7 +34,8 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
     if not source.is_file():
         raise ConfigError(f"--input: {input_path} does not exist")
     rows: list[dict[str, Any]] = []
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+    numbers: list[int] = []
+    for number, line in utf8_lines(source, error=ConfigError):
         if not line.strip():
             continue
         try:
@@ -37,12 +45,23 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
         if not isinstance(row, dict) or "response" not in row or "answer" not in row:
             raise ConfigError(f"{input_path}:{number}: each line needs 'response' and 'answer' fields")
         rows.append(row)
+        numbers.append(number)
     verdicts = asyncio.run(_score(verifier, verifier_name, rows, timeout))
     correct = 0
-    for row, verdict in zip(rows, verdicts):
+    scored = 0
+    reward_sum = 0.0
+    unscored = []
+    for row, number, verdict in zip(rows, numbers, verdicts):
+        if isinstance(verdict, Exception):
+            row["reward"] = row["extracted"] = None
+            row["error"] = str(verdict)
+            unscored.append({"line": number, "error": str(verdict)})
+            continue
         row["reward"] = verdict.reward
         row["extracted"] = verdict.extracted
         row["reason"] = verdict.reason
+        scored += 1
+        reward_sum += verdict.reward
         correct += verdict.reward > 0
     if output_path:
         target = Path(output_path)
@@ -50,26 +69,35 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
         with target.open("w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    n = len(rows)
     return {
         "input": str(source),
         "verifier": verifier_name,
-        "lines": n,
+        "lines": len(rows),
+        "scored": scored,
         "correct": correct,
-        "accuracy": round(correct / n, 6) if n else 0.0,
-        "reward_mean": round(sum(r["reward"] for r in rows) / n, 6) if n else 0.0,
+        "accuracy": round(correct / scored, 6) if scored else 0.0,
+        "reward_mean": round(reward_sum / scored, 6) if scored else 0.0,
+        **({"unscored": unscored} if unscored else {}),
         **({"output": output_path} if output_path else {}),
     }
 
 
 async def _score(verifier: Any, name: str, rows: list[dict[str, Any]], timeout: float) -> list[Any]:
+    """A Verdict per row, or the error that kept that row from being scored."""
     pool = VerifierPool(verifier, timeout=timeout, workers=2, name=name)
+    items = [(str(r["response"]), None if r["answer"] is None else str(r["answer"])) for r in rows]
     try:
         out: list[Any] = []
-        for start in range(0, len(rows), CHUNK):
-            chunk = rows[start:start + CHUNK]
-            out.extend(await pool.verify_many([(str(r["response"]), None if r["answer"] is None
-                                                else str(r["answer"])) for r in chunk]))
+        for start in range(0, len(items), CHUNK):
+            chunk = items[start:start + CHUNK]
+            try:
+                out.extend(await pool.verify_many(chunk))
+            except VerifierError:  # some row of the chunk cannot be scored: score them one by one
+                for item in chunk:
+                    try:
+                        out.extend(await pool.verify_many([item]))
+                    except VerifierError as exc:
+                        out.append(exc)
         return out
     finally:
         pool.close()
