@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from .files import (
     safe_child,
 )
 from .ledger import LEDGER, RANK_LEDGER_GLOB, latest_records, ledger_paths, record_of
-from .lock import RunLock
+from .lock import LOCK_FILE, RunLock
 from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, record_forced_change
 
 #: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers), never anything else.
@@ -104,12 +105,14 @@ class RunOutput:
         self._fd: int | None = None
         self.lock: RunLock | None = None
         self.forced_changes: dict[str, tuple[Any, Any]] = {}
+        self._touched = False
         self.dir.mkdir(mode=dir_mode(private), parents=True, exist_ok=True)
         if not self.dir.is_dir():
             raise RunDirError(f"output.dir: {self.dir} is not a folder; choose another directory with -o",
                               path=str(self.dir))
         if prepared:
             return
+        self._touched = os.path.lexists(self.dir / LOCK_FILE)  # an earlier start (which may have failed) was here
         self.lock = RunLock(self.dir, private=private).acquire()
         try:
             self.prepare(overwrite, config=config, force_config=force_config)
@@ -125,7 +128,7 @@ class RunOutput:
             raise ConfigError(
                 f"output.dir: {self.dir} already holds a run ({', '.join(existing)}). Continue it with "
                 f"--resume, replace it with --set output.overwrite=true, or choose another directory with -o")
-        if self.resume and not existing and not overwrite:
+        if self.resume and not existing and not overwrite and not self._touched:
             raise ConfigError(f"--resume: {self.dir} has no {LEDGER} (or {RANK_LEDGER_GLOB}) to resume from")
         if overwrite and not self.resume:
             for name in existing:
@@ -151,7 +154,15 @@ class RunOutput:
         paths = ledger_paths(self.dir)
         if self.ledger_path.exists() and self.ledger_path not in [p.resolve() for p in paths]:
             paths.append(self.ledger_path)
-        return {eid for eid, rec in latest_records(paths).items() if rec["status"] == "ok"}
+        bad: dict[Path, list[int]] = {}
+        done = {eid for eid, rec in latest_records(paths, bad).items() if rec["status"] == "ok"}
+        for path, numbers in bad.items():
+            if numbers:
+                more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
+                shown = ", ".join(map(str, numbers[:10])) + more
+                print(f"scaffold: WARNING: {path}: lines {shown} are not episode records (skipped; their episodes "
+                      "run again)", file=sys.stderr)
+        return done
 
     def _repair_ledger(self) -> None:
         """Cut a torn last line so new appends start on a line of their own."""

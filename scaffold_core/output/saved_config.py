@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunDirError
-from ..textfiles import decode_text
 from .files import open_append, open_nofollow, refuse_link
 
 CONFIG_FILE = "config.yaml"
@@ -88,7 +87,12 @@ def read_saved_config(path: Path) -> dict[str, Any]:
             raw = fh.read()
     except OSError as exc:
         raise RunDirError(f"{path}: cannot be read ({exc.strerror}); {fix}", path=str(path)) from None
-    text = decode_text(raw, path, error=RunDirError)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise RunDirError(f"{path}:{line}: damaged (byte 0x{raw[exc.start]:02x} is not UTF-8); it records the run's "
+                          f"config: {fix}", path=str(path)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
