@@ -11,6 +11,7 @@ from ..config import parse_override
 from ..errors import ConfigError, VerifierError
 from ..plugins import get_registry
 from ..textfiles import utf8_lines
+from ..verifier import Verdict
 from .verifier_pool import VerifierPool
 
 CHUNK = 512
@@ -52,7 +53,7 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
     reward_sum = 0.0
     unscored = []
     for row, number, verdict in zip(rows, numbers, verdicts):
-        if isinstance(verdict, Exception):
+        if not isinstance(verdict, Verdict):
             row["reward"] = row["extracted"] = None
             row["error"] = str(verdict)
             unscored.append({"line": number, "error": str(verdict)})
@@ -85,19 +86,32 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
 async def _score(verifier: Any, name: str, rows: list[dict[str, Any]], timeout: float) -> list[Any]:
     """A Verdict per row, or the error that kept that row from being scored."""
     pool = VerifierPool(verifier, timeout=timeout, workers=2, name=name)
-    items = [(str(r["response"]), None if r["answer"] is None else str(r["answer"])) for r in rows]
+    out: list[Any] = [_gold_problem(r["answer"]) for r in rows]
+    todo = [i for i, problem in enumerate(out) if problem is None]
     try:
-        out: list[Any] = []
-        for start in range(0, len(items), CHUNK):
-            chunk = items[start:start + CHUNK]
+        for start in range(0, len(todo), CHUNK):
+            chunk = todo[start:start + CHUNK]
+            items = [(str(rows[i]["response"]), None if rows[i]["answer"] is None else str(rows[i]["answer"]))
+                     for i in chunk]
             try:
-                out.extend(await pool.verify_many(chunk))
+                verdicts: list[Any] = await pool.verify_many(items)
             except VerifierError:  # some row of the chunk cannot be scored: score them one by one
-                for item in chunk:
+                verdicts = []
+                for item in items:
                     try:
-                        out.extend(await pool.verify_many([item]))
+                        verdicts.extend(await pool.verify_many([item]))
                     except VerifierError as exc:
-                        out.append(exc)
+                        verdicts.append(exc)
+            for i, verdict in zip(chunk, verdicts):
+                out[i] = verdict
         return out
     finally:
         pool.close()
+
+
+def _gold_problem(answer: Any) -> Exception | None:
+    """Why a gold answer cannot be scored at all (a list, a mapping), else None."""
+    if answer is None or (isinstance(answer, (str, int, float)) and not isinstance(answer, bool)):
+        return None
+    return ValueError(f"'answer' must be a string or a number (or null), got {type(answer).__name__} {answer!r}; "
+                      "fix that line of the input")
