@@ -336,12 +336,13 @@ def test_workers_die_with_a_killed_launcher(test_plugins, tmp_path):
 
 
 def test_every_worker_is_gone_within_3_s_of_a_launcher_sigkill(test_plugins, tmp_path):
-    proc, out = start_slow_two_worker_run(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Each worker is in the middle of a long episode: a graceful stop would wait rollout.shutdown_timeout.
+    proc, out = start_slow_two_worker_run(tmp_path, 4, 60.0, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        ledgers = [out / f"episodes.rank-{r:05d}.jsonl" for r in (0, 1)]
-        while time.monotonic() < deadline and not all(p.exists() and p.stat().st_size for p in ledgers):
-            time.sleep(0.05)  # both workers are running episodes
+        while time.monotonic() < deadline and len(processes_mentioning(str(out))) < 2:
+            time.sleep(0.05)
+        time.sleep(2.0)  # past start-up: each worker waits on its first 60 s request
         workers = processes_mentioning(str(out))
         assert len(workers) == 2
         proc.kill()  # SIGKILL: the launcher gets no chance to stop them
