@@ -398,6 +398,20 @@ def test_worker_logs_are_redacted_and_private(test_plugins, tmp_path, monkeypatc
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o700
 
 
+def test_secrets_are_the_values_of_secret_named_variables_only():
+    from scaffold_core.output.redact import Redactor, secret_values
+
+    env = {"HF_TOKEN": "hf_abcdefghij", "OPENAI_API_KEY": "sk-0123456789", "DB_PASSWORD": "hunter2hunter2",
+           "MY_KEY_VAR": "named-by-config-1", "TOKENIZERS_PARALLELISM": "false-but-long", "MAX_TOKENS": "1234567890",
+           "PATH": "/usr/bin:/bin", "SHORT_TOKEN": "abc"}
+    config = {"engine": {"name": "sglang", "api_key_env": "MY_KEY_VAR", "tokenizer": "some/tokenizer-path"},
+              "sampling": {"max_tokens": 512}}
+    secrets = secret_values(env, config)
+    assert set(secrets) == {"hf_abcdefghij", "sk-0123456789", "hunter2hunter2", "named-by-config-1"}
+    line = b"key sk-0123456789 and hf_abcdefghij via some/tokenizer-path\n"
+    assert Redactor(secrets).redact(line) == b"key *** and *** via some/tokenizer-path\n"
+
+
 PG_PROBE = '''
 import json, os
 from pathlib import Path

@@ -101,7 +101,7 @@ def atomic_writer(path: Path, *, private: bool = True, binary: bool = False, dur
     try:
         if not private:
             os.fchmod(fd, file_mode(False))
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as fh:
             yield fh
             fh.flush()
             if durable:

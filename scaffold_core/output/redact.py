@@ -2,7 +2,8 @@
 output into its log with them replaced by ``***`` (as the console shows a launched server's command).
 
 The secrets are the values of environment variables whose names say they hold one (``*API_KEY*``,
-``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*CREDENTIAL*``, ``*AUTH*``), of the variables a config
+``*TOKEN*`` but not ``*TOKENS*`` or ``*TOKENIZER*``, ``*SECRET*``, ``*PASSWORD*``, ``*CREDENTIAL*``,
+``*AUTHORIZATION*``), of the variables a config
 names in an ``*api_key_env`` option, and config values under such names; values shorter than
 :data:`MIN_SECRET_LENGTH` are left alone (``TOKENIZERS_PARALLELISM=false`` is no secret).
 """
@@ -14,7 +15,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
-SECRET_NAME = re.compile(r"api[_-]?key|token|secret|passw(?:or)?d|credential|auth", re.IGNORECASE)
+SECRET_NAME = re.compile(r"api[_-]?key|token(?!iz|s\b|s_)|secret|passw(?:or)?d|credential|authorization|auth[_-]?key",
+                         re.IGNORECASE)
 MIN_SECRET_LENGTH = 8
 MASK = b"***"
 #: Longest piece of output redacted at once (a longer line is redacted piecewise).

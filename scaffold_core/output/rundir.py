@@ -48,6 +48,8 @@ from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, reco
 #: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers), never anything else.
 RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", CONFIG_FILE, "workers",
              CONFIG_HISTORY)
+#: The run files that are folders.
+FOLDERS = ("trajectories", "workers")
 #: Files that hold episodes: while every one is missing or empty, no episode has run in the directory yet.
 EPISODE_FILES = (LEDGER, "samples.jsonl", "failures.jsonl")
 
@@ -74,9 +76,13 @@ def has_episodes(directory: str | Path) -> bool:
 
 
 def refuse_links(directory: Path) -> None:
-    """RunDirError for any file the run writes (run files, rank ledgers, worker logs) that is a link."""
+    """RunDirError for any file the run writes (run files, rank ledgers, worker logs) that is a link, and
+    for a folder where the run keeps a file."""
     for name in run_files(directory):
         refuse_link(directory / name)
+        if name not in FOLDERS and (directory / name).is_dir():
+            raise RunDirError(f"{directory / name} is a folder where scaffold keeps a file; move it away, or choose "
+                              "another output directory with -o", path=str(directory / name))
     workers = directory / "workers"
     if workers.is_dir():
         for entry in os.scandir(workers):
