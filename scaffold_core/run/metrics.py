@@ -23,6 +23,7 @@ Definitions (also in docs/runtime.md):
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -31,6 +32,25 @@ from ..episode import EpisodeResult
 from ..trajectory import usable_reward
 
 TRUNCATION_WARNING = 0.2
+#: Distinct failure causes counted per run (more are counted under their component only).
+MAX_CAUSES = 256
+#: Causes listed in the metrics' ``top_failure_causes``.
+TOP_CAUSES = 5
+
+
+def failure_message(error: str | None) -> str:
+    """The first line of an episode's error, shortened."""
+    first = (error or "").strip().splitlines()[0] if (error or "").strip() else "no reason given"
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def failure_cause(error: str | None, episode_id: str = "") -> str:
+    """What failures with the same cause share: the first line of the error with the episode's id and
+    every number blanked (request ids, attempts and sizes differ from one episode to the next)."""
+    first = failure_message(error)
+    if episode_id:
+        first = first.replace(episode_id, "<episode>")
+    return re.sub(r"\d+", "#", first)
 
 
 def episode_correct(result: EpisodeResult) -> float | None:
@@ -54,6 +74,8 @@ class RunMetrics:
         self.failed = 0
         self.failures: Counter[str] = Counter()
         self.failure_examples: dict[str, str] = {}
+        self.failure_causes: Counter[tuple[str, str]] = Counter()
+        self.cause_examples: dict[tuple[str, str], str] = {}
         self.samples = 0
         self.unscored = 0
         self.reward_sum = 0.0
@@ -78,6 +100,10 @@ class RunMetrics:
             key = result.error_component or "episode"
             self.failures[key] += 1
             self.failure_examples.setdefault(key, result.error or "")
+            cause = (key, failure_cause(result.error, result.episode_id))
+            if cause in self.failure_causes or len(self.failure_causes) < MAX_CAUSES:
+                self.failure_causes[cause] += 1
+                self.cause_examples.setdefault(cause, failure_message(result.error))
             return
         self.completed += 1
         correct = episode_correct(result)
@@ -132,6 +158,8 @@ class RunMetrics:
             "failed": self.failed,
             "failures": dict(self.failures),
             "failure_examples": dict(self.failure_examples),
+            "top_failure_causes": [{"component": cause[0], "error": self.cause_examples[cause], "count": count}
+                                   for cause, count in self.failure_causes.most_common(TOP_CAUSES)],
             "samples": self.samples,
             "unscored_samples": self.unscored,
             "reward_mean": round(self.reward_mean, 6),
