@@ -176,17 +176,20 @@ class EpisodeRunner:
             self._started = False
             await close_controller(self.controller)
 
-    async def run_row(self, row: dict[str, Any], *, index: int = 0, episode_id: str | None = None) -> EpisodeResult:
-        """Run one episode on ``row``; a failure comes back as a failed result with its component and reason."""
+    async def run_row(self, row: dict[str, Any], *, index: int = 0, episode_id: str | None = None,
+                      sampling: SamplingParams | None = None) -> EpisodeResult:
+        """Run one episode on ``row`` (with ``sampling``, default the runner's); a failure comes back as a
+        failed result with its component and reason."""
         await self.start()
         assert self._runtime is not None
         episode_id = episode_id or f"{row.get('id', index)}-{uuid.uuid4().hex[:12]}"
+        sampling = sampling or self.sampling
         try:
-            ctx = episode_context(self.task, index, row, self.engine.tokenizer, self.sampling)
+            ctx = episode_context(self.task, index, row, self.engine.tokenizer, sampling)
         except Exception as exc:  # an unusable row fails its episode, never the trainer's process
             return EpisodeResult(episode_id=episode_id, index=index, status="failed", row=row,
                                  error=f"building the prompt failed: {type(exc).__name__}: {exc}",
                                  error_component="task")
         ctx.episode_id = episode_id
-        ctx.seed = derive_seed(self.sampling.seed, episode_id)
+        ctx.seed = derive_seed(sampling.seed, episode_id)
         return await self._runtime.run_episode(ctx)
