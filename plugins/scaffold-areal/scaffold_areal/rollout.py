@@ -56,15 +56,22 @@ def chosen_index(episode: EpisodeResult) -> int:
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
-    """A tokenizer object from an object or a Hugging Face path (loaded with transformers, lazily)."""
+    """A tokenizer object from an object or a Hugging Face path (loaded as AReaL loads it, lazily)."""
     if tokenizer is None:
         raise ValueError("ScaffoldWorkflow needs tokenizer: pass workflow_kwargs=dict(tokenizer=config.tokenizer_path, "
                          "...) (prompts are rendered with its chat template)")
     if not isinstance(tokenizer, str):
         return tokenizer
-    from transformers import AutoTokenizer
+    try:  # AReaL's own loader (it also sets a missing pad token to EOS)
+        from areal.utils.hf_utils import load_hf_tokenizer
+    except ImportError:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=True)
+        loaded = AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=True)
+        if loaded.pad_token_id is None:
+            loaded.pad_token_id = loaded.eos_token_id
+        return loaded
+    return load_hf_tokenizer(tokenizer)
 
 
 class ScaffoldRollout:

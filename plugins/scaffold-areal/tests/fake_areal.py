@@ -66,9 +66,9 @@ class GenerationHyperparameters:
 
     def new_with_stop_and_pad_token_ids(self, tokenizer: Any) -> GenerationHyperparameters:
         stop_token_ids = list(self.stop_token_ids)
-        if tokenizer.pad_token_id is not None and tokenizer.pad_token_id not in stop_token_ids:
+        if tokenizer.pad_token_id not in stop_token_ids:
             stop_token_ids.append(tokenizer.pad_token_id)
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop_token_ids:
+        if tokenizer.eos_token_id not in stop_token_ids:
             stop_token_ids.append(tokenizer.eos_token_id)
         return self.new(stop_token_ids=stop_token_ids)
 
