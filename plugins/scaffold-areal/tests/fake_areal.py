@@ -261,7 +261,7 @@ class FakeInferenceEngine:
                                             "temperature": 0.0 if gconfig.greedy else gconfig.temperature,
                                             "top_p": gconfig.top_p, "top_k": gconfig.top_k,
                                             "stop_token_ids": list(gconfig.stop_token_ids), "stop": gconfig.stop,
-                                            "seed": gconfig.seed}, version)
+                                            "seed": getattr(gconfig, "seed", None)}, version)
         self.segments.append(segment)
         index = len(self.segments) - 1
         planned = self._continuations.pop(tuple(input_ids), None)

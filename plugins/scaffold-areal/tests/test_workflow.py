@@ -40,9 +40,16 @@ def be(request):
     return backend(request.param)
 
 
-def check_contract(out: dict, rows: int, width: int) -> None:
-    assert list(out) == RLVR_KEYS
+def keys_of(be) -> list[str]:
+    """RLVR's keys; without turn_ids for AReaL releases before it."""
+    return RLVR_KEYS if be.workflow_cls.areal.turn_ids else [k for k in RLVR_KEYS if k != "turn_ids"]
+
+
+def check_contract(be, out: dict, rows: int, width: int) -> None:
+    assert list(out) == keys_of(be)
     for key, dtype in DTYPES.items():
+        if key not in out:
+            continue
         assert out[key].dtype == dtype, key
         assert tuple(out[key].shape) == ((rows,) if key == "rewards" else (rows, width)), key
 
@@ -58,12 +65,13 @@ def test_native_episode_is_the_rlvr_tensor_dict_with_real_logprobs(be):
     prompt = prompt_ids()
     output = TOKENIZER.encode("#### 42") + [EOS]
     n, m = len(prompt), len(output)
-    check_contract(out, 1, n + m)
+    check_contract(be, out, 1, n + m)
     assert out["input_ids"][0].tolist() == prompt + output
     assert out["loss_mask"][0].tolist() == [0] * n + [1] * m
     assert torch.equal(out["logprobs"][0], f32([0.0] * n + logprobs_of(output, n, [0] * m)))
     assert out["versions"][0].tolist() == [-1] * n + [0] * m
-    assert out["turn_ids"][0].tolist() == [-1] * n + [0] * m
+    if "turn_ids" in out:
+        assert out["turn_ids"][0].tolist() == [-1] * n + [0] * m
     assert out["attention_mask"].all()
     assert out["rewards"].tolist() == [1.0]
     # what AReaL received: one request, n_samples 1, the workflow's budget, EOS and pad as stop ids, our tokenizer
@@ -86,7 +94,7 @@ def test_a_weight_update_mid_response_is_resumed_and_each_token_keeps_its_versio
     assert second.input_ids == prompt + output[:5] and second.version == 1
     assert second.sampling["max_new_tokens"] == 64 - 5
     versions = [0] * 5 + [1] * (m - 5)
-    check_contract(out, 1, n + m)
+    check_contract(be, out, 1, n + m)
     assert out["input_ids"][0].tolist() == prompt + output
     assert out["versions"][0].tolist() == [-1] * n + versions
     assert torch.equal(out["logprobs"][0], f32([0.0] * n + logprobs_of(output, n, versions)))
@@ -103,7 +111,7 @@ def test_majority_vote_returns_every_sample_padded_like_concat_padded_tensors(be
     outputs = [seg.output for seg in eng.segments]
     assert sorted(TOKENIZER.decode(o, skip_special_tokens=True) for o in outputs) == sorted(texts)
     width = n + max(len(o) for o in outputs)
-    check_contract(out, 3, width)
+    check_contract(be, out, 3, width)
     by_text = {tuple(o): o for o in outputs}
     for row in range(3):
         length = int(out["attention_mask"][row].sum())
@@ -113,7 +121,8 @@ def test_majority_vote_returns_every_sample_padded_like_concat_padded_tensors(be
         assert out["input_ids"][row].tolist() == prompt + output + [0] * pad
         assert out["loss_mask"][row].tolist() == [0] * n + [1] * m + [0] * pad
         assert out["versions"][row].tolist() == [-1] * n + [0] * m + [0] * pad
-        assert out["turn_ids"][row].tolist() == [-1] * n + [0] * m + [0] * pad
+        if "turn_ids" in out:
+            assert out["turn_ids"][row].tolist() == [-1] * n + [0] * m + [0] * pad
         assert out["attention_mask"][row].tolist() == [True] * length + [False] * pad
         assert torch.equal(out["logprobs"][row], f32([0.0] * n + logprobs_of(output, n, [0] * m) + [0.0] * pad))
         correct = "42" in TOKENIZER.decode(output, skip_special_tokens=True)
@@ -125,7 +134,7 @@ def test_majority_vote_with_samples_chosen_returns_the_voted_answer_only(be):
     out = run(workflow(be, controller={"name": "majority_vote", "samples": 3}, samples="chosen"), eng)
     prompt = prompt_ids()
     output = TOKENIZER.encode("#### 42") + [EOS]
-    check_contract(out, 1, len(prompt) + len(output))
+    check_contract(be, out, 1, len(prompt) + len(output))
     assert out["input_ids"][0].tolist() == prompt + output
     assert out["rewards"].tolist() == [1.0]
 
@@ -145,10 +154,11 @@ def test_multiturn_chat_masks_environment_turns_and_versions_follow_each_turn(be
     env = turn1.input_ids[len(prompt) + len(first):]  # the feedback turn rendered by the template
     assert env and TOKENIZER.decode(env).count("<|user|>") == 1
     n, a, e, b = len(prompt), len(first), len(env), len(second)
-    check_contract(out, 1, n + a + e + b)
+    check_contract(be, out, 1, n + a + e + b)
     assert out["input_ids"][0].tolist() == turn1.input_ids + second
     assert out["loss_mask"][0].tolist() == [0] * n + [1] * a + [0] * e + [1] * b
-    assert out["turn_ids"][0].tolist() == [-1] * n + [0] * a + [-1] * e + [1] * b
+    if "turn_ids" in out:
+        assert out["turn_ids"][0].tolist() == [-1] * n + [0] * a + [-1] * e + [1] * b
     assert out["versions"][0].tolist() == [-1] * n + [0] * a + [-1] * e + [1] * b
     expected = [0.0] * n + logprobs_of(first, n, [0] * a) + [0.0] * e + logprobs_of(second, n + a + e, [1] * b)
     assert torch.equal(out["logprobs"][0], f32(expected))
@@ -190,11 +200,12 @@ def test_a_third_party_controller_gets_per_token_versions_across_its_calls(be):
     n, m = len(prompt), len(output)
     assert [s.version for s in eng.segments] == [0, 3] and len(eng.requests) == 2
     versions = [0] * 4 + [3] * (m - 4)
-    check_contract(out, 1, n + m)
+    check_contract(be, out, 1, n + m)
     assert out["input_ids"][0].tolist() == prompt + output
     assert out["versions"][0].tolist() == [-1] * n + versions
     assert torch.equal(out["logprobs"][0], f32([0.0] * n + logprobs_of(output, n, versions)))
-    assert out["turn_ids"][0].tolist() == [-1] * n + [0] * m
+    if "turn_ids" in out:
+        assert out["turn_ids"][0].tolist() == [-1] * n + [0] * m
     assert out["rewards"].tolist() == [1.0]
 
 
@@ -246,9 +257,11 @@ def test_samples_older_than_max_staleness_are_dropped(be):
     assert out["versions"][0].max().item() == 5
 
 
-def test_turn_ids_can_be_left_out_for_areal_releases_before_it(be):
+def test_turn_ids_can_be_chosen_for_the_areal_release(be):
     out = run(workflow(be, turn_ids=False), engine(be, answers("#### 42")))
     assert list(out) == [k for k in RLVR_KEYS if k != "turn_ids"]
+    out = run(workflow(be, turn_ids=True), engine(be, answers("#### 42")))
+    assert list(out) == RLVR_KEYS
 
 
 def test_a_prompt_longer_than_max_tokens_fails_the_episode_clearly(be, caplog):
