@@ -815,3 +815,16 @@ def test_grpo_maker_options_are_explicit_and_validated():
                        ({"eps": -1.0}, "eps must be"), ({"missing_reward": "zero"}, "missing_reward must be")):
         with pytest.raises(ValueError, match=match):
             GRPOTrajectoryMaker(**bad)
+
+
+@pytest.mark.parametrize("name", ["majority_vote", "best_of_n"])
+def test_branches_of_a_multi_sample_generator_get_distinct_sample_numbers_and_seeds(name):
+    registry = plugin_set().registry
+    controller = registry.create("controller", name, {"samples": 3, "generator": {"name": "native", "samples": 2}})
+    engine = ScriptedEngine(lambda prompt, request: f"{request.seed} {request.request_id}")
+    task = ListTask([{"question": "q", "answer": "a"}])
+    [result] = run_episodes(make_contexts(task, engine.tokenizer), engine=engine, controller=controller,
+                            verifier=ExactMatchVerifier())
+    assert result.ok, result.error
+    assert sorted(s.sample_index for s in result.samples) == list(range(6))
+    assert len({s.text for s in result.samples}) == 6, [s.text for s in result.samples]

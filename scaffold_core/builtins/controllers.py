@@ -59,7 +59,10 @@ class _SampleThenVerify(Controller):
         await close_controller(self.generator)
 
     def _sample_and_verify(self, ctx: EpisodeContext):
-        outcomes = yield self.parallel(self.generator, [ctx.branch(i) for i in range(self.samples)])
+        # Each branch numbers its samples from its own base: a generator making k samples per branch
+        # gets k numbers each, so no two samples share an index, a seed or a request id.
+        width = max(1, int(getattr(self.generator, "samples", 1)))
+        outcomes = yield self.parallel(self.generator, [ctx.branch(i * width) for i in range(self.samples)])
         samples = [s for outcome in outcomes for s in outcome.samples]
         checks = [VerificationTask(s.text, ctx.reference) for s in samples]
         yield checks
