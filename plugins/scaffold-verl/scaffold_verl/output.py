@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from scaffold_core.episode import EpisodeResult
+from scaffold_core.trajectory import sample_tokens
 
 from .engine import EpisodeLog
 
@@ -51,19 +52,24 @@ def runs(mask: Sequence[int]) -> int:
 def agent_loop_fields(episode: EpisodeResult, log: EpisodeLog, *, prompt_length: int, response_length: int,
                       scored: bool) -> dict[str, Any]:
     """The ``AgentLoopOutput`` keyword arguments for a successful episode."""
-    if not episode.samples or not episode.trajectories:
+    if not episode.samples or (scored and not episode.trajectories):
         raise ValueError(f"scaffold episode {episode.episode_id} produced no training sample")
     sample = episode.samples[chosen_index(episode)]
     trajectory = next((t for t in episode.trajectories if t.sample_index == sample.sample_index),
-                      episode.trajectories[0])
-    cut = trajectory.prompt_len
-    prompt_ids = list(trajectory.input_ids[:cut])
+                      episode.trajectories[0] if episode.trajectories else None)
+    if trajectory is not None:
+        cut, input_ids, loss_mask, behaviour = (trajectory.prompt_len, trajectory.input_ids, trajectory.loss_mask,
+                                                trajectory.logprobs)
+    else:  # no verifier: the sample carries no reward (verl scores it), so no trajectory maker kept it
+        input_ids, loss_mask, behaviour, _ = sample_tokens(sample)
+        cut = len(sample.prompt_ids)
+    prompt_ids = list(input_ids[:cut])
     if len(prompt_ids) > prompt_length:
         raise ValueError(f"the sample's prompt has {len(prompt_ids)} tokens, more than verl's rollout.prompt_length "
                          f"({prompt_length}); shorten it or raise data.max_prompt_length")
-    response = list(trajectory.input_ids[cut:])
-    mask = [int(m) for m in trajectory.loss_mask[cut:]]
-    logprobs = [float(x) if m else 0.0 for x, m in zip(trajectory.logprobs[cut:], mask)]
+    response = list(input_ids[cut:])
+    mask = [int(m) for m in loss_mask[cut:]]
+    logprobs = [float(x) if m else 0.0 for x, m in zip(behaviour[cut:], mask)]
     extra = dict(log.extra_fields)
     if log.steps:
         extra["min_global_steps"] = min(log.steps)
@@ -78,7 +84,7 @@ def agent_loop_fields(episode: EpisodeResult, log: EpisodeLog, *, prompt_length:
         response_ids=response[:response_length],
         response_mask=mask[:response_length],
         response_logprobs=logprobs[:response_length] if log.logprobs else None,
-        reward_score=float(trajectory.reward) if scored else None,
+        reward_score=float(trajectory.reward) if scored and trajectory is not None else None,
         num_turns=1 + runs(mask),
         metrics={"generate_sequences": log.generate_s, "tool_calls": 0.0,
                  "num_preempted": log.num_preempted if log.num_preempted is not None else -1},

@@ -201,9 +201,6 @@ def test_loops_of_one_worker_share_the_controller_and_verifier(be):
         async def start(self):
             started.append(1)
 
-        def clone(self):
-            return self
-
         def process(self, ctx):
             task = ctx.generation_task(0)
             yield [task]
