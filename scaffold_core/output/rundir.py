@@ -26,6 +26,7 @@ from typing import Any
 
 from ..episode import EpisodeResult
 from ..errors import ConfigError
+from ..plugins.registry import bare_name
 from .files import atomic_write_text, safe_child
 from .ledger import LEDGER, RANK_LEDGER_GLOB, latest_records, ledger_paths, record_of
 
@@ -36,7 +37,8 @@ RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics
 def expand_output_dir(config: Any) -> Path:
     """``output.dir`` with ``{task}``, ``{controller}`` and ``{time}`` filled in."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    text = config.output.dir.format(task=config.task.name, controller=config.controller.name, time=stamp)
+    text = config.output.dir.format(task=bare_name(config.task.name), controller=bare_name(config.controller.name),
+                                   time=stamp)
     return Path(text)
 
 
