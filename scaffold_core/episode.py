@@ -11,7 +11,7 @@ from typing import Any
 
 from .generation import GenerationTask
 from .sampling import SamplingParams, mix_seed
-from .verifier import Verdict
+from .verifier import Reference, Verdict
 
 
 @dataclass(slots=True, eq=False)
@@ -100,7 +100,7 @@ class EpisodeContext:
     prompt_ids: list[int]
     sampling: SamplingParams
     seed: int
-    reference: str | None = None
+    reference: Reference = None
     prompt_text: str = ""
     messages: list[dict[str, Any]] | None = None
     tokenizer: Any = None
@@ -156,7 +156,7 @@ class EpisodeResult:
     episode_id: str
     index: int
     status: str
-    reference: str | None = None
+    reference: Reference = None
     prompt_text: str = ""
     samples: list[Sample] = field(default_factory=list)
     chosen: int | None = None

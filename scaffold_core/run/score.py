@@ -17,7 +17,11 @@ CHUNK = 512
 
 def score_file(verifier_name: str, input_path: str, output_path: str | None = None,
                options: list[str] | None = None, *, timeout: float = 30.0) -> dict[str, Any]:
-    """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept)."""
+    """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept).
+
+    ``answer`` is the reference, any JSON value (a string, a number, a list of acceptable answers,
+    a dict the verifier understands, or null), passed to the verifier as it is.
+    """
     opts: dict[str, Any] = {}
     for text in options or []:
         parts, value = parse_override(text)
@@ -68,8 +72,7 @@ async def _score(verifier: Any, name: str, rows: list[dict[str, Any]], timeout: 
         out: list[Any] = []
         for start in range(0, len(rows), CHUNK):
             chunk = rows[start:start + CHUNK]
-            out.extend(await pool.verify_many([(str(r["response"]), None if r["answer"] is None
-                                                else str(r["answer"])) for r in chunk]))
+            out.extend(await pool.verify_many([(str(r["response"]), r["answer"]) for r in chunk]))
         return out
     finally:
         pool.close()

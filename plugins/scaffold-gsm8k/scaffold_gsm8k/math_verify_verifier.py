@@ -20,7 +20,7 @@ import threading
 from typing import Any, ClassVar
 
 from scaffold_core.errors import MissingDependencyError
-from scaffold_core.verifier import Verdict, Verifier
+from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answers
 
 from .answers import extract_answer, gold_answer
 
@@ -52,15 +52,19 @@ class MathVerifyVerifier(Verifier):
     def _timeout(self) -> int | None:
         return self.timeout_s if threading.current_thread() is threading.main_thread() else None
 
-    def verify(self, response: str, reference: str | None) -> Verdict:
+    def verify(self, response: str, reference: Reference) -> Verdict:
         mv = _math_verify()
-        if reference is None:
+        answers = reference_answers(reference)  # one answer or a list of acceptable ones; raises for dicts
+        if not answers:
             raise ValueError("no reference answer: the math_verify verifier needs the gold answer")
         timeout = self._timeout()
-        gold_text = gold_answer(str(reference))
-        gold = mv.parse(gold_text, parsing_timeout=timeout)
-        if not gold:
-            raise ValueError(f"reference answer {gold_text[:80]!r} cannot be parsed by math-verify")
+        golds = []
+        for answer in answers:
+            gold_text = gold_answer(answer)
+            gold = mv.parse(gold_text, parsing_timeout=timeout)
+            if not gold:
+                raise ValueError(f"reference answer {gold_text[:80]!r} cannot be parsed by math-verify")
+            golds.append(gold)
         found = extract_answer(response or "")
         if not found.text:
             problem = found.problem or "no answer"
@@ -72,6 +76,7 @@ class MathVerifyVerifier(Verifier):
         if not parsed:
             return Verdict(0.0, found.text, None, f"no answer: math-verify cannot parse the {found.source} answer")
         key = found.key if found.key is not None else str(parsed[0])  # canonical numbers vote together
-        ok = mv.verify(gold, parsed, float_rounding=self.float_rounding, timeout_seconds=timeout)
+        ok = any(mv.verify(gold, parsed, float_rounding=self.float_rounding, timeout_seconds=timeout)
+                 for gold in golds)
         return Verdict(1.0 if ok else 0.0, found.text, key,
                        f"correct ({found.source})" if ok else f"wrong answer ({found.source}): got {key[:40]}")
