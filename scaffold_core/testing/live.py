@@ -70,6 +70,43 @@ class BackgroundLoop:
             self.loop.close()
 
 
+class LoopLagMonitor:
+    """Measures how long the running event loop goes without running other work.
+
+    Use it on the loop under test (``async with LoopLagMonitor() as lag: ...``):
+    a heartbeat coroutine sleeps ``interval`` seconds at a time, and
+    :attr:`max_block` is the longest it was held up beyond that, i.e. the
+    longest time something on the loop ran without yielding (a blocking call
+    inside a coroutine, CPU work in a controller's ``process``).
+    """
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval = interval
+        self.max_block = 0.0
+        self._task: asyncio.Task | None = None
+
+    async def _beat(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(self.interval)
+            now = loop.time()
+            self.max_block = max(self.max_block, now - last - self.interval)
+            last = now
+
+    async def __aenter__(self) -> LoopLagMonitor:
+        self._task = asyncio.ensure_future(self._beat())
+        await asyncio.sleep(0)  # let the heartbeat take its first time stamp
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._task is not None:
+            await asyncio.sleep(0)  # a block that ended just now is still measured
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+
 class LiveEngine:
     """An engine started on a :class:`BackgroundLoop`, callable from synchronous code.
 
