@@ -94,11 +94,11 @@ class Verifier:
 def reward_range_of(verifier: Any) -> tuple[float, float]:
     """The verifier's declared ``reward_range`` (default ``(0.0, 1.0)``); raises ValueError when malformed."""
     declared = getattr(verifier, "reward_range", DEFAULT_REWARD_RANGE)
-    try:
-        low, high = (float(x) for x in declared)
-    except (TypeError, ValueError):
+    numbers = list(declared) if isinstance(declared, (tuple, list)) else []
+    if len(numbers) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers):
         raise ValueError(f"{type(verifier).__name__}.reward_range is {declared!r}; declare two numbers, "
-                         "reward_range = (low, high)") from None
+                         "reward_range = (low, high)")
+    low, high = float(numbers[0]), float(numbers[1])
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise ValueError(f"{type(verifier).__name__}.reward_range is {declared!r}; it needs finite numbers "
                          "with low < high")

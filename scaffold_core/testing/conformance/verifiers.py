@@ -226,8 +226,10 @@ class VerifierConformance(ComponentConformance):
         if not self.gold:
             pytest.skip("no gold cases")
         for response, reference in self.gold:
-            decoy = next((o for _, o in self.gold if not _same_answer(reference, o)), DECOY)
-            decoys: list[Reference] = [[decoy], {"answer": decoy, "tolerance": 0}, True, [[decoy]]]
+            decoy = _decoy(reference, [o for _, o in self.gold])
+            # none holds the answer: a list of wrong answers, a dict whose answer is wrong (the right one
+            # listed as rejected: text search through str(dict) would find it), a boolean, a nested list
+            decoys: list[Reference] = [[decoy], {"answer": decoy, "rejected": [reference]}, True, [[decoy]]]
             if isinstance(reference, str) and not _number(reference) and not _number(decoy):
                 decoys.append(987654321)
             for ref, got in zip(decoys, self.verify_each([(response, r) for r in decoys])):
@@ -341,6 +343,17 @@ def _number(value: Any) -> float | None:
         return float(str(value).strip().replace(",", ""))
     except ValueError:
         return None
+
+
+def _decoy(reference: Any, others: list[Any]) -> Any:
+    """A wrong answer of the reference's kind: another case's reference, else the number plus 1000."""
+    other = next((o for o in others if not isinstance(o, (list, dict)) and not _same_answer(reference, o)), None)
+    if other is not None:
+        return other
+    value = None if isinstance(reference, (list, dict)) else _number(reference)
+    if value is not None:
+        return str(int(value) + 1000) if value == int(value) else str(value + 1000)
+    return DECOY
 
 
 def _same_answer(a: Any, b: Any) -> bool:

@@ -1,0 +1,24 @@
+"""scaffold-tools against scaffold's conformance kit: each tool keeps the tool contract."""
+
+from __future__ import annotations
+
+import scaffold_tools
+from scaffold_core.testing.conformance import ToolConformance
+
+
+class TestCalculatorConformance(ToolConformance):
+    plugin = scaffold_tools
+    name = "calculator"
+    calls = [{"expression": "(48 / 2) * 3"}, {"expression": "sqrt(2) ** 2"}, {"expression": "2 ** 10 - 24"}]
+
+
+class TestPythonConformance(ToolConformance):
+    plugin = scaffold_tools
+    name = "python"
+    calls = [{"code": "print(sum(range(10)))"}, {"code": "import math\nprint(math.factorial(6))"}]
+
+
+class TestSearchConformance(ToolConformance):
+    plugin = scaffold_tools
+    name = "search"
+    calls = [{"query": "capital of France"}, {"query": "photosynthesis in plants"}]
