@@ -128,6 +128,18 @@ def test_generated_files_are_complete(kind):
     assert meta["project"]["entry-points"]["scaffold"] == {"demo": "scaffold_demo"}
 
 
+@pytest.mark.parametrize("core, expected", [("0.1.0", ("0.1", "0.2")), ("0.3.7", ("0.3", "0.4")),
+                                            ("1.4.2", ("1.4", "2")), ("0+unknown", ("0.0", "0.1"))])
+def test_a_new_plugin_pins_the_core_series_it_is_made_for(core, expected):
+    from scaffold_core.cli.new_plugin import core_range
+
+    assert core_range(core) == expected
+    tomllib = pytest.importorskip("tomllib")
+    deps = tomllib.loads(plan_files("demo", "task")["pyproject.toml"])["project"]["dependencies"]
+    floor, ceiling = core_range(__import__("scaffold_core").__version__)
+    assert deps == [f"scaffold-core>={floor},<{ceiling}"]
+
+
 def test_cli_creates_the_plugin_and_says_what_next(tmp_path, capsys):
     assert main(["new-plugin", "arith", "--kind", "verifier", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out

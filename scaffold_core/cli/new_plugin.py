@@ -103,6 +103,15 @@ def builtin_names(kind: str) -> list[str]:
     return PluginSet().load(entry_points=False).registry.names(kind)
 
 
+def core_range(core_version: str) -> tuple[str, str]:
+    """The scaffold-core range a new plugin supports: this release series. ``0.1.3`` -> (``0.1``,
+    ``0.2``) (before 1.0 a minor release may break plugins); ``1.4.0`` -> (``1.4``, ``2``)."""
+    numbers = [int(n) for n in re.findall(r"\d+", core_version.split("+")[0])[:2]] + [0, 0]
+    major, minor = numbers[0], numbers[1]
+    floor = f"{major}.{minor}"
+    return floor, (f"{major}.{minor + 1}" if major == 0 else f"{major + 1}")
+
+
 def render(text: str, values: dict[str, str], source: str) -> str:
     """Fill ``{{ key }}`` placeholders; an unknown key is a bug in the template."""
 
@@ -125,7 +134,7 @@ def plan_files(name: str, kind: str) -> dict[str, str]:
         raise NewPluginError(f"unknown kind {kind!r}; kinds: {', '.join(KIND_TEMPLATES)}")
     names = PluginNames.from_name(name, kind)
     spec = KIND_TEMPLATES[kind]
-    core_floor = ".".join(version().split(".")[:2])
+    core_floor, core_ceiling = core_range(version())
     values = {
         "name": names.name,
         "distribution": names.distribution,
@@ -137,6 +146,7 @@ def plan_files(name: str, kind: str) -> dict[str, str]:
         "component_module": spec.module,
         "summary": spec.summary,
         "core_floor": core_floor,
+        "core_ceiling": core_ceiling,
     }
     values["usage"] = render(_template(kind, "usage.md.tmpl"), values, f"{kind}/usage.md.tmpl").strip()
     files: dict[str, str] = {}
