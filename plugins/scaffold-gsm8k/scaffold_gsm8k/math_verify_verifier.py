@@ -24,7 +24,7 @@ from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answe
 
 from .answers import extract_answer, gold_answer
 
-INSTALL_HINT = 'pip install "scaffold-gsm8k[math-verify]"'
+INSTALL_HINT = 'pip install "math-verify>=0.7" (what the math-verify extra of scaffold-gsm8k adds)'
 
 
 def _math_verify() -> Any:

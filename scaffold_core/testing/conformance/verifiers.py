@@ -357,10 +357,14 @@ def _decoy(reference: Any, others: list[Any]) -> Any:
 
 
 def _same_answer(a: Any, b: Any) -> bool:
-    """Whether two references may name the same answer (then one cannot serve as a wrong one for the other)."""
+    """Whether two references may share an answer (then one cannot serve as a wrong one for the other):
+    equal, numerically equal, equal ignoring case, or lists with such an element in common."""
     if a == b:
         return True
-    if isinstance(a, (list, dict)) or isinstance(b, (list, dict)):
+    if isinstance(a, list) or isinstance(b, list):
+        return any(_same_answer(x, y) for x in (a if isinstance(a, list) else [a])
+                   for y in (b if isinstance(b, list) else [b]))
+    if isinstance(a, dict) or isinstance(b, dict):
         return str(a) == str(b)
     x, y = _number(a), _number(b)
     if x is not None and y is not None:
