@@ -175,11 +175,16 @@ class ControllerConformance(ComponentConformance):
         """``process`` never holds the event loop for more than ``max_loop_block`` seconds at a time (every
         episode of a run shares that loop)."""
         from ..live import LoopLagMonitor
+        from ._common import least_block
 
-        monitor = LoopLagMonitor()
-        self.run(monitor=monitor)
-        assert monitor.max_block <= self.max_loop_block, (
-            f"the controller held the event loop for {monitor.max_block:.3f} s at once (bound: max_loop_block = "
+        def measure() -> float:
+            monitor = LoopLagMonitor()
+            self.run(monitor=monitor)
+            return monitor.max_block
+
+        blocked = least_block(measure, self.max_loop_block)
+        assert blocked <= self.max_loop_block, (
+            f"the controller held the event loop for {blocked:.3f} s at once (bound: max_loop_block = "
             f"{self.max_loop_block:g} s), stalling every other episode. Do not sleep or do heavy work in "
             "process(): yield GenerationTask/VerificationTask/AwaitTask and let the runtime wait")
 
