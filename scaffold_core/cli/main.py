@@ -103,7 +103,10 @@ def cmd_list_plugins(args: argparse.Namespace) -> int:
         print(json.dumps([i.to_json() for i in infos], indent=2))
         return ExitCode.OK
     if not infos:
-        print("No plugins installed. Add one with e.g.: pip install scaffold-gsm8k")
+        from ..plugins.registry import install_command
+
+        print(f"No plugins installed. Add one, e.g. {install_command('scaffold-gsm8k')} "
+              "(wheels built by `make dist` in a scaffold checkout; see its README)")
         return ExitCode.OK
     rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS")]
     for info in infos:
