@@ -21,6 +21,8 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
                options: list[str] | None = None, *, timeout: float = 30.0) -> dict[str, Any]:
     """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept).
 
+    ``answer`` is the reference, any JSON value (a string, a number, a list of acceptable answers,
+    a dict the verifier understands, or null), passed to the verifier as it is.
     A line the verifier cannot score (a gold answer it cannot use, a verifier error or timeout) does not
     stop the others: it is listed in ``unscored`` with its line number and error, and written to the
     output with ``reward: null`` and that ``error``. A line that is not UTF-8, not JSON or lacks a field
@@ -91,8 +93,7 @@ async def _score(verifier: Any, name: str, rows: list[dict[str, Any]], timeout: 
     try:
         for start in range(0, len(todo), CHUNK):
             chunk = todo[start:start + CHUNK]
-            items = [(str(rows[i]["response"]), None if rows[i]["answer"] is None else str(rows[i]["answer"]))
-                     for i in chunk]
+            items = [(str(rows[i]["response"]), rows[i]["answer"]) for i in chunk]
             try:
                 verdicts: list[Any] = await pool.verify_many(items)
             except VerifierError:  # some row of the chunk cannot be scored: score them one by one
