@@ -278,6 +278,12 @@ class Registry:
         if close:
             msg += f" Did you mean {close[0]!r}?"
         provider = KNOWN_PROVIDERS.get((kind, bare))
+        if provider is None and not close:  # a misspelling of a name this project's plugins provide
+            known = [n for k, n in KNOWN_PROVIDERS if k == kind]
+            guess = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
+            if guess:
+                msg += f" Did you mean {guess[0]!r}?"
+                provider = KNOWN_PROVIDERS[(kind, guess[0])]
         disabled = {dist: plugin for plugin, dist in self.disabled.items() if dist}
         if provider is not None and provider.split("[")[0] in disabled:
             plugin = disabled[provider.split("[")[0]]
