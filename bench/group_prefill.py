@@ -106,6 +106,30 @@ async def one_run(engine, prompts: list[list[int]], max_tokens: int, share: bool
             "batches": after["batches"] - before["batches"]}
 
 
+def prefill_alone(engine, prompts: list[list[int]], share: bool) -> dict:
+    """One batch's prefill by itself: each prompt for its group's ``SAMPLES`` rows (wall and process CPU s)."""
+    import torch
+
+    from scaffold_core.engines.prefill import prefill
+
+    rows = [p for p in prompts for _ in range(SAMPLES)]
+    device = next(engine.model.parameters()).device
+    start, cpu = time.perf_counter(), time.process_time()
+    with torch.inference_mode():
+        prefill(torch, engine.model, rows, pad_id=engine.pad_id, device=device, cache_arg=engine._cache_arg,
+                share=share)
+    return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
+
+
+def report_alone(runs: dict[bool, list[dict]], rows: int) -> None:
+    today, now = ({k: statistics.median(r[k] for r in runs[share]) for k in ("wall_s", "cpu_s")}
+                  for share in (False, True))
+    print(f"    prefill alone ({rows} rows): today {today['wall_s']:.3f} s wall / {today['cpu_s']:.3f} s CPU, "
+          f"now {now['wall_s']:.3f} s / {now['cpu_s']:.3f} s (ratio {today['wall_s'] / now['wall_s']:.2f}x / "
+          f"{today['cpu_s'] / now['cpu_s']:.2f}x less); all wall today "
+          f"{[round(r['wall_s'], 3) for r in runs[False]]}, now {[round(r['wall_s'], 3) for r in runs[True]]}")
+
+
 def report(title: str, runs: dict[bool, list[dict]], groups: int) -> None:
     keys = ("tokens_per_s", "prefill_s", "wall_s", "cpu_s")
     today, now = ({k: statistics.median(r[k] for r in runs[share]) for k in keys} for share in (False, True))
@@ -113,7 +137,7 @@ def report(title: str, runs: dict[bool, list[dict]], groups: int) -> None:
     print(f"  {title}: prefills per run today {prefills[0]}, goal {groups} (one per group), now {prefills[1]}  "
           f"{'met' if prefills[1] == groups else 'NOT met'}")
     every = {share: [round(r["prefill_s"], 3) for r in runs[share]] for share in (False, True)}
-    print(f"    prefill time: today {today['prefill_s']:.3f} s, now {now['prefill_s']:.3f} s "
+    print(f"    prefill time in the runs: today {today['prefill_s']:.3f} s, now {now['prefill_s']:.3f} s "
           f"(ratio {today['prefill_s'] / max(now['prefill_s'], 1e-9):.2f}x less); all today {every[False]}, "
           f"now {every[True]}")
     print(f"    tokens/s: today {today['tokens_per_s']:.1f}, now {now['tokens_per_s']:.1f} "
@@ -145,10 +169,13 @@ async def main_async(args) -> None:
               f"{args.repeat} runs per mode (medians)")
         for name, prompts in sets.items():
             runs: dict[bool, list[dict]] = {False: [], True: []}
+            alone: dict[bool, list[dict]] = {False: [], True: []}
             for _ in range(args.repeat):
                 for share in (False, True):
+                    alone[share].append(prefill_alone(engine, prompts, share))
                     runs[share].append(await one_run(engine, prompts, args.max_tokens, share))
             report(f"{name} prompts (~{statistics.mean(len(p) for p in prompts):.0f} tokens)", runs, args.episodes)
+            report_alone(alone, len(prompts) * SAMPLES)
         print(machine())
     finally:
         await engine.close()
