@@ -8,13 +8,16 @@ flight; ``--resume`` skips every completed episode found in any ledger.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..episode import EpisodeResult, Sample
+from ..trajectory import TrainingSample
 from ..verifier import Verdict
+from . import codec
 
 LEDGER = "episodes.jsonl"
 #: Per-worker ledgers of multi-worker runs: ``episodes.rank-00003.jsonl`` (see scaffold_core.launch).
@@ -35,6 +38,44 @@ def ledger_paths(directory: str | Path) -> list[Path]:
 
 def record_of(result: EpisodeResult) -> dict[str, Any]:
     """The ledger line of one episode."""
+    return _record(result, [t.to_dict() for t in result.trajectories])
+
+
+def ledger_line(result: EpisodeResult) -> bytes:
+    """The ledger line of one episode, encoded: ``record_of(result)`` as compact JSON and a newline.
+
+    Training sequences are encoded straight from their fields (no copy of the
+    token lists) with orjson; anything orjson would write differently from
+    ``json`` takes the exact ``json`` path of :func:`record_of`.
+    """
+    parts = []
+    for t in result.trajectories:
+        names = _plain_fields(type(t))
+        data = codec.dumps_fast({n: getattr(t, n) for n in names} if names is not None else t.to_dict())
+        if data is None:
+            break
+        parts.append(codec.Fragment(data))
+    else:
+        line = codec.dumps_fast(_record(result, parts))
+        if line is not None:
+            return line + b"\n"
+    return (json.dumps(record_of(result), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _plain_fields(cls: type) -> tuple[str, ...] | None:
+    """Field names of a TrainingSample (sub)class whose ``to_dict`` is the dataclass one, else None."""
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        plain = issubclass(cls, TrainingSample) and cls.to_dict is TrainingSample.to_dict
+        names = tuple(f.name for f in dataclasses.fields(cls)) if plain else None
+        return _FIELDS.setdefault(cls, names)
+
+
+def _record(result: EpisodeResult, trajectories: list[Any]) -> dict[str, Any]:
     samples = []
     for s in result.samples:
         v = s.verdict
@@ -67,7 +108,7 @@ def record_of(result: EpisodeResult) -> dict[str, Any]:
         "chosen": result.chosen,
         "metrics": result.metrics,
         "samples": samples,
-        "trajectories": [t.to_dict() for t in result.trajectories],
+        "trajectories": trajectories,
     }
 
 
@@ -90,7 +131,7 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
 
 
 def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
-    """Ledger records; a torn last line (the process died mid-write) is ignored."""
+    """Ledger records; a torn last line (the process died mid-write) is ignored, and so is a line that is not JSON."""
     if not path.exists():
         return
     with path.open("rb") as fh:
@@ -98,9 +139,46 @@ def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
             if not raw.endswith(b"\n"):
                 return  # torn tail
             try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
+                yield codec.loads(raw)
+            except codec.JSONDecodeError:
                 continue
+
+
+#: Trajectories are the last key of a ledger record; everything before them is the small part of the line.
+_TRAJECTORIES_KEY = b',"trajectories":['
+
+
+def read_head(raw: bytes) -> dict[str, Any] | None:
+    """A ledger line's record without its ``trajectories`` (cheap: the token lists are not parsed), or None
+    when the line is not JSON. The part of the line after the key is not checked here."""
+    cut = raw.find(_TRAJECTORIES_KEY)
+    if cut > 0:
+        try:
+            head = codec.loads(raw[:cut] + b"}")
+        except codec.JSONDecodeError:
+            pass  # the key sat inside a nested value: parse the whole line
+        else:
+            if type(head) is dict:
+                return head
+    try:
+        record = codec.loads(raw)
+    except codec.JSONDecodeError:
+        return None
+    if type(record) is dict:
+        record.pop("trajectories", None)
+    return record
+
+
+def completed_ids(paths: list[Path]) -> set[str]:
+    """Ids of the episodes some ledger in ``paths`` records as completed (what ``latest_records`` keeps as ok),
+    read a line at a time."""
+    done: set[str] = set()
+    for path in paths:
+        for record in read_ledger(path):
+            eid = record["episode_id"]
+            if record["status"] == "ok":
+                done.add(eid)
+    return done
 
 
 def latest_records(paths: list[Path]) -> dict[str, dict[str, Any]]:

@@ -27,7 +27,7 @@ from typing import Any
 from ..episode import EpisodeResult
 from ..errors import ConfigError
 from .files import atomic_write_text, safe_child
-from .ledger import LEDGER, RANK_LEDGER_GLOB, latest_records, ledger_paths, record_of
+from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_line, ledger_paths
 
 #: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers), never anything else.
 RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", "config.yaml", "workers")
@@ -86,16 +86,27 @@ class RunOutput:
         paths = ledger_paths(self.dir)
         if self.ledger_path.exists() and self.ledger_path not in [p.resolve() for p in paths]:
             paths.append(self.ledger_path)
-        return {eid for eid, rec in latest_records(paths).items() if rec["status"] == "ok"}
+        return completed_ids(paths)
 
     def _repair_ledger(self) -> None:
         """Cut a torn last line so new appends start on a line of their own."""
         if not self.ledger_path.exists():
             return
-        data = self.ledger_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n") + 1
-            with self.ledger_path.open("r+b") as fh:
+        with self.ledger_path.open("r+b") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            cut = end
+            while cut > 0:  # back from the end, a block at a time, to the last newline (the ledger is not read whole)
+                start = max(0, cut - (1 << 16))
+                fh.seek(start)
+                block = fh.read(cut - start)
+                if cut == end and block.endswith(b"\n"):
+                    return
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    cut = start + newline + 1
+                    break
+                cut = start
+            if cut < end:
                 fh.truncate(cut)
 
     def open(self) -> None:
@@ -106,8 +117,7 @@ class RunOutput:
         """Persist one finished episode with a single append."""
         if self._fd is None:
             self.open()
-        line = json.dumps(record_of(result), ensure_ascii=False, separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode("utf-8"))  # type: ignore[arg-type]
+        os.write(self._fd, ledger_line(result))  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self._fd is not None:
