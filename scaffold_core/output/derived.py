@@ -1,42 +1,92 @@
-"""Files derived from the ledger at the end of a run: samples, failures and the trajectories dataset."""
+"""Files derived from the ledger at the end of a run: samples, failures and the trajectories dataset.
+
+They are written by streaming over the episodes' records in ``(index,
+episode_id)`` order, a chunk at a time, so memory does not grow with the
+run: ``samples.jsonl`` and ``failures.jsonl`` a line per record, the
+``trajectories/`` dataset as Arrow shards in the layout
+``datasets.Dataset.save_to_disk`` writes (load it with
+``datasets.load_from_disk``), with the same rows and types as
+``Dataset.from_dict(columns, features=features).save_to_disk(...)``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .codec import dumps_compact
 
-def write_derived(directory: Path, records: dict[str, dict[str, Any]], *, save_dataset: bool = True) -> dict[str, int]:
-    """Write samples.jsonl, failures.jsonl and the trajectories dataset from ledger records."""
-    ordered = sorted(records.values(), key=lambda r: (r.get("index", 0), r["episode_id"]))
+#: Records in output order, as a mapping (episode id -> record, sorted here) or a callable that starts a
+#: fresh pass over them each time it is called (the dataset may need a second pass, see write_derived).
+Records = Mapping[str, dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]]
+
+#: Rows per Arrow chunk: bounds the memory of a chunk of 1,000-token rows to a few megabytes.
+CHUNK_ROWS = 256
+
+
+def _passes(records: Records) -> Callable[[], Iterable[dict[str, Any]]]:
+    if isinstance(records, Mapping):
+        ordered = sorted(records.values(), key=lambda r: (r.get("index", 0), r["episode_id"]))
+        return lambda: ordered
+    return records
+
+
+def write_derived(directory: Path, records: Records, *, save_dataset: bool = True) -> dict[str, int]:
+    """Write samples.jsonl, failures.jsonl and the trajectories dataset from ledger records.
+
+    ``records``: episode id -> record (ordered here by ``(index, episode_id)``), or a callable returning
+    the records already in that order, one pass per call. One pass writes everything; a second pass is
+    made only when trajectories carry extra columns (their types are known once every row was seen).
+    """
+    passes = _passes(records)
     n_samples = n_failed = n_traj = 0
     tmp_samples = directory / ".samples.jsonl.tmp"
     tmp_failures = directory / ".failures.jsonl.tmp"
-    with tmp_samples.open("w", encoding="utf-8") as fs, tmp_failures.open("w", encoding="utf-8") as ff:
-        for rec in ordered:
-            if rec["status"] != "ok":
-                n_failed += 1
-                ff.write(json.dumps({k: rec.get(k) for k in ("episode_id", "index", "error_component", "error",
-                                                             "attempts", "answer")}, ensure_ascii=False) + "\n")
-                continue
-            for s in rec["samples"]:
-                n_samples += 1
-                fs.write(json.dumps({
-                    "episode_id": rec["episode_id"], "sample_index": s["sample_index"], "prompt": rec["prompt"],
-                    "response": s["response"], "answer": rec["answer"], "extracted": s["extracted"],
-                    "reward": s["reward"], "reason": s["reason"], "finish_reason": s["finish_reason"],
-                    "generated_tokens": s["generated_tokens"],
-                    "chosen": rec.get("chosen") == s["sample_index"] if rec.get("chosen") is not None else None,
-                    **({"turn_rewards": s["turn_rewards"]} if "turn_rewards" in s else {}),
-                }, ensure_ascii=False) + "\n")
-            n_traj += len(rec.get("trajectories") or [])
-    os.replace(tmp_samples, directory / "samples.jsonl")
-    os.replace(tmp_failures, directory / "failures.jsonl")
-    if save_dataset:
-        save_trajectories(directory, ordered)
+    dataset = TrajectoryDatasetWriter(directory) if save_dataset else None
+    try:
+        with tmp_samples.open("wb") as fs, tmp_failures.open("wb") as ff:
+            for rec in passes():
+                if rec["status"] != "ok":
+                    n_failed += 1
+                    ff.write(dumps_compact({k: rec.get(k) for k in ("episode_id", "index", "error_component", "error",
+                                                                    "attempts", "answer")}) + b"\n")
+                    continue
+                chosen = rec.get("chosen")
+                for s in rec["samples"]:
+                    n_samples += 1
+                    fs.write(dumps_compact({
+                        "episode_id": rec["episode_id"], "sample_index": s["sample_index"], "prompt": rec["prompt"],
+                        "response": s["response"], "answer": rec["answer"], "extracted": s["extracted"],
+                        "reward": s["reward"], "reason": s["reason"], "finish_reason": s["finish_reason"],
+                        "generated_tokens": s["generated_tokens"],
+                        "chosen": chosen == s["sample_index"] if chosen is not None else None,
+                        **({"turn_rewards": s["turn_rewards"]} if "turn_rewards" in s else {}),
+                    }) + b"\n")
+                trajectories = rec.get("trajectories") or []
+                n_traj += len(trajectories)
+                if dataset is not None:
+                    for row in trajectories:
+                        dataset.add(row)
+        os.replace(tmp_samples, directory / "samples.jsonl")
+        os.replace(tmp_failures, directory / "failures.jsonl")
+        if dataset is not None:
+            if dataset.extra:  # columns a trajectory maker added: write again with them (second pass)
+                dataset = dataset.restart()
+                for rec in passes():
+                    if rec["status"] == "ok":
+                        for row in rec.get("trajectories") or []:
+                            dataset.add(row)
+            dataset.finish()
+            dataset = None
+    finally:
+        if dataset is not None:
+            dataset.abort()
+        for tmp in (tmp_samples, tmp_failures):
+            tmp.unlink(missing_ok=True)
     return {"samples": n_samples, "failed": n_failed, "trajectories": n_traj}
 
 
@@ -53,36 +103,51 @@ def _value_type(value: Any) -> str | None:
     return next((name for cls, name in _SCALAR_TYPES if isinstance(value, cls)), None)
 
 
-def extra_features(rows: list[dict[str, Any]], known: Any) -> dict[str, Any]:
+class ExtraColumns:
+    """Collects the keys rows carry beyond ``known`` and the dataset types of their values, row by row."""
+
+    def __init__(self, known: Any):
+        self.known = set(known)
+        self.found: dict[str, set[str | None]] = {}
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        if row.keys() <= self.known:
+            return
+        for key, value in row.items():
+            if key not in self.known and value is not None:
+                self.found.setdefault(key, set()).add(_value_type(value))
+
+    def features(self) -> dict[str, Any]:
+        import datasets
+
+        out: dict[str, Any] = {}
+        for key, types in self.found.items():
+            if None in types:
+                continue
+            if types <= {"list:int64", "list:float32"}:
+                out[key] = datasets.Sequence(datasets.Value("float32" if "list:float32" in types else "int64"))
+            elif types <= {"int64", "float32"}:
+                out[key] = datasets.Value("float32" if "float32" in types else "int64")
+            elif len(types) == 1:
+                out[key] = datasets.Value(next(iter(types)))
+        return out
+
+
+def extra_features(rows: Iterable[Mapping[str, Any]], known: Any) -> dict[str, Any]:
     """Dataset columns for keys a trajectory maker adds beyond the standard ones (e.g. a multi-turn
     maker's ``turn_rewards``): numbers, strings, booleans and lists of numbers are kept; other
     values stay in ``episodes.jsonl`` only."""
-    import datasets
-
-    found: dict[str, set[str | None]] = {}
+    extra = ExtraColumns(known)
     for row in rows:
-        for key, value in row.items():
-            if key not in known and value is not None:
-                found.setdefault(key, set()).add(_value_type(value))
-    out: dict[str, Any] = {}
-    for key, types in found.items():
-        if None in types:
-            continue
-        if types <= {"list:int64", "list:float32"}:
-            out[key] = datasets.Sequence(datasets.Value("float32" if "list:float32" in types else "int64"))
-        elif types <= {"int64", "float32"}:
-            out[key] = datasets.Value("float32" if "float32" in types else "int64")
-        elif len(types) == 1:
-            out[key] = datasets.Value(next(iter(types)))
-    return out
+        extra.add(row)
+    return extra.features()
 
 
-def save_trajectories(directory: Path, ordered: list[dict[str, Any]]) -> None:
-    """Save the training sequences with ``datasets`` (load with ``datasets.load_from_disk``)."""
+def trajectory_features() -> Any:
+    """The standard columns of the trajectories dataset."""
     import datasets
 
-    rows = [t for rec in ordered if rec["status"] == "ok" for t in (rec.get("trajectories") or [])]
-    features = datasets.Features({
+    return datasets.Features({
         "input_ids": datasets.Sequence(datasets.Value("int64")),
         "loss_mask": datasets.Sequence(datasets.Value("int8")),
         "logprobs": datasets.Sequence(datasets.Value("float32")),
@@ -95,21 +160,192 @@ def save_trajectories(directory: Path, ordered: list[dict[str, Any]]) -> None:
         "prompt_len": datasets.Value("int32"),
         "finish_reason": datasets.Value("string"),
     })
-    features.update(extra_features(rows, features))
-    columns = {name: [row.get(name) for row in rows] for name in features}
-    dataset = datasets.Dataset.from_dict(columns, features=features)
-    target = directory / "trajectories"
-    tmp = directory / ".trajectories.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    quiet = not datasets.are_progress_bars_disabled()
-    if quiet:
-        datasets.disable_progress_bars()  # the run has its own progress bar; this one is noise
-    try:
-        dataset.save_to_disk(str(tmp))
-    finally:
+
+
+class TrajectoryDatasetWriter:
+    """Writes training rows to ``directory/trajectories`` a chunk at a time (via a temp folder, renamed
+    into place by :meth:`finish`), with the standard columns plus ``extra_columns``.
+
+    Rows whose extra keys are not among the columns are still written (without them); :attr:`extra`
+    then holds the columns they call for, and :meth:`restart` begins again with those columns.
+    """
+
+    def __init__(self, directory: Path, extra_columns: Mapping[str, Any] | None = None):
+        import datasets
+        from datasets.utils.py_utils import convert_file_size_to_int
+
+        self.directory = Path(directory)
+        self.features = trajectory_features()
+        self.features.update(extra_columns or {})
+        self._extra_columns = dict(extra_columns or {})
+        self._plain = _plain_types(self.features)
+        self._seen = ExtraColumns(self.features)
+        self.tmp = self.directory / ".trajectories.tmp"
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        self._rows: list[Mapping[str, Any]] = []
+        self._shards: list[Path] = []
+        self._writer: Any = None
+        self._shard_bytes = 0
+        self._max_shard_bytes = convert_file_size_to_int(datasets.config.MAX_SHARD_SIZE)
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Columns seen rows call for beyond this writer's columns."""
+        return self._seen.features()
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        self._seen.add(row)
+        self._rows.append(row)
+        if len(self._rows) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        import pyarrow as pa
+        from datasets.arrow_writer import ArrowWriter, OptimizedTypedSequence
+
+        rows, self._rows = self._rows, []
+        features = self.features
+        # As Dataset.from_dict(columns, features=features) builds its table: encode, then type each column.
+        # Encoding leaves values of exactly the column's Python type as they are: skip it when all are.
+        plain = self._plain is not None and all(_is_plain(row, self._plain) for row in rows)
+        columns = {name: [row.get(name) for row in rows] for name in features}
+        arrays = [pa.array(OptimizedTypedSequence(column if plain else features.encode_column(column, name),
+                                                  type=features[name], col=name))
+                  for name, column in columns.items()]
+        table = pa.Table.from_arrays(arrays, names=list(features))
+        if self._writer is not None and self._shard_bytes >= self._max_shard_bytes:
+            self._close_shard()
+        if self._writer is None:
+            path = self.tmp / f".shard-{len(self._shards):05d}.arrow"
+            self._shards.append(path)
+            self._writer = ArrowWriter(features=features, path=str(path), embed_local_files=True)
+            self._shard_bytes = 0
+        self._writer.write_table(table)
+        self._shard_bytes += table.nbytes
+
+    def _close_shard(self) -> None:
+        if self._writer is not None:
+            self._writer.finalize()
+            self._writer.close()
+            self._writer = None
+
+    def restart(self) -> TrajectoryDatasetWriter:
+        """A new writer for the same directory with the extra columns seen so far."""
+        extra = {**self._extra_columns, **self.extra}
+        self.abort()
+        return TrajectoryDatasetWriter(self.directory, extra)
+
+    def finish(self) -> None:
+        """Complete the dataset and move it to ``trajectories/`` (replacing an earlier one)."""
+        import datasets
+
+        self._flush()
+        self._close_shard()
+        quiet = not datasets.are_progress_bars_disabled()
         if quiet:
-            datasets.enable_progress_bars()
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)
+            datasets.disable_progress_bars()  # the run has its own progress bar; this one is noise
+        try:
+            # An empty dataset with these features writes state.json and dataset_info.json exactly as
+            # save_to_disk does; the shards written here are then listed in state.json.
+            empty = datasets.Dataset.from_dict({name: [] for name in self.features}, features=self.features)
+            empty.save_to_disk(str(self.tmp))
+        finally:
+            if quiet:
+                datasets.enable_progress_bars()
+        names = []
+        for i, shard in enumerate(self._shards):
+            name = f"data-{i:05d}-of-{len(self._shards):05d}.arrow"
+            os.replace(shard, self.tmp / name)
+            names.append(name)
+        if names:
+            state_path = self.tmp / datasets.config.DATASET_STATE_JSON_FILENAME
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+            state["_data_files"] = [{"filename": name} for name in names]
+            with state_path.open("w", encoding="utf-8") as fh:
+                json.dump(state, fh, indent=2, sort_keys=True)
+        target = self.directory / "trajectories"
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(self.tmp, target)
+
+    def abort(self) -> None:
+        """Drop what was written (the temp folder)."""
+        try:
+            self._close_shard()
+        finally:
+            self._rows = []
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+_PYTHON_TYPES = {"bool": bool, "string": str, "large_string": str}
+
+
+def _python_type(feature: Any) -> type | None:
+    """The Python type a ``Value`` feature's encoding returns unchanged (int for int32, ...), else None."""
+    import datasets
+
+    if not isinstance(feature, datasets.Value):
+        return None
+    dtype = feature.dtype
+    if dtype in _PYTHON_TYPES:
+        return _PYTHON_TYPES[dtype]
+    if dtype.startswith(("int", "uint")):
+        return int
+    return float if dtype.startswith("float") else None
+
+
+def _plain_types(features: Any) -> list[tuple[str, bool, type]] | None:
+    """(column, is a list, Python type) per column, when every column is a Value or a list of Values."""
+    import datasets
+
+    lists = tuple(t for t in (getattr(datasets, "List", None), getattr(datasets, "LargeList", None)) if t is not None)
+    if not lists:  # an older datasets: always encode
+        return None
+    out = []
+    for name, feature in features.items():
+        is_list = isinstance(feature, lists)
+        kind = _python_type(feature.feature if is_list else feature)
+        if kind is None:
+            return None
+        out.append((name, is_list, kind))
+    return out
+
+
+def _is_plain(row: Mapping[str, Any], kinds: list[tuple[str, bool, type]]) -> bool:
+    """True when encoding ``row`` for the dataset changes nothing: each value is None, of its column's exact
+    type, or a list whose first element is (datasets checks the first element of a list to decide)."""
+    for name, is_list, kind in kinds:
+        value = row.get(name)
+        if value is None:
+            continue
+        if is_list:
+            if type(value) is not list or (value and type(value[0]) is not kind):
+                return False
+        elif type(value) is not kind:
+            return False
+    return True
+
+
+def save_trajectories(directory: Path, ordered: Iterable[dict[str, Any]]) -> None:
+    """Save the training sequences of ``ordered`` records with ``datasets`` (load with ``datasets.load_from_disk``)."""
+    records = ordered if isinstance(ordered, list) else list(ordered)
+
+    def rows() -> Iterator[Mapping[str, Any]]:
+        return (t for rec in records if rec["status"] == "ok" for t in (rec.get("trajectories") or []))
+
+    writer = TrajectoryDatasetWriter(directory)
+    try:
+        for row in rows():
+            writer.add(row)
+        if writer.extra:
+            writer = writer.restart()
+            for row in rows():
+                writer.add(row)
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..output import latest_records, ledger_paths, result_of, write_derived
+from ..output.ledger_index import LedgerChanged, LedgerIndex
 from ..output.rundir import write_metrics
 from ..plugins.lifecycle import Hooks
 from .metrics import RunMetrics
@@ -28,19 +29,42 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     Totals (episodes, rewards, accuracy) are computed from every ledger record;
     throughput and wall time are the live session's own measurements.
     """
-    records = latest_records(ledgers or ledger_paths(directory))
-    totals = RunMetrics()
+    paths = ledgers or ledger_paths(directory)
+    totals = _derive_streaming(directory, paths, save_dataset)
+    if totals is None:  # a ledger the index cannot describe exactly: every record in memory, as before
+        records = latest_records(paths)
+        totals = RunMetrics()
+        for record in records.values():
+            totals.add(result_of(record))
+        write_derived(directory, records, save_dataset=save_dataset)
     totals.skipped_rows.update(skipped_rows or {})
-    for record in records.values():
-        totals.add(result_of(record))
     metrics = totals.summary()
     for key in SESSION_KEYS:
         if key in live:
             metrics[key] = live[key]
     if "resumed_episodes" in live:
         metrics["session"] = {k: live[k] for k in ("episodes", "completed", "failed", "generated_tokens")}
-    write_derived(directory, records, save_dataset=save_dataset)
     metrics["output_dir"] = str(directory)
     write_metrics(directory, metrics)
     hooks.run_end(metrics, str(directory))
     return metrics
+
+
+def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool) -> RunMetrics | None:
+    """Write the derived files reading the ledgers a record at a time; the totals of every episode (added
+    in the order the episodes first appear, as ``latest_records`` orders them), or None when the ledgers
+    need the in-memory path."""
+    seen = RunMetrics()  # every line as it is read: the totals, unless some episode has several lines
+    with LedgerIndex(paths, on_head=lambda head: seen.add(result_of(head))) as index:
+        if not index.exact:
+            return None
+        try:
+            write_derived(directory, index.records, save_dataset=save_dataset)
+            if not index.duplicates:
+                return seen
+            totals = RunMetrics()
+            for head in index.heads_in_ledger_order():
+                totals.add(result_of(head))
+            return totals
+        except LedgerChanged:
+            return None
