@@ -8,6 +8,7 @@ Every source yields plain records (dicts with at least ``question`` and
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,25 @@ def check_local_files(paths: list[str]) -> None:
             raise ValueError(f"data_files: {path} does not exist (paths are relative to the current directory)")
 
 
+#: Records converted to Python at a time when a dataset is read lazily.
+BATCH_ROWS = 1024
+
+
+def _iter_dataset(dataset: Any) -> Iterator[dict[str, Any]]:
+    """The records of a ``datasets.Dataset``, a batch at a time (what ``to_list()`` holds, without holding it)."""
+    for batch in dataset.with_format("arrow").iter(batch_size=BATCH_ROWS):
+        yield from batch.to_pylist()
+
+
 def read_files(data_files: DataFiles, split: str, *, cache_dir: str | None = None) -> list[dict[str, Any]]:
     """Records of ``split`` from local jsonl/parquet files, read with ``datasets``."""
+    return list(iter_files(data_files, split, cache_dir=cache_dir))
+
+
+def iter_files(data_files: DataFiles, split: str, *, cache_dir: str | None = None) -> Iterator[dict[str, Any]]:
+    """Like :func:`read_files`, converting records to Python only as they are taken (a reader that stops
+    early converts only what it took). Fails at the call, not at the first record, when the files cannot
+    be read."""
     paths = files_for_split(data_files, split)
     builder = builder_for(paths)
     import datasets
@@ -108,11 +126,16 @@ def read_files(data_files: DataFiles, split: str, *, cache_dir: str | None = Non
         raise DataSourceError(
             f"task.data_files: could not read {', '.join(paths)} as {builder}: {type(exc).__name__}: {exc}. "
             "Each record needs 'question' and 'answer' fields") from exc
-    return dataset.to_list()
+    return _iter_dataset(dataset)
 
 
 def read_hub(split: str, *, cache_dir: str | None = None) -> list[dict[str, Any]]:
     """Records of ``openai/gsm8k`` (config ``main``) ``split`` from the Hugging Face hub."""
+    return list(iter_hub(split, cache_dir=cache_dir))
+
+
+def iter_hub(split: str, *, cache_dir: str | None = None) -> Iterator[dict[str, Any]]:
+    """Like :func:`read_hub`, converting records to Python only as they are taken."""
     import datasets
 
     try:
@@ -123,4 +146,4 @@ def read_hub(split: str, *, cache_dir: str | None = None) -> list[dict[str, Any]
             f"{type(exc).__name__}: {exc}. Offline? Point the task at local files with "
             "'data_files: path/to/test.jsonl' (JSON lines or parquet with 'question' and 'answer' fields), "
             "or use the bundled offline sample with 'source: sample'") from exc
-    return dataset.to_list()
+    return _iter_dataset(dataset)
