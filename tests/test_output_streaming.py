@@ -170,14 +170,26 @@ def contents(directory: Path) -> dict:
     return out
 
 
+@pytest.fixture(params=["one process", "worker processes"])
+def processes(request, monkeypatch):
+    """Write the derived files in this process, or in parts on worker processes (whenever there are 2+ records)."""
+    if request.param == "worker processes":
+        import scaffold_core.run.finalize as finalize
+
+        monkeypatch.setattr(finalize, "RECORDS_PER_PROCESS", 1)
+        monkeypatch.setattr(finalize.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    return request.param
+
+
 @pytest.mark.parametrize("name", list(LEDGERS))
-def test_streaming_derived_files_and_metrics_equal_the_in_memory_ones(tmp_path, name):
+def test_streaming_derived_files_and_metrics_equal_the_in_memory_ones(tmp_path, name, processes, caplog):
     streamed = write_ledgers(tmp_path / "streamed", LEDGERS[name])
     paths = sorted(streamed.glob("episodes*.jsonl"))
     held = tmp_path / "held"
     shutil.copytree(streamed, held)
     expected_metrics = in_memory(held, sorted(held.glob("episodes*.jsonl")))
     metrics = finalize_run_dir(streamed, {}, hooks=Hooks(None), ledgers=paths)
+    assert "processes failed" not in caplog.text  # the worker processes did the work, no fallback
     assert contents(streamed) == contents(held)
     clock = {"wall_s", "tokens_per_s", "episodes_per_s", "output_dir"}
     assert {k: v for k, v in metrics.items() if k not in clock} == \

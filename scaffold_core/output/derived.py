@@ -43,51 +43,103 @@ def write_derived(directory: Path, records: Records, *, save_dataset: bool = Tru
     made only when trajectories carry extra columns (their types are known once every row was seen).
     """
     passes = _passes(records)
-    n_samples = n_failed = n_traj = 0
-    tmp_samples = directory / ".samples.jsonl.tmp"
-    tmp_failures = directory / ".failures.jsonl.tmp"
-    dataset = TrajectoryDatasetWriter(directory) if save_dataset else None
+    out = DerivedWriter(directory, directory, save_dataset)
     try:
-        with tmp_samples.open("wb") as fs, tmp_failures.open("wb") as ff:
-            for rec in passes():
-                if rec["status"] != "ok":
-                    n_failed += 1
-                    ff.write(dumps_compact({k: rec.get(k) for k in ("episode_id", "index", "error_component", "error",
-                                                                    "attempts", "answer")}) + b"\n")
-                    continue
-                chosen = rec.get("chosen")
-                for s in rec["samples"]:
-                    n_samples += 1
-                    fs.write(dumps_compact({
-                        "episode_id": rec["episode_id"], "sample_index": s["sample_index"], "prompt": rec["prompt"],
-                        "response": s["response"], "answer": rec["answer"], "extracted": s["extracted"],
-                        "reward": s["reward"], "reason": s["reason"], "finish_reason": s["finish_reason"],
-                        "generated_tokens": s["generated_tokens"],
-                        "chosen": chosen == s["sample_index"] if chosen is not None else None,
-                        **({"turn_rewards": s["turn_rewards"]} if "turn_rewards" in s else {}),
-                    }) + b"\n")
-                trajectories = rec.get("trajectories") or []
-                n_traj += len(trajectories)
-                if dataset is not None:
-                    for row in trajectories:
-                        dataset.add(row)
-        os.replace(tmp_samples, directory / "samples.jsonl")
-        os.replace(tmp_failures, directory / "failures.jsonl")
+        for rec in passes():
+            out.add(rec)
+        return out.finish(passes)
+    finally:
+        out.abort()
+
+
+class DerivedWriter:
+    """Writes samples, failures and dataset rows record by record into temp files under ``work``;
+    :meth:`finish` puts them in place in ``directory``; :meth:`part` closes them for the process that
+    :meth:`join` s them after its own (``scaffold_core.output.parts``)."""
+
+    def __init__(self, directory: Path, work: Path, save_dataset: bool):
+        self.directory = directory
+        self.samples_path = work / ".samples.jsonl.tmp"
+        self.failures_path = work / ".failures.jsonl.tmp"
+        self.dataset = TrajectoryDatasetWriter(directory, tmp=work / ".trajectories.tmp") if save_dataset else None
+        self.counts = {"samples": 0, "failed": 0, "trajectories": 0}
+        self.samples = self.samples_path.open("wb")
+        self.failures = self.failures_path.open("wb")
+
+    def add(self, rec: dict[str, Any]) -> None:
+        counts = self.counts
+        if rec["status"] != "ok":
+            counts["failed"] += 1
+            self.failures.write(dumps_compact({k: rec.get(k) for k in ("episode_id", "index", "error_component",
+                                                                       "error", "attempts", "answer")}) + b"\n")
+            return
+        chosen = rec.get("chosen")
+        write = self.samples.write
+        for s in rec["samples"]:
+            counts["samples"] += 1
+            write(dumps_compact({
+                "episode_id": rec["episode_id"], "sample_index": s["sample_index"], "prompt": rec["prompt"],
+                "response": s["response"], "answer": rec["answer"], "extracted": s["extracted"],
+                "reward": s["reward"], "reason": s["reason"], "finish_reason": s["finish_reason"],
+                "generated_tokens": s["generated_tokens"],
+                "chosen": chosen == s["sample_index"] if chosen is not None else None,
+                **({"turn_rewards": s["turn_rewards"]} if "turn_rewards" in s else {}),
+            }) + b"\n")
+        trajectories = rec.get("trajectories") or []
+        counts["trajectories"] += len(trajectories)
+        if self.dataset is not None:
+            for row in trajectories:
+                self.dataset.add(row)
+
+    def part(self) -> dict[str, Any]:
+        """Close this part's files; what the joining process needs to know about them."""
+        self.samples.close()
+        self.failures.close()
+        shards = self.dataset.close_shards() if self.dataset is not None else []
+        found = self.dataset.seen.found if self.dataset is not None else {}
+        return {"samples": str(self.samples_path), "failures": str(self.failures_path), "counts": self.counts,
+                "shards": [str(p) for p in shards], "found": [[key, sorted(types, key=str)]
+                                                             for key, types in found.items()]}
+
+    def join(self, part: dict[str, Any]) -> None:
+        """Append a later part (from :meth:`part`) after what was written here."""
+        for path, target in ((part["samples"], self.samples), (part["failures"], self.failures)):
+            with open(path, "rb") as fh:
+                shutil.copyfileobj(fh, target, 1 << 20)
+        for key, value in part["counts"].items():
+            self.counts[key] += value
+        if self.dataset is not None:
+            self.dataset.adopt([Path(p) for p in part["shards"]], {key: set(types) for key, types in part["found"]})
+
+    def finish(self, passes: Callable[[], Iterable[dict[str, Any]]] | None) -> dict[str, int]:
+        self.samples.close()
+        self.failures.close()
+        os.replace(self.samples_path, self.directory / "samples.jsonl")
+        os.replace(self.failures_path, self.directory / "failures.jsonl")
+        dataset = self.dataset
         if dataset is not None:
             if dataset.extra:  # columns a trajectory maker added: write again with them (second pass)
-                dataset = dataset.restart()
+                if passes is None:
+                    raise ValueError("extra dataset columns need a second pass over the records")
+                dataset = self.dataset = dataset.restart()
                 for rec in passes():
                     if rec["status"] == "ok":
                         for row in rec.get("trajectories") or []:
                             dataset.add(row)
             dataset.finish()
-            dataset = None
-    finally:
-        if dataset is not None:
-            dataset.abort()
-        for tmp in (tmp_samples, tmp_failures):
+            self.dataset = None
+        return dict(self.counts)
+
+    def abort(self) -> None:
+        """Drop whatever is not in place yet (temp files and folders)."""
+        for fh in (self.samples, self.failures):
+            if fh is not None:
+                fh.close()
+        if self.dataset is not None:
+            self.dataset.abort()
+            self.dataset = None
+        for tmp in (self.samples_path, self.failures_path):
             tmp.unlink(missing_ok=True)
-    return {"samples": n_samples, "failed": n_failed, "trajectories": n_traj}
 
 
 _SCALAR_TYPES = ((bool, "bool"), (int, "int64"), (float, "float32"), (str, "string"))
@@ -170,7 +222,7 @@ class TrajectoryDatasetWriter:
     then holds the columns they call for, and :meth:`restart` begins again with those columns.
     """
 
-    def __init__(self, directory: Path, extra_columns: Mapping[str, Any] | None = None):
+    def __init__(self, directory: Path, extra_columns: Mapping[str, Any] | None = None, *, tmp: Path | None = None):
         import datasets
         from datasets.utils.py_utils import convert_file_size_to_int
 
@@ -179,8 +231,8 @@ class TrajectoryDatasetWriter:
         self.features.update(extra_columns or {})
         self._extra_columns = dict(extra_columns or {})
         self._plain = _plain_types(self.features)
-        self._seen = ExtraColumns(self.features)
-        self.tmp = self.directory / ".trajectories.tmp"
+        self.seen = ExtraColumns(self.features)
+        self.tmp = tmp if tmp is not None else self.directory / ".trajectories.tmp"
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True)
@@ -193,10 +245,10 @@ class TrajectoryDatasetWriter:
     @property
     def extra(self) -> dict[str, Any]:
         """Columns seen rows call for beyond this writer's columns."""
-        return self._seen.features()
+        return self.seen.features()
 
     def add(self, row: Mapping[str, Any]) -> None:
-        self._seen.add(row)
+        self.seen.add(row)
         self._rows.append(row)
         if len(self._rows) >= CHUNK_ROWS:
             self._flush()
@@ -237,14 +289,26 @@ class TrajectoryDatasetWriter:
         """A new writer for the same directory with the extra columns seen so far."""
         extra = {**self._extra_columns, **self.extra}
         self.abort()
-        return TrajectoryDatasetWriter(self.directory, extra)
+        return TrajectoryDatasetWriter(self.directory, extra, tmp=self.tmp)
+
+    def close_shards(self) -> list[Path]:
+        """Write what is buffered and close the current shard; the shard files, in order."""
+        self._flush()
+        self._close_shard()
+        return list(self._shards)
+
+    def adopt(self, shards: list[Path], found: Mapping[str, set[str | None]]) -> None:
+        """Take shards another writer (same columns) wrote for the rows after this one's, and what it saw."""
+        self.close_shards()
+        self._shards.extend(shards)
+        for key, types in found.items():
+            self.seen.found.setdefault(key, set()).update(types)
 
     def finish(self) -> None:
         """Complete the dataset and move it to ``trajectories/`` (replacing an earlier one)."""
         import datasets
 
-        self._flush()
-        self._close_shard()
+        self.close_shards()
         quiet = not datasets.are_progress_bars_disabled()
         if quiet:
             datasets.disable_progress_bars()  # the run has its own progress bar; this one is noise
@@ -257,7 +321,7 @@ class TrajectoryDatasetWriter:
             if quiet:
                 datasets.enable_progress_bars()
         names = []
-        for i, shard in enumerate(self._shards):
+        for i, shard in enumerate(self._shards):  # adopted shards sit in folders of their own: moved in here
             name = f"data-{i:05d}-of-{len(self._shards):05d}.arrow"
             os.replace(shard, self.tmp / name)
             names.append(name)

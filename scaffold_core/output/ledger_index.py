@@ -53,7 +53,7 @@ class LedgerIndex:
         self._hash = array("q")
         self._index = array("q")
         self._ok = array("b")
-        self._file = array("l")
+        self._file = array("q")
         self._offset = array("q")
         self._length = array("q")
         self._fds: dict[int, int] = {}
@@ -160,22 +160,10 @@ class LedgerIndex:
 
     # -- reading -----------------------------------------------------------------
     def _raw(self, line: int) -> bytes:
-        number = self._file[line]
-        fd = self._fds.get(number)
-        if fd is None:
-            fd = self._fds[number] = os.open(self.paths[number], os.O_RDONLY)
-        raw = os.pread(fd, self._length[line], self._offset[line])
-        if len(raw) != self._length[line]:
-            raise LedgerChanged(f"{self.paths[number]} is shorter than when it was indexed")
-        return raw
+        return _pread(self.paths, self._fds, self._file[line], self._offset[line], self._length[line])
 
     def _read(self, line: int) -> dict[str, Any]:
-        try:
-            record = codec.loads(self._raw(line))
-        except codec.JSONDecodeError as exc:
-            raise LedgerChanged(f"line at byte {self._offset[line]} of {self.paths[self._file[line]]} "
-                                "is not JSON") from exc
-        return record
+        return _parse(self._raw(line), self.paths[self._file[line]], self._offset[line])
 
     def _head(self, line: int) -> dict[str, Any]:
         head = read_head(self._raw(line))
@@ -189,18 +177,78 @@ class LedgerIndex:
         for line in self._winners.tolist():
             yield self._read(line)
 
+    def parts(self, count: int) -> list[LedgerSlice]:
+        """The records of :meth:`records` cut into ``count`` consecutive slices of about equal length."""
+        import numpy as np
+
+        winners = self._winners
+        bounds = np.linspace(0, len(winners), count + 1).astype(np.int64)
+        files = np.frombuffer(self._file, dtype=np.int64) if self._file else np.zeros(0, np.int64)
+        offsets = np.frombuffer(self._offset, dtype=np.int64) if self._offset else np.zeros(0, np.int64)
+        lengths = np.frombuffer(self._length, dtype=np.int64) if self._length else np.zeros(0, np.int64)
+        out = []
+        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            lines = winners[start:end]
+            out.append(LedgerSlice([str(p) for p in self.paths], files[lines].tolist(), offsets[lines].tolist(),
+                                   lengths[lines].tolist()))
+        return out
+
     def heads_in_ledger_order(self) -> Iterator[dict[str, Any]]:
         """Every episode's record without its trajectories, in the order the episodes first appear."""
         for line in self._first.tolist():
             yield self._head(line)
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        _close(self._fds)
 
     def __enter__(self) -> LedgerIndex:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LedgerSlice:
+    """Some records of a :class:`LedgerIndex`, by place, in order: small enough to hand to another process."""
+
+    def __init__(self, paths: list[str], files: list[int], offsets: list[int], lengths: list[int]):
+        self.paths = paths
+        self.files = files
+        self.offsets = offsets
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """The records, whole; raises LedgerChanged for a line that is not JSON."""
+        paths = [Path(p) for p in self.paths]
+        fds: dict[int, int] = {}
+        try:
+            for number, offset, length in zip(self.files, self.offsets, self.lengths):
+                yield _parse(_pread(paths, fds, number, offset, length), paths[number], offset)
+        finally:
+            _close(fds)
+
+
+def _pread(paths: list[Path], fds: dict[int, int], number: int, offset: int, length: int) -> bytes:
+    fd = fds.get(number)
+    if fd is None:
+        fd = fds[number] = os.open(paths[number], os.O_RDONLY)
+    raw = os.pread(fd, length, offset)
+    if len(raw) != length:
+        raise LedgerChanged(f"{paths[number]} is shorter than when it was indexed")
+    return raw
+
+
+def _parse(raw: bytes, path: Path, offset: int) -> dict[str, Any]:
+    try:
+        return codec.loads(raw)
+    except codec.JSONDecodeError as exc:
+        raise LedgerChanged(f"line at byte {offset} of {path} is not JSON") from exc
+
+
+def _close(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()

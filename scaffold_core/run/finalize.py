@@ -6,15 +6,24 @@ ended; needs no components, only the output directory and the ledgers in it.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..output import latest_records, ledger_paths, result_of, write_derived
 from ..output.ledger_index import LedgerChanged, LedgerIndex
+from ..output.parts import write_derived_parts
 from ..output.rundir import write_metrics
 from ..plugins.lifecycle import Hooks
 from .metrics import RunMetrics
+
+log = logging.getLogger("scaffold.finalize")
+
+#: Records per worker process below which the derived files are written by this process alone (a worker
+#: process takes about a second to start).
+RECORDS_PER_PROCESS = 20_000
 
 #: Live keys that describe this session (a resumed run's totals come from the ledgers instead).
 SESSION_KEYS = ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_errors", "interrupted",
@@ -59,7 +68,7 @@ def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool) ->
         if not index.exact:
             return None
         try:
-            write_derived(directory, index.records, save_dataset=save_dataset)
+            _write(directory, index, save_dataset)
             if not index.duplicates:
                 return seen
             totals = RunMetrics()
@@ -68,3 +77,19 @@ def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool) ->
             return totals
         except LedgerChanged:
             return None
+
+
+def _write(directory: Path, index: LedgerIndex, save_dataset: bool) -> None:
+    """The derived files from ``index``: in consecutive parts on several cores when there are many records."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    parts = min(cores, len(index) // RECORDS_PER_PROCESS)
+    if parts >= 2:
+        try:
+            write_derived_parts(directory, index.parts(parts), save_dataset=save_dataset, passes=index.records)
+            return
+        except LedgerChanged:
+            raise
+        except Exception as exc:  # worker processes unavailable here: one process writes it all
+            log.warning("writing the derived files in %d processes failed (%s: %s); writing them in one",
+                        parts, type(exc).__name__, exc)
+    write_derived(directory, index.records, save_dataset=save_dataset)
