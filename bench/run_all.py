@@ -20,6 +20,8 @@ SCRIPTS = [
     ("SGLang client", "sglang_client.py", []),
     ("multi-turn drift and speed", "multiturn_drift.py", []),
     ("multi-worker speed-up", "multiworker.py", []),
+    ("scaffold run end to end", "run_end_to_end.py", ["--sizes", "10000", "100000"]),
+    ("task loading with a limit", "task_loading.py", []),
     ("port contention", "ports.py", []),
 ]
 
