@@ -27,13 +27,18 @@ JSONDecodeError = json.JSONDecodeError  # orjson.JSONDecodeError is a subclass
 
 def all_finite(value: Any) -> bool:
     """True when no float in ``value`` (nested dicts, lists and tuples) is NaN or infinite."""
-    kind = type(value)
-    if kind is float:
-        return value - value == 0.0  # NaN and ±inf give NaN
-    if kind is dict:
-        return all(all_finite(v) for v in value.values())
-    if kind is list or kind is tuple:
-        return all(all_finite(v) for v in value)
+    stack = [value]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is float:
+            if item - item != 0.0:  # NaN and ±inf give NaN
+                return False
+        elif kind is dict:
+            extend(item.values())
+        elif kind is list or kind is tuple:
+            extend(item)
     return True  # str, int, bool, None; anything else is refused by the STRICT encoder
 
 
