@@ -101,9 +101,9 @@ BATCH_ROWS = 1024
 
 
 def _iter_dataset(dataset: Any) -> Iterator[dict[str, Any]]:
-    """The records of a ``datasets.Dataset``, a batch at a time (what ``to_list()`` holds, without holding it)."""
-    for batch in dataset.with_format("arrow").iter(batch_size=BATCH_ROWS):
-        yield from batch.to_pylist()
+    """The records of a ``datasets.Dataset`` as ``to_list()`` gives them, a batch at a time (never all held)."""
+    for start in range(0, len(dataset), BATCH_ROWS):
+        yield from dataset.select(range(start, min(start + BATCH_ROWS, len(dataset)))).to_list()
 
 
 def read_files(data_files: DataFiles, split: str, *, cache_dir: str | None = None) -> list[dict[str, Any]]:
