@@ -71,12 +71,12 @@ def env_with_test_plugin() -> dict[str, str]:
     return env
 
 
-def run_cli(episodes: int, workers: int, root: Path, timeout: float) -> dict:
+def run_cli(episodes: int, workers: int, root: Path, timeout: float, save_dataset: bool = True) -> dict:
     """One `scaffold run` in a child process; wall time, peak RSS (MB) and its metrics."""
     import yaml
 
     config = root / f"e2e-{episodes}-{workers}.yaml"
-    config.write_text(yaml.safe_dump(config_data(episodes, workers)), encoding="utf-8")
+    config.write_text(yaml.safe_dump(config_data(episodes, workers, save_dataset)), encoding="utf-8")
     out = root / f"out-{episodes}-{workers}"
     if out.exists():
         shutil.rmtree(out)
@@ -155,9 +155,12 @@ def main() -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1], help="worker processes (default: 1)")
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds per run before it is killed")
     p.add_argument("--dir", help="where runs write (default: a temporary folder)")
+    p.add_argument("--no-dataset", action="store_true",
+                   help="output.save_dataset: false (the dataset of 1M 1,000-token episodes needs ~17 GB of disk)")
     args = p.parse_args()
     print(f"scaffold run end to end: benchmark_canned engine, arithmetic task, native controller, ~1,000 "
-          f"byte tokens per sample; sizes {', '.join(f'{n:,}' for n in args.sizes)}; repeat {args.repeat}")
+          f"byte tokens per sample; sizes {', '.join(f'{n:,}' for n in args.sizes)}; repeat {args.repeat}"
+          + ("; without the trajectories dataset" if args.no_dataset else ""))
     print(machine_line())
     base, base_cpu = runtime_only(min(20_000, max(args.sizes)))
     print(f"runtime alone (same episodes, nothing persisted): {base:,.0f} episodes/s, "
@@ -166,7 +169,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="scaffold-e2e-", dir=args.dir) as tmp:
         for workers in args.workers:
             for n in args.sizes:
-                runs = [run_cli(n, workers, Path(tmp), args.timeout) for _ in range(args.repeat)]
+                runs = [run_cli(n, workers, Path(tmp), args.timeout, not args.no_dataset) for _ in range(args.repeat)]
                 rows.append((n, workers, statistics.median(r["eps"] for r in runs),
                              max(r["peak_rss_mb"] for r in runs), statistics.median(r["wall_s"] for r in runs),
                              runs[0]["ledger_mb"], statistics.median(n / r["cpu_s"] for r in runs)))
