@@ -19,6 +19,8 @@ SCRIPTS = [
     ("GSM8K verifier", "gsm8k_verifier.py", []),
     ("SGLang client", "sglang_client.py", []),
     ("multi-turn drift and speed", "multiturn_drift.py", []),
+    ("agent overhead", "agent_overhead.py", []),
+    ("python tool cold start", "tools_python_cold_start.py", []),
     ("multi-worker speed-up", "multiworker.py", []),
     ("scaffold run end to end", "run_end_to_end.py", ["--sizes", "10000", "100000"]),
     ("task loading with a limit", "task_loading.py", []),

@@ -131,7 +131,8 @@ LEDGERS = {
         "episodes.rank-00001.jsonl": [line_of(f"r{i}", i, reward=0.5) for i in range(1, 40, 2)]},
     "bad lines and a torn tail": {"episodes.jsonl": [
         line_of("x", 0), b"{not json at all}\n", line_of("y", 1, "failed"), b"\n", line_of("z", 2),
-        line_of("y", 1)[:40] + b"\n", line_of("w", 3)[:-30]]},
+        line_of("y", 1)[:40] + b"\n", b'{"episode_id":7,"status":"ok","samples":[]}\n', b"\xff\xfe{}\n",
+        line_of("w", 3)[:-30]]},
     "a line cut after its head, then whole": {"episodes.jsonl": [
         line_of("v", 0), line_of("u", 1)[:-60] + b"\n", line_of("w", 2, "failed"), line_of("u", 1)]},
     "a winner cut after its head": {"episodes.jsonl": [line_of("v", 0), line_of("u", 1)[:-60] + b"\n"]},
@@ -208,7 +209,7 @@ def test_streaming_derived_files_and_metrics_equal_the_in_memory_ones(tmp_path, 
 
 
 def test_a_ledger_the_index_cannot_describe_takes_the_in_memory_path(tmp_path):
-    odd = b'{"episode_id":7,"index":1.5,"status":"ok","samples":[],"prompt":"","answer":null}\n'
+    odd = b'{"episode_id":"b","index":1.5,"status":"ok","samples":[],"prompt":"","answer":null}\n'
     root = write_ledgers(tmp_path / "run", {"episodes.jsonl": [line_of("a", 0), odd]})
     with LedgerIndex([root / "episodes.jsonl"]) as index:
         assert not index.exact

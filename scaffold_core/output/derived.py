@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .codec import dumps_compact
+from .files import file_mode, fresh_dir, replace_dir, set_tree_modes
 
 #: Records in output order, as a mapping (episode id -> record, sorted here) or a callable that starts a
 #: fresh pass over them each time it is called (the dataset may need a second pass, see write_derived).
@@ -35,15 +37,17 @@ def _passes(records: Records) -> Callable[[], Iterable[dict[str, Any]]]:
     return records
 
 
-def write_derived(directory: Path, records: Records, *, save_dataset: bool = True) -> dict[str, int]:
-    """Write samples.jsonl, failures.jsonl and the trajectories dataset from ledger records.
+def write_derived(directory: Path, records: Records, *, save_dataset: bool = True,
+                  private: bool = True) -> dict[str, int]:
+    """Write samples.jsonl, failures.jsonl and the trajectories dataset from ledger records (each to a
+    fresh temp name renamed into place: never through a link).
 
     ``records``: episode id -> record (ordered here by ``(index, episode_id)``), or a callable returning
     the records already in that order, one pass per call. One pass writes everything; a second pass is
     made only when trajectories carry extra columns (their types are known once every row was seen).
     """
     passes = _passes(records)
-    out = DerivedWriter(directory, directory, save_dataset)
+    out = DerivedWriter(directory, save_dataset, private=private)
     try:
         for rec in passes():
             out.add(rec)
@@ -53,18 +57,24 @@ def write_derived(directory: Path, records: Records, *, save_dataset: bool = Tru
 
 
 class DerivedWriter:
-    """Writes samples, failures and dataset rows record by record into temp files under ``work``;
-    :meth:`finish` puts them in place in ``directory``; :meth:`part` closes them for the process that
-    :meth:`join` s them after its own (``scaffold_core.output.parts``)."""
+    """Writes samples, failures and dataset rows record by record to temp files; :meth:`finish` puts them
+    in place in ``directory``. A writer for one ``part`` of the records (``scaffold_core.output.parts``)
+    writes into that folder instead, and :meth:`part` closes its files for the writer that :meth:`join`
+    appends them after its own."""
 
-    def __init__(self, directory: Path, work: Path, save_dataset: bool):
+    def __init__(self, directory: Path, save_dataset: bool, *, private: bool = True, part: Path | None = None):
         self.directory = directory
-        self.samples_path = work / ".samples.jsonl.tmp"
-        self.failures_path = work / ".failures.jsonl.tmp"
-        self.dataset = TrajectoryDatasetWriter(directory, tmp=work / ".trajectories.tmp") if save_dataset else None
+        self.private = private
+        if part is None:
+            self.samples_path, self.samples = _fresh_file(directory, "samples.jsonl", private)
+            self.failures_path, self.failures = _fresh_file(directory, "failures.jsonl", private)
+        else:
+            self.samples_path, self.failures_path = part / "samples.part", part / "failures.part"
+            self.samples, self.failures = self.samples_path.open("wb"), self.failures_path.open("wb")
+        dataset_tmp = None if part is None else part / "trajectories"
+        self.dataset = (TrajectoryDatasetWriter(directory, tmp=dataset_tmp, private=private)
+                        if save_dataset else None)
         self.counts = {"samples": 0, "failed": 0, "trajectories": 0}
-        self.samples = self.samples_path.open("wb")
-        self.failures = self.failures_path.open("wb")
 
     def add(self, rec: dict[str, Any]) -> None:
         counts = self.counts
@@ -133,13 +143,21 @@ class DerivedWriter:
     def abort(self) -> None:
         """Drop whatever is not in place yet (temp files and folders)."""
         for fh in (self.samples, self.failures):
-            if fh is not None:
-                fh.close()
+            fh.close()
         if self.dataset is not None:
             self.dataset.abort()
             self.dataset = None
         for tmp in (self.samples_path, self.failures_path):
             tmp.unlink(missing_ok=True)
+
+
+def _fresh_file(directory: Path, name: str, private: bool) -> tuple[Path, IO[bytes]]:
+    """A new file with a unique name starting with ``.name.`` in ``directory`` (created exclusively:
+    never an existing file or link), 0600 unless shared; renamed over ``name`` when complete."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+    if not private:
+        os.fchmod(fd, file_mode(False))
+    return Path(tmp), os.fdopen(fd, "wb")
 
 
 _SCALAR_TYPES = ((bool, "bool"), (int, "int64"), (float, "float32"), (str, "string"))
@@ -222,7 +240,8 @@ class TrajectoryDatasetWriter:
     then holds the columns they call for, and :meth:`restart` begins again with those columns.
     """
 
-    def __init__(self, directory: Path, extra_columns: Mapping[str, Any] | None = None, *, tmp: Path | None = None):
+    def __init__(self, directory: Path, extra_columns: Mapping[str, Any] | None = None, *, tmp: Path | None = None,
+                 private: bool = True):
         import datasets
         from datasets.utils.py_utils import convert_file_size_to_int
 
@@ -232,10 +251,15 @@ class TrajectoryDatasetWriter:
         self._extra_columns = dict(extra_columns or {})
         self._plain = _plain_types(self.features)
         self.seen = ExtraColumns(self.features)
-        self.tmp = tmp if tmp is not None else self.directory / ".trajectories.tmp"
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp)
-        self.tmp.mkdir(parents=True)
+        self.private = private
+        self._own_tmp = tmp is None  # a fresh folder of its own (else a given one, in a part's folder)
+        if tmp is None:
+            self.tmp = fresh_dir(self.directory, "trajectories", private=private)
+        else:
+            self.tmp = tmp
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp)
+            self.tmp.mkdir(parents=True)
         self._rows: list[Mapping[str, Any]] = []
         self._shards: list[Path] = []
         self._writer: Any = None
@@ -289,7 +313,8 @@ class TrajectoryDatasetWriter:
         """A new writer for the same directory with the extra columns seen so far."""
         extra = {**self._extra_columns, **self.extra}
         self.abort()
-        return TrajectoryDatasetWriter(self.directory, extra, tmp=self.tmp)
+        return TrajectoryDatasetWriter(self.directory, extra, tmp=None if self._own_tmp else self.tmp,
+                                       private=self.private)
 
     def close_shards(self) -> list[Path]:
         """Write what is buffered and close the current shard; the shard files, in order."""
@@ -331,10 +356,8 @@ class TrajectoryDatasetWriter:
             state["_data_files"] = [{"filename": name} for name in names]
             with state_path.open("w", encoding="utf-8") as fh:
                 json.dump(state, fh, indent=2, sort_keys=True)
-        target = self.directory / "trajectories"
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(self.tmp, target)
+        set_tree_modes(self.tmp, private=self.private)
+        replace_dir(self.tmp, self.directory / "trajectories")
 
     def abort(self) -> None:
         """Drop what was written (the temp folder)."""
@@ -394,14 +417,14 @@ def _is_plain(row: Mapping[str, Any], kinds: list[tuple[str, bool, type]]) -> bo
     return True
 
 
-def save_trajectories(directory: Path, ordered: Iterable[dict[str, Any]]) -> None:
+def save_trajectories(directory: Path, ordered: Iterable[dict[str, Any]], *, private: bool = True) -> None:
     """Save the training sequences of ``ordered`` records with ``datasets`` (load with ``datasets.load_from_disk``)."""
     records = ordered if isinstance(ordered, list) else list(ordered)
 
     def rows() -> Iterator[Mapping[str, Any]]:
         return (t for rec in records if rec["status"] == "ok" for t in (rec.get("trajectories") or []))
 
-    writer = TrajectoryDatasetWriter(directory)
+    writer = TrajectoryDatasetWriter(directory, private=private)
     try:
         for row in rows():
             writer.add(row)

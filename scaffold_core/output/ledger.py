@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from ..episode import EpisodeResult, Sample
 from ..trajectory import TrainingSample
 from ..verifier import Verdict
 from . import codec
+from .files import open_nofollow
 
 LEDGER = "episodes.jsonl"
 #: Per-worker ledgers of multi-worker runs: ``episodes.rank-00003.jsonl`` (see scaffold_core.launch).
@@ -130,18 +132,37 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
     )
 
 
-def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
-    """Ledger records; a torn last line (the process died mid-write) is ignored, and so is a line that is not JSON."""
-    if not path.exists():
+def read_ledger(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Ledger records; a torn last line (the process died mid-write) is ignored, and so is a line that is
+    not a record (garbage, not UTF-8): its number is appended to ``bad_lines``, and its episode is run
+    again on resume. A link in place of the ledger is refused (RunDirError), never followed."""
+    if not os.path.lexists(path):
         return
-    with path.open("rb") as fh:
-        for raw in fh:
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
                 return  # torn tail
-            try:
-                yield codec.loads(raw)
-            except codec.JSONDecodeError:
+            record = parse_record(raw)
+            if record is None:
+                if bad_lines is not None and raw.strip():
+                    bad_lines.append(number)
                 continue
+            yield record
+
+
+def parse_record(raw: bytes) -> dict[str, Any] | None:
+    """The record of one ledger line, or None when the line is not one (not JSON, not UTF-8, not a record)."""
+    try:
+        record = codec.loads(raw)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return None
+    return record if _is_record(record) else None
+
+
+def _is_record(record: Any) -> bool:
+    return (isinstance(record, dict) and isinstance(record.get("episode_id"), str)
+            and isinstance(record.get("status"), str) and isinstance(record.get("samples", []), list)
+            and all(isinstance(s, dict) for s in record.get("samples", [])))
 
 
 #: Trajectories are the last key of a ledger record; everything before them is the small part of the line.
@@ -150,42 +171,41 @@ _TRAJECTORIES_KEY = b',"trajectories":['
 
 def read_head(raw: bytes) -> dict[str, Any] | None:
     """A ledger line's record without its ``trajectories`` (cheap: the token lists are not parsed), or None
-    when the line is not JSON. The part of the line after the key is not checked here."""
+    when the line is not a record. The part of the line after the key is not checked here: a line whose
+    head reads may still fail :func:`parse_record`."""
     cut = raw.find(_TRAJECTORIES_KEY)
     if cut > 0:
         try:
             head = codec.loads(raw[:cut] + b"}")
-        except codec.JSONDecodeError:
-            pass  # the key sat inside a nested value: parse the whole line
+        except ValueError:
+            pass  # the key sat inside a nested value (or the line is not JSON): parse the whole line
         else:
-            if type(head) is dict:
-                return head
-    try:
-        record = codec.loads(raw)
-    except codec.JSONDecodeError:
-        return None
-    if type(record) is dict:
+            return head if _is_record(head) else None
+    record = parse_record(raw)
+    if record is not None:
         record.pop("trajectories", None)
     return record
 
 
-def completed_ids(paths: list[Path]) -> set[str]:
-    """Ids of the episodes some ledger in ``paths`` records as completed (what ``latest_records`` keeps as ok),
-    read a line at a time."""
+def completed_ids(paths: list[Path], bad_lines: dict[Path, list[int]] | None = None) -> set[str]:
+    """Ids of the episodes some ledger in ``paths`` records as completed (what ``latest_records`` keeps as
+    ok), read a line at a time; ``bad_lines`` collects, per ledger, the numbers of lines that are not records."""
     done: set[str] = set()
     for path in paths:
-        for record in read_ledger(path):
-            eid = record["episode_id"]
+        bad = None if bad_lines is None else bad_lines.setdefault(path, [])
+        for record in read_ledger(path, bad):
             if record["status"] == "ok":
-                done.add(eid)
+                done.add(record["episode_id"])
     return done
 
 
-def latest_records(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """episode id -> its last ledger record across ``paths`` (a completed record beats a failed one)."""
+def latest_records(paths: list[Path], bad_lines: dict[Path, list[int]] | None = None) -> dict[str, dict[str, Any]]:
+    """episode id -> its last ledger record across ``paths`` (a completed record beats a failed one);
+    ``bad_lines`` collects, per ledger, the numbers of lines that are not records."""
     latest: dict[str, dict[str, Any]] = {}
     for path in paths:
-        for record in read_ledger(path):
+        bad = None if bad_lines is None else bad_lines.setdefault(path, [])
+        for record in read_ledger(path, bad):
             eid = record["episode_id"]
             old = latest.get(eid)
             if old is None or not (old["status"] == "ok" and record["status"] != "ok"):

@@ -9,17 +9,16 @@ needs tens of megabytes, not tens of gigabytes. It keeps the same rules:
 
 * the record that counts for an episode is its last completed one, else its
   last one (a completed record beats a failed one; the latest wins);
-* a torn last line ends a file; a line that is not JSON is ignored;
+* a torn last line ends a file; a line that is not a record (not JSON, not UTF-8) is ignored;
 * records come out ordered by ``(index, episode_id)`` (:meth:`records`), or
   in the order their episodes first appear in the ledgers, the order of
   ``latest_records(...).values()`` (:meth:`heads_in_ledger_order`).
 
 Building the index parses only the small part of each line before its
-``trajectories``. A ledger this index cannot describe exactly (an episode id
-that is not a string, an index that is not an integer) leaves
-``index.exact`` False, and a line whose record turns out not to be JSON when
-it is read in full raises :class:`LedgerChanged`; callers then fall back to
-``latest_records``.
+``trajectories``. A ledger this index cannot describe exactly (an index that
+is not an integer) leaves ``index.exact`` False, and a line whose record
+turns out not to be one when it is read in full raises :class:`LedgerChanged`;
+callers then fall back to ``latest_records``.
 """
 
 from __future__ import annotations
@@ -30,12 +29,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import codec
-from .ledger import read_head
+from .files import open_nofollow
+from .ledger import parse_record, read_head
 
 
 class LedgerChanged(Exception):
-    """A ledger line no longer reads as it did when the index was built (or was never whole JSON)."""
+    """A ledger line no longer reads as it did when the index was built (or only its head was a record)."""
 
 
 class LedgerIndex:
@@ -72,19 +71,19 @@ class LedgerIndex:
     # -- building ----------------------------------------------------------------
     def _scan(self, number: int, path: Path) -> bool:
         """Index one ledger; False when a line cannot be described by the index."""
-        if not path.exists():
+        if not os.path.lexists(path):
             return True
         offset = 0
-        with path.open("rb") as fh:
+        with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:  # a link is refused, never followed
             for raw in fh:
                 size = len(raw)
                 if not raw.endswith(b"\n"):
                     break  # torn tail
                 head = read_head(raw)
-                if head is not None:
+                if head is not None:  # else not a record: ignored
                     eid = head["episode_id"]
                     index = head.get("index", 0)
-                    if type(eid) is not str or type(index) is not int:
+                    if type(index) is not int:
                         return False
                     self._hash.append(hash(eid))
                     self._index.append(index)
@@ -137,7 +136,7 @@ class LedgerIndex:
                 try:
                     record = self._read(line)
                 except LedgerChanged:
-                    continue  # not JSON: ignored, as latest_records ignores it
+                    continue  # not a record: ignored, as latest_records ignores it
                 episodes.setdefault(record["episode_id"], []).append(line)
             for seen in episodes.values():
                 ok = [line for line in seen if self._ok[line]]
@@ -168,12 +167,13 @@ class LedgerIndex:
     def _head(self, line: int) -> dict[str, Any]:
         head = read_head(self._raw(line))
         if head is None:
-            raise LedgerChanged(f"line at byte {self._offset[line]} of {self.paths[self._file[line]]} is not JSON")
+            raise LedgerChanged(f"line at byte {self._offset[line]} of {self.paths[self._file[line]]} "
+                                "is not a ledger record")
         return head
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every episode's record, whole, in ``(index, episode_id)`` order; raises LedgerChanged for a line
-        that is not JSON after all."""
+        that is not a record after all."""
         for line in self._winners.tolist():
             yield self._read(line)
 
@@ -221,7 +221,7 @@ class LedgerSlice:
         return len(self.offsets)
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """The records, whole; raises LedgerChanged for a line that is not JSON."""
+        """The records, whole; raises LedgerChanged for a line that is not a record."""
         paths = [Path(p) for p in self.paths]
         fds: dict[int, int] = {}
         try:
@@ -234,7 +234,7 @@ class LedgerSlice:
 def _pread(paths: list[Path], fds: dict[int, int], number: int, offset: int, length: int) -> bytes:
     fd = fds.get(number)
     if fd is None:
-        fd = fds[number] = os.open(paths[number], os.O_RDONLY)
+        fd = fds[number] = open_nofollow(paths[number], os.O_RDONLY)
     raw = os.pread(fd, length, offset)
     if len(raw) != length:
         raise LedgerChanged(f"{paths[number]} is shorter than when it was indexed")
@@ -242,10 +242,10 @@ def _pread(paths: list[Path], fds: dict[int, int], number: int, offset: int, len
 
 
 def _parse(raw: bytes, path: Path, offset: int) -> dict[str, Any]:
-    try:
-        return codec.loads(raw)
-    except codec.JSONDecodeError as exc:
-        raise LedgerChanged(f"line at byte {offset} of {path} is not JSON") from exc
+    record = parse_record(raw)
+    if record is None:
+        raise LedgerChanged(f"line at byte {offset} of {path} is not a ledger record")
+    return record
 
 
 def _close(fds: dict[int, int]) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .derived import DerivedWriter
+from .files import fresh_dir
 from .ledger_index import LedgerChanged, LedgerSlice
 
 #: A worker's time limit: this much, plus PER_RECORD_S per record of its part (hundreds of times the need).
@@ -32,18 +33,16 @@ CHANGED = 3
 
 
 def write_derived_parts(directory: Path, parts: list[LedgerSlice], *, save_dataset: bool = True,
-                        passes: Callable[[], Iterable[dict[str, Any]]] | None = None) -> dict[str, int]:
+                        passes: Callable[[], Iterable[dict[str, Any]]] | None = None,
+                        private: bool = True) -> dict[str, int]:
     """Write the derived files of ``parts`` (consecutive, in output order) in ``len(parts)`` processes.
 
     ``passes`` starts a pass over all the records, in order, for a second pass when trajectories carry
     extra columns. Raises LedgerChanged when a ledger line is not JSON after all, RuntimeError when a
     worker fails.
     """
-    work = directory / ".derived-parts.tmp"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir()
-    out = DerivedWriter(directory, directory, save_dataset)
+    work = fresh_dir(directory, "trajectories", private=private)  # a temp of the run's files: stale ones are cleaned
+    out = DerivedWriter(directory, save_dataset, private=private)
     workers: list[tuple[subprocess.Popen, Path, Path, float]] = []
     try:
         for i, part in enumerate(parts[1:], start=1):
@@ -51,7 +50,7 @@ def write_derived_parts(directory: Path, parts: list[LedgerSlice], *, save_datas
             plan = work / f"part-{i}.json"
             plan.write_text(json.dumps({"paths": part.paths, "files": part.files, "offsets": part.offsets,
                                         "lengths": part.lengths, "folder": str(folder),
-                                        "save_dataset": save_dataset}), encoding="utf-8")
+                                        "save_dataset": save_dataset, "private": private}), encoding="utf-8")
             log = work / f"part-{i}.log"
             with log.open("wb") as fh:
                 proc = subprocess.Popen([sys.executable, "-m", __name__, str(plan)], stdin=subprocess.DEVNULL,
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(plan["folder"])
     folder.mkdir(parents=True)
     part = LedgerSlice(plan["paths"], plan["files"], plan["offsets"], plan["lengths"])
-    out = DerivedWriter(folder, folder, plan["save_dataset"])
+    out = DerivedWriter(folder, plan["save_dataset"], private=plan["private"], part=folder)
     try:
         for rec in part.records():
             out.add(rec)

@@ -31,21 +31,22 @@ SESSION_KEYS = ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_erro
 
 
 def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, save_dataset: bool = True,
-                     ledgers: list[Path] | None = None, skipped_rows: Mapping[str, int] | None = None
-                     ) -> dict[str, Any]:
+                     ledgers: list[Path] | None = None, skipped_rows: Mapping[str, int] | None = None,
+                     private: bool = True) -> dict[str, Any]:
     """Write the derived files and ``metrics.json`` of the run in ``directory``; returns the metrics.
 
-    Totals (episodes, rewards, accuracy) are computed from every ledger record;
+    Totals (episodes, rewards, accuracy, failures) are computed from every ledger record, never read
+    from a previous session's files (a run killed while writing them leaves nothing this trusts);
     throughput and wall time are the live session's own measurements.
     """
     paths = ledgers or ledger_paths(directory)
-    totals = _derive_streaming(directory, paths, save_dataset)
+    totals = _derive_streaming(directory, paths, save_dataset, private)
     if totals is None:  # a ledger the index cannot describe exactly: every record in memory, as before
         records = latest_records(paths)
         totals = RunMetrics()
         for record in records.values():
             totals.add(result_of(record))
-        write_derived(directory, records, save_dataset=save_dataset)
+        write_derived(directory, records, save_dataset=save_dataset, private=private)
     totals.skipped_rows.update(skipped_rows or {})
     metrics = totals.summary()
     for key in SESSION_KEYS:
@@ -54,12 +55,12 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     if "resumed_episodes" in live:
         metrics["session"] = {k: live[k] for k in ("episodes", "completed", "failed", "generated_tokens")}
     metrics["output_dir"] = str(directory)
-    write_metrics(directory, metrics)
+    write_metrics(directory, metrics, private=private)
     hooks.run_end(metrics, str(directory))
     return metrics
 
 
-def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool) -> RunMetrics | None:
+def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool, private: bool) -> RunMetrics | None:
     """Write the derived files reading the ledgers a record at a time; the totals of every episode (added
     in the order the episodes first appear, as ``latest_records`` orders them), or None when the ledgers
     need the in-memory path."""
@@ -68,7 +69,7 @@ def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool) ->
         if not index.exact:
             return None
         try:
-            _write(directory, index, save_dataset)
+            _write(directory, index, save_dataset, private)
             if not index.duplicates:
                 return seen
             totals = RunMetrics()
@@ -79,17 +80,18 @@ def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool) ->
             return None
 
 
-def _write(directory: Path, index: LedgerIndex, save_dataset: bool) -> None:
+def _write(directory: Path, index: LedgerIndex, save_dataset: bool, private: bool) -> None:
     """The derived files from ``index``: in consecutive parts on several cores when there are many records."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     parts = min(cores, len(index) // RECORDS_PER_PROCESS)
     if parts >= 2:
         try:
-            write_derived_parts(directory, index.parts(parts), save_dataset=save_dataset, passes=index.records)
+            write_derived_parts(directory, index.parts(parts), save_dataset=save_dataset, passes=index.records,
+                                private=private)
             return
         except LedgerChanged:
             raise
         except Exception as exc:  # worker processes unavailable here: one process writes it all
             log.warning("writing the derived files in %d processes failed (%s: %s); writing them in one",
                         parts, type(exc).__name__, exc)
-    write_derived(directory, index.records, save_dataset=save_dataset)
+    write_derived(directory, index.records, save_dataset=save_dataset, private=private)
