@@ -23,6 +23,8 @@ SCRIPTS = [
     ("agent overhead", "agent_overhead.py", []),
     ("python tool cold start", "tools_python_cold_start.py", []),
     ("multi-worker speed-up", "multiworker.py", []),
+    ("scaffold run end to end", "run_end_to_end.py", ["--sizes", "10000", "100000"]),
+    ("task loading with a limit", "task_loading.py", []),
     ("port contention", "ports.py", []),
 ]
 

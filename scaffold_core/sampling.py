@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +71,6 @@ def mix_seed(seed: int, *numbers: int) -> int:
 
 def derive_seed(base: int | None, *parts: object) -> int:
     """A stable 63-bit seed from a base seed and identifying parts (episode id, sample index)."""
-    import hashlib
-
     text = "\x1f".join([str(base if base is not None else 0), *map(str, parts)])
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 

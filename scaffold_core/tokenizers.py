@@ -89,7 +89,7 @@ class ByteTokenizer:
                 continue
             j = text.find("<", i)
             chunk = text[i:] if j < 0 else text[i:j]
-            ids.extend(b + self.OFFSET for b in chunk.encode("utf-8"))
+            ids.extend(map(_BYTE_IDS.__getitem__, chunk.encode("utf-8")))
             i += len(chunk)
         return ids
 
@@ -114,3 +114,7 @@ class ByteTokenizer:
 
     def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
         return {"input_ids": self.encode(text)}
+
+
+#: Token id of each byte value (bytes come after the special tokens).
+_BYTE_IDS = tuple(range(ByteTokenizer.OFFSET, ByteTokenizer.OFFSET + 256))

@@ -65,8 +65,14 @@ def sample_tokens(sample: Sample) -> tuple[list[int], list[int], list[float], li
     mask = sample.output_mask
     input_ids = [*sample.prompt_ids, *sample.output_ids]
     loss_mask = [0] * n_prompt + list(mask)
-    logprobs = [0.0] * n_prompt + [lp if m else 0.0 for lp, m in zip(sample.output_logprobs, mask)]
-    versions = [-1] * n_prompt + [version if m else -1 for m in mask]
+    given = sample.output_logprobs
+    if type(mask) is list and type(given) is list and mask.count(1) == len(mask):
+        # every output token generated (single turn): nothing to choose token by token
+        logprobs = [0.0] * n_prompt + list(given[:len(mask)] if len(given) > len(mask) else given)
+        versions = [-1] * n_prompt + [version] * len(mask)
+    else:
+        logprobs = [0.0] * n_prompt + [lp if m else 0.0 for lp, m in zip(sample.output_logprobs, mask)]
+        versions = [-1] * n_prompt + [version if m else -1 for m in mask]
     return input_ids, loss_mask, logprobs, versions
 
 

@@ -21,10 +21,27 @@ class NumbersTask(ListTask):
         super().__init__([{"id": f"n{i}", "question": f"Q{i}", "answer": answer} for i in range(n)])
 
 
+class StreamedTask(ListTask):
+    """Rows made by a generator, as a large dataset would stream them; counts how often it is loaded."""
+
+    default_config = {"verifier": {"name": "exact_match"}}
+    loads = 0
+
+    def __init__(self, n: int = 50):
+        super().__init__([])
+        self.n = n
+
+    def load(self):
+        type(self).loads += 1
+        for i in range(self.n):
+            yield {"id": f"s{i}", "question": f"Q{i}", "answer": "42" if i % 3 else "7"}
+
+
 class Plugin:
     @hookimpl
     def register_tasks(self, registry):
         registry.add("numbers", NumbersTask)
+        registry.add("streamed", StreamedTask)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +113,23 @@ def test_resume_redoes_no_completed_episode(plugins, tmp_path):
     assert sorted(ids) == sorted(f"n{i}" for i in range(6)) and len(ids) == len(set(ids))
     assert metrics["completed"] == 6
     assert len((out / "samples.jsonl").read_text().splitlines()) == 6
+
+
+def test_rows_a_task_generates_are_counted_then_run_without_being_held(plugins, tmp_path):
+    text = "task: {name: streamed, n: 50}\nengine: {name: benchmark_canned, response: '42'}\n"
+    StreamedTask.loads = 0
+    metrics, out = run(plugins, tmp_path, text)
+    assert StreamedTask.loads == 2  # once to count (and check) the rows, once to run them
+    assert metrics["episodes"] == 50 and metrics["completed"] == 50
+    assert metrics["accuracy"] == pytest.approx(33 / 50)
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["episode_id"] for s in samples] == [f"s{i}" for i in range(50)]
+    ledger = out / "episodes.jsonl"
+    kept = ledger.read_text().splitlines(keepends=True)[:20]
+    ledger.write_text("".join(kept))
+    metrics, _ = run(plugins, tmp_path, text, resume=True)
+    assert metrics["resumed_episodes"] == 20 and metrics["session"]["episodes"] == 30
+    assert metrics["completed"] == 50
 
 
 def test_failed_episodes_are_listed_with_reasons(plugins, tmp_path):

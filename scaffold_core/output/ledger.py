@@ -8,6 +8,7 @@ flight; ``--resume`` skips every completed episode found in any ledger.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..episode import EpisodeResult, Sample
+from ..trajectory import TrainingSample
 from ..verifier import Verdict
+from . import codec
 from .files import open_nofollow
 
 LEDGER = "episodes.jsonl"
@@ -37,6 +40,44 @@ def ledger_paths(directory: str | Path) -> list[Path]:
 
 def record_of(result: EpisodeResult) -> dict[str, Any]:
     """The ledger line of one episode."""
+    return _record(result, [t.to_dict() for t in result.trajectories])
+
+
+def ledger_line(result: EpisodeResult) -> bytes:
+    """The ledger line of one episode, encoded: ``record_of(result)`` as compact JSON and a newline.
+
+    Training sequences are encoded straight from their fields (no copy of the
+    token lists) with orjson; anything orjson would write differently from
+    ``json`` takes the exact ``json`` path of :func:`record_of`.
+    """
+    parts = []
+    for t in result.trajectories:
+        names = _plain_fields(type(t))
+        data = codec.dumps_fast({n: getattr(t, n) for n in names} if names is not None else t.to_dict())
+        if data is None:
+            break
+        parts.append(codec.Fragment(data))
+    else:
+        line = codec.dumps_fast(_record(result, parts))
+        if line is not None:
+            return line + b"\n"
+    return (json.dumps(record_of(result), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _plain_fields(cls: type) -> tuple[str, ...] | None:
+    """Field names of a TrainingSample (sub)class whose ``to_dict`` is the dataclass one, else None."""
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        plain = issubclass(cls, TrainingSample) and cls.to_dict is TrainingSample.to_dict
+        names = tuple(f.name for f in dataclasses.fields(cls)) if plain else None
+        return _FIELDS.setdefault(cls, names)
+
+
+def _record(result: EpisodeResult, trajectories: list[Any]) -> dict[str, Any]:
     samples = []
     for s in result.samples:
         v = s.verdict
@@ -69,7 +110,7 @@ def record_of(result: EpisodeResult) -> dict[str, Any]:
         "chosen": result.chosen,
         "metrics": result.metrics,
         "samples": samples,
-        "trajectories": [t.to_dict() for t in result.trajectories],
+        "trajectories": trajectories,
     }
 
 
@@ -101,21 +142,61 @@ def read_ledger(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict
         for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
                 return  # torn tail
-            try:
-                record = json.loads(raw)
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                record = None
-            if not _is_record(record):
+            record = parse_record(raw)
+            if record is None:
                 if bad_lines is not None and raw.strip():
                     bad_lines.append(number)
                 continue
             yield record
 
 
+def parse_record(raw: bytes) -> dict[str, Any] | None:
+    """The record of one ledger line, or None when the line is not one (not JSON, not UTF-8, not a record)."""
+    try:
+        record = codec.loads(raw)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return None
+    return record if _is_record(record) else None
+
+
 def _is_record(record: Any) -> bool:
     return (isinstance(record, dict) and isinstance(record.get("episode_id"), str)
             and isinstance(record.get("status"), str) and isinstance(record.get("samples", []), list)
             and all(isinstance(s, dict) for s in record.get("samples", [])))
+
+
+#: Trajectories are the last key of a ledger record; everything before them is the small part of the line.
+_TRAJECTORIES_KEY = b',"trajectories":['
+
+
+def read_head(raw: bytes) -> dict[str, Any] | None:
+    """A ledger line's record without its ``trajectories`` (cheap: the token lists are not parsed), or None
+    when the line is not a record. The part of the line after the key is not checked here: a line whose
+    head reads may still fail :func:`parse_record`."""
+    cut = raw.find(_TRAJECTORIES_KEY)
+    if cut > 0:
+        try:
+            head = codec.loads(raw[:cut] + b"}")
+        except ValueError:
+            pass  # the key sat inside a nested value (or the line is not JSON): parse the whole line
+        else:
+            return head if _is_record(head) else None
+    record = parse_record(raw)
+    if record is not None:
+        record.pop("trajectories", None)
+    return record
+
+
+def completed_ids(paths: list[Path], bad_lines: dict[Path, list[int]] | None = None) -> set[str]:
+    """Ids of the episodes some ledger in ``paths`` records as completed (what ``latest_records`` keeps as
+    ok), read a line at a time; ``bad_lines`` collects, per ledger, the numbers of lines that are not records."""
+    done: set[str] = set()
+    for path in paths:
+        bad = None if bad_lines is None else bad_lines.setdefault(path, [])
+        for record in read_ledger(path, bad):
+            if record["status"] == "ok":
+                done.add(record["episode_id"])
+    return done
 
 
 def latest_records(paths: list[Path], bad_lines: dict[Path, list[int]] | None = None) -> dict[str, dict[str, Any]]:

@@ -42,7 +42,7 @@ from .files import (
     remove_stale_temps,
     safe_child,
 )
-from .ledger import LEDGER, RANK_LEDGER_GLOB, latest_records, ledger_paths, record_of
+from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_line, ledger_paths
 from .lock import LOCK_FILE, RunLock
 from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, record_forced_change
 
@@ -163,7 +163,7 @@ class RunOutput:
         if self.ledger_path.exists() and self.ledger_path not in [p.resolve() for p in paths]:
             paths.append(self.ledger_path)
         bad: dict[Path, list[int]] = {}
-        done = {eid for eid, rec in latest_records(paths, bad).items() if rec["status"] == "ok"}
+        done = completed_ids(paths, bad)
         for path, numbers in bad.items():
             if numbers:
                 more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
@@ -200,8 +200,7 @@ class RunOutput:
         """Persist one finished episode with a single append."""
         if self._fd is None:
             self.open()
-        line = json.dumps(record_of(result), ensure_ascii=False, separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode("utf-8"))  # type: ignore[arg-type]
+        os.write(self._fd, ledger_line(result))  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self._fd is not None:

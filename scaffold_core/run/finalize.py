@@ -6,15 +6,25 @@ ended; needs no components, only the output directory and the ledgers in it.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..output import latest_records, ledger_paths, result_of, write_derived
+from ..output.ledger_index import LedgerChanged, LedgerIndex
+from ..output.parts import write_derived_parts
 from ..output.rundir import write_metrics
 from ..plugins.lifecycle import Hooks
 from .metrics import RunMetrics
+
+log = logging.getLogger("scaffold.finalize")
+
+#: Records per worker process below which the derived files are written by this process alone (a worker
+#: process takes about a second to start).
+RECORDS_PER_PROCESS = 20_000
 
 #: Live keys that describe this session (a resumed run's totals come from the ledgers instead).
 SESSION_KEYS = ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_errors", "interrupted",
@@ -30,18 +40,21 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     from a previous session's files (a run killed while writing them leaves nothing this trusts);
     throughput and wall time are the live session's own measurements.
     """
-    records = latest_records(ledgers or ledger_paths(directory))
-    totals = RunMetrics()
+    paths = ledgers or ledger_paths(directory)
+    totals = _derive_streaming(directory, paths, save_dataset, private)
+    if totals is None:  # a ledger the index cannot describe exactly: every record in memory, as before
+        records = latest_records(paths)
+        totals = RunMetrics()
+        for record in records.values():
+            totals.add(result_of(record))
+        write_derived(directory, records, save_dataset=save_dataset, private=private)
     totals.skipped_rows.update(skipped_rows or {})
-    for record in records.values():
-        totals.add(result_of(record))
     metrics = totals.summary()
     for key in SESSION_KEYS:
         if key in live:
             metrics[key] = live[key]
     if "resumed_episodes" in live:
         metrics["session"] = {k: live[k] for k in ("episodes", "completed", "failed", "generated_tokens")}
-    write_derived(directory, records, save_dataset=save_dataset, private=private)
     metrics["output_dir"] = str(directory)
     write_metrics(directory, metrics, private=private)
     before = Counter(hooks.errors)
@@ -51,3 +64,40 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
         metrics["hook_errors"] = dict(Counter(metrics.get("hook_errors") or {}) + raised)
         write_metrics(directory, metrics, private=private)
     return metrics
+
+
+def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool, private: bool) -> RunMetrics | None:
+    """Write the derived files reading the ledgers a record at a time; the totals of every episode (added
+    in the order the episodes first appear, as ``latest_records`` orders them), or None when the ledgers
+    need the in-memory path."""
+    seen = RunMetrics()  # every line as it is read: the totals, unless some episode has several lines
+    with LedgerIndex(paths, on_head=lambda head: seen.add(result_of(head))) as index:
+        if not index.exact:
+            return None
+        try:
+            _write(directory, index, save_dataset, private)
+            if not index.duplicates:
+                return seen
+            totals = RunMetrics()
+            for head in index.heads_in_ledger_order():
+                totals.add(result_of(head))
+            return totals
+        except LedgerChanged:
+            return None
+
+
+def _write(directory: Path, index: LedgerIndex, save_dataset: bool, private: bool) -> None:
+    """The derived files from ``index``: in consecutive parts on several cores when there are many records."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    parts = min(cores, len(index) // RECORDS_PER_PROCESS)
+    if parts >= 2:
+        try:
+            write_derived_parts(directory, index.parts(parts), save_dataset=save_dataset, passes=index.records,
+                                private=private)
+            return
+        except LedgerChanged:
+            raise
+        except Exception as exc:  # worker processes unavailable here: one process writes it all
+            log.warning("writing the derived files in %d processes failed (%s: %s); writing them in one",
+                        parts, type(exc).__name__, exc)
+    write_derived(directory, index.records, save_dataset=save_dataset, private=private)

@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,13 +98,12 @@ class Rollout:
         return self.dist.world_size
 
     # -- episodes -------------------------------------------------------
-    def _rows(self) -> list[tuple[int, dict[str, Any]]]:
+    def _rows(self, done: set[str]) -> _ShardRows:
+        """This shard's rows, read once to count them (and those still to do) without holding them;
+        unusable rows fail here under ``rollout.bad_rows: fail``, before any model loads."""
         task = self.components.task
-        rows = []
         try:
-            for i, row in enumerate(task.load()):
-                if shard(i, self.rank, self.world_size):
-                    rows.append((i, row))
+            rows = _ShardRows(task, self.rank, self.world_size, done)
         except UnicodeDecodeError as exc:  # a task that reads its files itself; line numbers are its to give
             raise DataError(f"task {self.config.task.name!r}: its data is not UTF-8 ({exc}); save the data files "
                             "as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE -o FIXED)") from None
@@ -117,7 +116,7 @@ class Rollout:
                             f"({reasons}); fix the data, or set rollout.bad_rows: skip to skip and count them")
         return rows
 
-    def _contexts(self, rows: list[tuple[int, dict[str, Any]]], done: set[str]) -> Iterator[Any]:
+    def _contexts(self, rows: Iterable[tuple[int, dict[str, Any]]], done: set[str]) -> Iterator[Any]:
         task = self.components.task
         tokenizer = self.components.engine.tokenizer
         sampling = self.config.sampling.params()
@@ -143,15 +142,15 @@ class Rollout:
         bar = None
         controller_started = False
         try:
-            rows = self._rows()  # bad data fails here, before any model loads
+            rows = self._rows(done)  # bad data fails here, before any model loads
             if self.rank == 0:  # only now: a start that fails on its data leaves no config behind
                 self.output.write_config(cfg)
             self._attach_engine()
             await comps.engine.start()
             controller_started = True  # a start that fails half-way is still closed
             await start_controller(comps.controller)
-            todo = sum(1 for index, row in rows if episode_id_of(row, index) not in done)
-            self.metrics.resumed = len(rows) - todo  # this shard's share (other workers append theirs meanwhile)
+            todo = rows.todo
+            self.metrics.resumed = rows.count - todo  # this shard's share (other workers append theirs meanwhile)
             self.runtime = self._runtime(pool)
             bar = _progress_bar(todo, self.progress, position=self.rank if self.world_size > 1 else None)
             self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
@@ -248,6 +247,39 @@ class Rollout:
     def release(self) -> None:
         """Give the output directory's lock back (done by :meth:`run`)."""
         self.output.release()
+
+
+class _ShardRows:
+    """The ``(index, row)`` pairs of one shard of a task's rows, iterable again and again without being held.
+
+    Made by reading ``task.load()`` once, counting the shard's rows and those whose episode is not in
+    ``done``. A task whose ``load()`` returns a sequence (a list) is read from that sequence each time;
+    otherwise each iteration calls ``load()`` again (the task contract: loading is repeatable), so rows a
+    generator makes are never all in memory at once.
+    """
+
+    def __init__(self, task: Any, rank: int, world_size: int, done: set[str]):
+        self.task = task
+        self.rank = rank
+        self.world_size = world_size
+        loaded = task.load()
+        self._rows: Sequence[dict[str, Any]] | None = loaded if isinstance(loaded, Sequence) else None
+        self.count = self.todo = 0
+        for index, row in self._shard(loaded):
+            self.count += 1
+            self.todo += episode_id_of(row, index) not in done
+
+    def _shard(self, rows: Iterable[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+        rank, world_size = self.rank, self.world_size
+        for index, row in enumerate(rows):
+            if shard(index, rank, world_size):
+                yield index, row
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        return self._shard(self._rows if self._rows is not None else self.task.load())
+
+    def __len__(self) -> int:
+        return self.count
 
 
 def _progress_bar(total: int, enabled: bool | None, position: int | None = None) -> Any:

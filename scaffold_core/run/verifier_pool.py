@@ -11,11 +11,39 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections import deque
 from typing import Any
 
 from ..errors import VerifierError
 from ..verifier import EXECUTORS, Reference, Verdict, verify_all
+from .deadlines import Deadlines
 from .verifier_processes import ProcessVerifierPool
+
+
+class _Outbox:
+    """Results the pool's threads hand back to one event loop: many per wake-up of the loop, not one each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.results: deque[tuple[asyncio.Future, Any, BaseException | None]] = deque()
+        self.scheduled = False
+
+    def post(self, fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        """From a pool thread: queue a result, and wake the loop unless a wake-up is already on its way."""
+        self.results.append((fut, result, error))
+        if not self.scheduled:
+            self.scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self.deliver)
+            except RuntimeError:  # loop closed: nobody is waiting any more
+                pass
+
+    def deliver(self) -> None:
+        """On the loop: resolve every queued result (the flag is cleared first, so none is left behind)."""
+        self.scheduled = False
+        results = self.results
+        while results:
+            _resolve(*results.popleft())
 
 
 class VerifierPool:
@@ -37,6 +65,8 @@ class VerifierPool:
         self._replaced = 0
         self._procs: Any = None
         self._closed = False
+        self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
+        self._deadlines = Deadlines()
 
     # -- threads ---------------------------------------------------------
     def _spawn_thread(self) -> None:
@@ -50,15 +80,12 @@ class VerifierPool:
             job = self._queue.get()
             if job is None:
                 return
-            loop, fut, items = job
+            outbox, fut, items = job
             try:
                 result, error = verify_all(verifier, items), None
             except BaseException as exc:  # reported on the loop, never lost
                 result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_resolve, fut, result, error)
-            except RuntimeError:  # loop closed: nobody is waiting any more
-                pass
+            outbox.post(fut, result, error)
 
     async def verify_many(self, items: list[tuple[str, Reference]]) -> list[Verdict]:
         """Verify (response, reference) pairs; raises VerifierError on error or timeout."""
@@ -77,11 +104,15 @@ class VerifierPool:
             for _ in range(self.workers):
                 self._spawn_thread()
         loop = asyncio.get_running_loop()
+        outbox = self._outboxes.get(loop)
+        if outbox is None:
+            outbox = _Outbox(loop)
+            self._outboxes = {loop: outbox}  # a new loop: the earlier ones are gone
         fut = loop.create_future()
-        self._queue.put((loop, fut, items))
+        self._queue.put((outbox, fut, items))
         try:
-            return await asyncio.wait_for(fut, self.timeout)
-        except asyncio.TimeoutError:
+            return await self._deadlines.bounded(fut, self.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
             self._replace_stuck_thread()
             raise VerifierError(
                 f"verifier {self.name!r} did not finish within {self.timeout:g} s "

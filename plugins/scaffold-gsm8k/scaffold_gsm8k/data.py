@@ -8,6 +8,7 @@ Every source yields plain records (dicts with at least ``question`` and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,30 @@ def check_local_files(paths: list[str]) -> None:
             raise ValueError(f"data_files: {path} does not exist (paths are relative to the current directory)")
 
 
+#: Records converted to Python at a time when a dataset is read lazily.
+BATCH_ROWS = 1024
+
+
+def _iter_dataset(dataset: Any, error: Callable[[Exception], DataSourceError]) -> Iterator[dict[str, Any]]:
+    """The records of a ``datasets.Dataset`` as ``to_list()`` gives them, a batch at a time (never all held);
+    a batch that cannot be converted raises ``error(exc)``, as the whole conversion would have."""
+    for start in range(0, len(dataset), BATCH_ROWS):
+        try:
+            batch = dataset.select(range(start, min(start + BATCH_ROWS, len(dataset)))).to_list()
+        except Exception as exc:
+            raise error(exc) from exc
+        yield from batch
+
+
 def read_files(data_files: DataFiles, split: str, *, cache_dir: str | None = None) -> list[dict[str, Any]]:
     """Records of ``split`` from local jsonl/parquet files, read with ``datasets``."""
+    return list(iter_files(data_files, split, cache_dir=cache_dir))
+
+
+def iter_files(data_files: DataFiles, split: str, *, cache_dir: str | None = None) -> Iterator[dict[str, Any]]:
+    """Like :func:`read_files`, converting records to Python only as they are taken (a reader that stops
+    early converts only what it took). Fails at the call, not at the first record, when the files cannot
+    be read."""
     paths = files_for_split(data_files, split)
     builder = builder_for(paths)
     if builder == "json":  # a byte that is not UTF-8 is named by file, line and column, before `datasets` reads it
@@ -107,26 +130,37 @@ def read_files(data_files: DataFiles, split: str, *, cache_dir: str | None = Non
                 check_utf8(local, error=DataSourceError)
     import datasets
 
+    def error(exc: Exception) -> DataSourceError:
+        return DataSourceError(
+            f"task.data_files: could not read {', '.join(paths)} as {builder}: {type(exc).__name__}: {exc}. "
+            "Each record needs 'question' and 'answer' fields")
+
     try:
         dataset = datasets.load_dataset(builder, data_files={split: [str(Path(p).expanduser()) for p in paths]},
                                         split=split, cache_dir=cache_dir)
-        return dataset.to_list()
     except Exception as exc:
-        raise DataSourceError(
-            f"task.data_files: could not read {', '.join(paths)} as {builder}: {type(exc).__name__}: {exc}. "
-            "Each record needs 'question' and 'answer' fields") from exc
+        raise error(exc) from exc
+    return _iter_dataset(dataset, error)
 
 
 def read_hub(split: str, *, cache_dir: str | None = None) -> list[dict[str, Any]]:
     """Records of ``openai/gsm8k`` (config ``main``) ``split`` from the Hugging Face hub."""
+    return list(iter_hub(split, cache_dir=cache_dir))
+
+
+def iter_hub(split: str, *, cache_dir: str | None = None) -> Iterator[dict[str, Any]]:
+    """Like :func:`read_hub`, converting records to Python only as they are taken."""
     import datasets
+
+    def error(exc: Exception) -> DataSourceError:
+        return DataSourceError(
+            f"task: could not load {HUB_DATASET} ({HUB_CONFIG}, split {split!r}) from the Hugging Face hub: "
+            f"{type(exc).__name__}: {exc}. Offline? Point the task at local files with "
+            "'data_files: path/to/test.jsonl' (JSON lines or parquet with 'question' and 'answer' fields), "
+            "or use the bundled offline sample with 'source: sample'")
 
     try:
         dataset = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split, cache_dir=cache_dir)
     except Exception as exc:
-        raise DataSourceError(
-            f"task: could not load {HUB_DATASET} ({HUB_CONFIG}, split {split!r}) from the Hugging Face hub: "
-            f"{type(exc).__name__}: {exc}. Offline? Point the task at local files with "
-            "'data_files: path/to/test.jsonl' (JSON lines or parquet with 'question' and 'answer' fields), "
-            "or use the bundled offline sample with 'source: sample'") from exc
-    return dataset.to_list()
+        raise error(exc) from exc
+    return _iter_dataset(dataset, error)

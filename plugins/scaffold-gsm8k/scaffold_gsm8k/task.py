@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Literal
 
 from scaffold_core.task import Task
@@ -31,7 +33,9 @@ class GSM8KTask(Task):
 
     Rows without a question, or whose answer has no number after its last
     ``####``, are skipped and counted in ``skipped`` (reported in the run's
-    metrics as ``skipped_rows``).
+    metrics as ``skipped_rows``). With ``limit`` and no ``shuffle``, reading
+    stops at the ``limit``-th usable row: later rows are neither read nor
+    counted (a shuffled run reads every row, then takes ``limit`` of them).
     """
 
     default_config: ClassVar[dict[str, Any]] = {
@@ -89,12 +93,13 @@ class GSM8KTask(Task):
         self._examples: list[dict[str, Any]] | None = None
 
     # -- rows ---------------------------------------------------------------
-    def _records(self, split: str) -> list[Any]:
+    def _records(self, split: str) -> Iterable[Any]:
+        """The source's records of ``split``, converted to Python as they are taken."""
         if self.data_files is not None:
-            return data.read_files(self.data_files, split, cache_dir=self.cache_dir)
+            return data.iter_files(self.data_files, split, cache_dir=self.cache_dir)
         if self.source == "sample":
             return data.read_sample(split)
-        return data.read_hub(split, cache_dir=self.cache_dir)
+        return data.iter_hub(split, cache_dir=self.cache_dir)
 
     @staticmethod
     def make_row(record: Any, index: int, split: str, skipped: Counter[str], seen: set[str]) -> dict[str, Any] | None:
@@ -129,23 +134,23 @@ class GSM8KTask(Task):
         seen.add(row_id)
         return {"id": row_id, "question": question.strip(), "answer": answer, "gold": gold}
 
-    def _rows(self, split: str, skipped: Counter[str]) -> list[dict[str, Any]]:
+    def _rows(self, split: str, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+        """The usable rows of ``split``, made as the records are read."""
         seen: set[str] = set()
-        rows = []
         for index, record in enumerate(self._records(split)):
             row = self.make_row(record, index, split, skipped, seen)
             if row is not None:
-                rows.append(row)
-        return rows
+                yield row
 
     def load(self) -> list[dict[str, Any]]:
-        """The usable rows of ``split``, shuffled (if asked) with ``seed``, then cut to ``limit``."""
+        """The usable rows of ``split``, shuffled (if asked) with ``seed``, then cut to ``limit``
+        (without shuffling, reading stops once ``limit`` rows are found)."""
         self.skipped: Counter[str] = Counter()
-        rows = self._rows(self.split, self.skipped)
+        usable: Iterable[dict[str, Any]] = self._rows(self.split, self.skipped)
         if self.shuffle:
-            random.Random(self.seed).shuffle(rows)
-        if self.limit is not None:
-            rows = rows[:self.limit]
+            usable = list(usable)
+            random.Random(self.seed).shuffle(usable)
+        rows = list(itertools.islice(usable, self.limit))
         if self.few_shot and self._examples is None:
             self._examples = self._load_examples()
         return rows
@@ -155,8 +160,9 @@ class GSM8KTask(Task):
         """``few_shot + 1`` usable worked examples (one spare replaces the asked question itself)."""
         ignored: Counter[str] = Counter()
         seen: set[str] = set()
+        records: Iterable[Any]
         if self.few_shot_file is not None:
-            records = data.read_files(self.few_shot_file, "train", cache_dir=self.cache_dir)
+            records = data.iter_files(self.few_shot_file, "train", cache_dir=self.cache_dir)
             where = self.few_shot_file
         else:
             records = self._records("train")

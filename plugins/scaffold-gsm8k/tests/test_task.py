@@ -123,6 +123,18 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
     assert sum(task.skipped.values()) == 6
 
 
+def test_limit_stops_reading_at_the_limit(tmp_path):
+    good = [{"question": f"Q{i}?", "answer": f"#### {i}"} for i in range(3)]
+    path = write_jsonl(tmp_path / "rows.jsonl", good[:1] + [{"question": ""}] + good[1:] + [{"answer": "#### 1"}] * 5)
+    task = GSM8KTask(data_files=path, limit=2, cache_dir=str(tmp_path / "cache"))
+    assert [r["id"] for r in task.load()] == ["test-0", "test-2"]
+    assert task.skipped == Counter({"missing question": 1})  # the rows after the second usable one are not read
+    task = GSM8KTask(data_files=path, cache_dir=str(tmp_path / "cache"))
+    assert len(task.load()) == 3 and task.skipped == Counter({"missing question": 6})
+    shuffled = GSM8KTask(data_files=path, limit=2, shuffle=True, cache_dir=str(tmp_path / "cache"))
+    assert len(shuffled.load()) == 2 and shuffled.skipped == Counter({"missing question": 6})  # shuffling reads all
+
+
 def test_record_ids_are_kept_and_duplicates_skipped(tmp_path):
     path = write_jsonl(tmp_path / "rows.jsonl", [
         {"id": "a", "question": "Q?", "answer": "#### 1"},
