@@ -235,3 +235,19 @@ def test_the_trajectories_dataset_has_the_rows_and_types_from_dict_gives(tmp_pat
     assert ours.features == theirs.features and ours.to_list() == theirs.to_list()
     state = json.loads((tmp_path / "trajectories" / "state.json").read_text())
     assert state["_data_files"] == [{"filename": "data-00000-of-00001.arrow"}]
+
+
+@pytest.mark.parametrize("status", ["none", "failed"])
+def test_a_run_without_training_rows_still_writes_a_loadable_dataset(tmp_path, status):
+    """No episodes, or only failed ones: trajectories/ loads as an empty dataset with the standard columns."""
+    ledger = tmp_path / "episodes.jsonl"
+    if status == "failed":
+        failed = EpisodeResult(episode_id="e0", index=0, status="failed", error="engine down",
+                               error_component="engine")
+        ledger.write_bytes(ledger_line(failed))
+    else:
+        ledger.write_bytes(b"")
+    metrics = finalize_run_dir(tmp_path, {}, hooks=Hooks(None), ledgers=[ledger])
+    loaded = datasets.load_from_disk(str(tmp_path / "trajectories"))
+    assert len(loaded) == 0 and {"input_ids", "loss_mask", "logprobs", "versions"} <= set(loaded.column_names)
+    assert metrics["episodes"] == (1 if status == "failed" else 0)

@@ -345,6 +345,16 @@ class TrajectoryDatasetWriter:
         finally:
             if quiet:
                 datasets.enable_progress_bars()
+        if not self._shards:  # datasets cannot load a dataset of no shards: write one empty shard
+            from datasets.arrow_writer import ArrowWriter
+
+            empty_shard = self.tmp / "empty.arrow"
+            writer = ArrowWriter(features=self.features, path=str(empty_shard))
+            try:
+                writer.finalize()
+            finally:
+                writer.close()
+            self._shards.append(empty_shard)
         names = []
         for i, shard in enumerate(self._shards):  # adopted shards sit in folders of their own: moved in here
             name = f"data-{i:05d}-of-{len(self._shards):05d}.arrow"
