@@ -50,6 +50,7 @@ KNOWN_PROVIDERS: dict[str, str] = {
     "calculator": "scaffold-tools",
     "python": "scaffold-tools",
     "search": "scaffold-tools",
+    "trl": "scaffold-trl",
 }
 
 
