@@ -152,9 +152,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ..config import load_config
-    from ..train.session import run_training, train_output_dir
+    from ..plugins import get_registry
+    from ..train.session import require_trainer, run_training, train_output_dir
 
     config = load_config(args.config, args.overrides)  # validates the trainer section before anything loads
+    require_trainer(config, get_registry())
     output_dir = train_output_dir(config, args.output)
     print(f"scaffold: training into {output_dir}", file=sys.stderr)
     summary = run_training(config, output_dir, progress=False if args.no_progress else None,

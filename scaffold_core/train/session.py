@@ -88,19 +88,22 @@ class StepReporter:
         self.bar.close()
 
 
+def require_trainer(config: Any, registry: Any) -> None:
+    """Fail in one line when the config has no ``trainer`` section, naming the installed trainers."""
+    if config.trainer is None:
+        names = ", ".join(registry.names("trainer")) or "none installed (pip install scaffold-trl)"
+        raise ConfigError(f"{config.source or '<config>'}: trainer: `scaffold train` needs a trainer section, "
+                          f"e.g. trainer: {{name: trl}}; installed trainers: {names}")
+
+
 def run_training(config: Any, output_dir: Path, *, registry: Any = None, progress: bool | None = None,
                  overwrite: bool = False, stream: TextIO | None = None) -> dict[str, Any]:
     """Build the configured trainer, run it, and write the metrics and summary files. Returns the summary."""
-    if config.trainer is None:
-        from ..plugins import get_registry
-
-        names = ", ".join((registry or get_registry()).names("trainer")) or "none installed (pip install scaffold-trl)"
-        raise ConfigError(f"{config.source or '<config>'}: trainer: `scaffold train` needs a trainer section, "
-                          f"e.g. trainer: {{name: trl}}; installed trainers: {names}")
     if registry is None:
         from ..plugins import get_registry
 
         registry = get_registry()
+    require_trainer(config, registry)
     trainer = registry.create("trainer", config.trainer.name, config.trainer.options, path="trainer")
     prepare_dir(output_dir, overwrite)
     atomic_write_text(output_dir / "config.yaml", config.to_yaml())
