@@ -21,6 +21,7 @@ SCRIPTS = [
     ("multi-turn drift and speed", "multiturn_drift.py", []),
     ("multi-worker speed-up", "multiworker.py", []),
     ("port contention", "ports.py", []),
+    ("GRPO with TRL on scaffold rollouts", "train_trl.py", []),
 ]
 
 

@@ -118,7 +118,7 @@ def to_trl_output(groups: list[RolloutGroup], group_size: int) -> dict[str, Any]
     return out
 
 
-def scaffold(completions: list[Any], scaffold_reward: list[float], **_: Any) -> list[float]:
+def scaffold(completions: list[Any], scaffold_reward: list[float], **_: Any) -> list[float | None]:
     """TRL reward function: the verifier's reward of each sample, as scaffold computed it (metric
     ``rewards/scaffold/mean``)."""
     return [float(r) for r in scaffold_reward]

@@ -56,10 +56,11 @@ def teacher_forced(model, state, sample):
 
 
 def test_two_grpo_steps_train_on_rollouts_of_the_live_weights(tmp_path):
+    from transformers import TrainerCallback
+
     import scaffold_core.testing.plugin as test_tasks
     import scaffold_trl
     from scaffold_trl import GRPORun
-    from transformers import TrainerCallback
 
     pset = plugin_set(test_tasks, scaffold_trl, Plugin())
     config = load_config(data={
