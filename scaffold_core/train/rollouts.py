@@ -96,7 +96,8 @@ class TrainingRollouts:
     Built from components (``task``, ``controller``, ``engine``, ``verifier``,
     ``trajectory_maker``, ``sampling``) or with :meth:`from_config`. Use it as
     an async context manager, or call :meth:`start` and :meth:`close`; with
-    ``manage_engine=False`` the engine's lifecycle stays the caller's.
+    ``manage_engine=False`` the engine's lifecycle stays the caller's; ``run_info``
+    (a :class:`~scaffold_core.engine.RunInfo`) is attached to a managed engine before it starts.
     Every wait is bounded like ``scaffold run``'s (``request_timeout``,
     ``episode_timeout``, ``verifier_timeout``); failed episodes are retried
     ``retries`` times and reported in :attr:`RolloutGroup.episodes`.
@@ -107,7 +108,7 @@ class TrainingRollouts:
                  on_stale: str = "drop", max_regenerations: int = 2, concurrency: int = 64,
                  request_timeout: float = 3600.0, episode_timeout: float = 7200.0, retries: int = 0,
                  verifier_timeout: float = 30.0, verifier_workers: int = 2, engine_name: str = "engine",
-                 manage_engine: bool = True, hooks: Any = None):
+                 manage_engine: bool = True, hooks: Any = None, run_info: Any = None):
         check_policy(max_staleness, on_stale)
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -135,6 +136,7 @@ class TrainingRollouts:
         self.engine_name = engine_name
         self.manage_engine = manage_engine
         self.hooks = hooks
+        self.run_info = run_info
         self.stats = RolloutStats()
         self._calls = itertools.count()
         self._runtime: Any = None
@@ -178,6 +180,8 @@ class TrainingRollouts:
             return
         try:
             if self.manage_engine:
+                if self.run_info is not None and hasattr(self.engine, "attach_run"):
+                    self.engine.attach_run(self.run_info)  # where an engine that starts servers logs, its ports
                 self._started.append("engine")
                 await self.engine.start()
             self._started.append("controller")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,7 +149,12 @@ class GRPORun:
             torch.set_num_threads(self.options.threads)
         self._load_policy()
         self.loop = LoopThread()
-        self.rollouts = TrainingRollouts.from_config(self.config, engine=self.engine, registry=self.job.registry)
+        from scaffold_core.distributed.ports import rank_slice
+        from scaffold_core.engine import RunInfo
+
+        self.rollouts = TrainingRollouts.from_config(
+            self.config, engine=self.engine, registry=self.job.registry,
+            run_info=RunInfo(output_dir=Path(self.job.output_dir), port_range=rank_slice(0, 1)))
         self.loop.run(self.rollouts.start(), 3600.0)
         index = PromptIndex(self.rollouts)
         if not index.rows:
@@ -225,7 +231,11 @@ class GRPORun:
     def train(self) -> dict[str, Any]:
         assert self.trainer is not None and self.bridge is not None, "open() first"
         started = time.perf_counter()
-        result = self.trainer.train()
+        with warnings.catch_warnings():
+            # TRL 1.16 reads a property transformers 5 deprecated; nothing for a user to do about it
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            result = self.trainer.train()
         final = Path(self.job.output_dir) / "final"
         self.trainer.save_model(str(final))
         history = self.bridge.history

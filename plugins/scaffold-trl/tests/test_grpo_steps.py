@@ -122,3 +122,64 @@ def test_two_grpo_steps_train_on_rollouts_of_the_live_weights(tmp_path):
     for behaviour, live, old in checks["step2"]:
         assert max(abs(a - b) for a, b in zip(behaviour, live)) < 1e-3
         assert max(abs(a - b) for a, b in zip(behaviour, old)) > 1e-3
+
+
+class SyncedEngine:
+    """A separate engine (as SGLang would be): scripted answers, and a record of every weight sync."""
+
+    def __init__(self):
+        from scaffold_core.testing import ScriptedEngine
+
+        class Engine(ScriptedEngine):
+            syncs: list = []
+
+            async def generate(self, request):
+                result = await super().generate(request)
+                result.weight_version = self.weight_version
+                return result
+
+            async def update_weights(self, source=None, *, version=None):
+                from pathlib import Path
+
+                self.syncs.append((Path(source).name, version, (Path(source) / "model.safetensors").is_file()))
+                self.weight_version = self.next_weight_version(version)
+                return self.weight_version
+
+        self.engine_class = Engine
+
+    @hookimpl
+    def register_engines(self, registry):
+        registry.add("synced", lambda: self.engine_class(lambda prompt, request: "ok"))
+
+
+def test_a_separate_engine_gets_the_weights_after_every_step(tmp_path):
+    """With an engine other than the embedded one, the trained policy is saved and loaded into the engine
+    (update_weights) after each optimizer step, and the next rollouts carry the new version."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import scaffold_core.testing.plugin as test_tasks
+    import scaffold_trl
+    from scaffold_core.engines.model_loading import load_model_and_tokenizer, resolve_model
+    from scaffold_trl import GRPORun
+
+    _, tokenizer, _ = load_model_and_tokenizer(resolve_model(None))
+    policy = tmp_path / "policy"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    synced = SyncedEngine()
+    pset = plugin_set(test_tasks, scaffold_trl, Plugin(), synced)
+    config = load_config(data={
+        "task": {"name": "list", "rows": [{"question": q, "answer": ""} for q in QUESTIONS[:2]]},
+        "verifier": {"name": "short_answers"}, "engine": {"name": "synced"},
+        "sampling": {"max_tokens": 4, "temperature": 1.0},
+        "trainer": {"name": "trl", "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
+                    "policy": str(policy), "threads": 1},
+    }, registry=pset.registry)
+    job = TrainJob(config=config, output_dir=tmp_path / "run", registry=pset.registry)
+    with GRPORun(pset.registry.create("trainer", "trl", config.trainer.options), job) as run:
+        assert not run.wraps_model
+        run.train()
+        versions = [r.version for r in run.bridge.history]
+    assert versions == [0, 1]
+    assert synced.engine_class.syncs == [("weights-sync", 1, True), ("weights-sync", 2, True)]
