@@ -406,11 +406,20 @@ class TransformersEngine(Engine):
         scaled = logits / temps[:, None]
         filtered = self._truncate(rows, scaled)
         report = torch.log_softmax(filtered if self.logprobs_mode == "processed" else scaled, dim=-1)
-        choice = torch.argmax(logits, dim=-1)  # kept for greedy rows
+        # Gumbel-max, each row's noise drawn from its request's own generator (batch-independent
+        # sampling); the elementwise work is done once for the whole batch: a loop of small per-row ops
+        # costs more than the arithmetic on a busy CPU.
+        noise = torch.full((len(rows), vocab), 0.5, dtype=torch.float32)
         for i, row in enumerate(rows):
-            if not greedy[i]:  # Gumbel-max with this request's own generator: batch-independent sampling
-                u = torch.rand(vocab, generator=row.generator).clamp_(min=1e-20).to(logits.device)
-                choice[i] = torch.argmax(filtered[i] - torch.log(-torch.log(u)))
+            if not greedy[i]:
+                torch.rand(vocab, generator=row.generator, out=noise[i])
+        gumbel = torch.log(-torch.log(noise.clamp_(min=1e-20))).to(device=logits.device, dtype=filtered.dtype)
+        sampled = torch.argmax(filtered - gumbel, dim=-1)
+        choice = torch.argmax(logits, dim=-1)  # kept for greedy rows
+        if any(greedy):
+            choice = torch.where(torch.tensor(greedy, device=logits.device), choice, sampled)
+        else:
+            choice = sampled
         if any(greedy):  # greedy rows report the untempered distribution
             plain = torch.log_softmax(logits, dim=-1)
             mask = torch.tensor(greedy, device=logits.device)[:, None]
