@@ -59,6 +59,9 @@ def adversarial_cases() -> dict[str, str]:
         "a megabyte of letters, no number": "x" * MB,
         "a megabyte of '=' after ####": "#### " + "=" * MB + "18",
         "unicode garbage": "\x00\ufffd\U0001F600\u2212" * (MB // 4) + "#### 18",
+        "'**a' runs around the answer (markdown search)": "#### " + "**a" * 330 + "18",
+        "180 words before the answer (dressing check)": "#### " + "word " * 180 + "18",
+        "operators after the last number, no marker": "1 " * (MB // 2) + "18" + "^!" * 30,
         "empty response": "",
     }
 

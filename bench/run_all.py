@@ -19,6 +19,8 @@ SCRIPTS = [
     ("GSM8K verifier", "gsm8k_verifier.py", []),
     ("SGLang client", "sglang_client.py", []),
     ("multi-turn drift and speed", "multiturn_drift.py", []),
+    ("agent overhead", "agent_overhead.py", []),
+    ("python tool cold start", "tools_python_cold_start.py", []),
     ("multi-worker speed-up", "multiworker.py", []),
     ("port contention", "ports.py", []),
     ("GRPO with TRL on scaffold rollouts", "train_trl.py", []),

@@ -5,7 +5,18 @@ generator, engine call, verification in the verifier pool (off the event
 loop), trajectory making. The engine returns canned tokens instantly, so what
 is left is scaffold's own cost.
 
-    python bench/runtime_overhead.py            # episodes/s table + peak RSS at 10,000 concurrent
+It also prices isolation by construction (every episode's controller a
+deep copy but for declared shared handles, every parallel branch its own
+copy of the episode's row, messages and state): the same runs with
+controllers and contexts that copy the way the runtime did before
+(``clone()`` a shallow copy, branches sharing the episode's data), in the
+same process, interleaved, ``--repeats`` times each; it prints the medians,
+their ratio and the goal (isolated >= 90% of today's episodes/s), and the
+machine they ran on (the load average says how busy it was).
+
+    python bench/runtime_overhead.py                    # everything
+    python bench/runtime_overhead.py --isolation-only   # the before/after isolation figures only
+    python bench/runtime_overhead.py --no-isolation     # the table and peak RSS only
     python bench/runtime_overhead.py --rss-only N
 """
 
@@ -13,8 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
+import os
+import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -31,16 +46,51 @@ from scaffold_core.sampling import SamplingParams, derive_seed
 PROMPT = "<|system|>\nSolve step by step.<|end|>\n<|user|>\nWhat is 6 * 7?<|end|>\n<|assistant|>\n"
 
 
-def contexts(engine: CannedBenchmarkEngine, n: int):
+#: The isolation goal: episodes/s with isolation at least this fraction of today's (shared) figure.
+ISOLATION_GOAL = 0.90
+
+
+class _SharingContext(EpisodeContext):
+    """Before isolation by construction: parallel branches shared the episode's row, messages and prompt ids."""
+
+    __slots__ = ()
+
+    def branch(self, index: int) -> EpisodeContext:
+        return EpisodeContext(
+            episode_id=self.episode_id, index=self.index, row=self.row, prompt_ids=self.prompt_ids,
+            sampling=self.sampling, seed=self.seed, reference=self.reference, prompt_text=self.prompt_text,
+            messages=self.messages, tokenizer=self.tokenizer, attempt=self.attempt,
+            sample_base=self.sample_base + index)
+
+
+class _ShallowNative(NativeController):
+    """Before: NativeController.clone() was a shallow copy (inherited, unsafely, by every subclass)."""
+
+    def clone(self):
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+
+class _ShallowMajorityVote(MajorityVoteController):
+    """Before: copy.copy of the controller plus a clone of its generator."""
+
+    def clone(self):
+        twin = copy.copy(self)
+        twin.generator = self.generator.clone()
+        return twin
+
+
+def contexts(engine: CannedBenchmarkEngine, n: int, context_class: type = EpisodeContext):
     ids = engine.tokenizer.encode(PROMPT)
     sampling = SamplingParams(max_tokens=64)
     for i in range(n):
         eid = f"e{i}"
-        yield EpisodeContext(episode_id=eid, index=i, row={"id": eid}, prompt_ids=ids, sampling=sampling,
-                             seed=derive_seed(0, eid), reference="#### 42", prompt_text=PROMPT)
+        yield context_class(episode_id=eid, index=i, row={"id": eid}, prompt_ids=ids, sampling=sampling,
+                            seed=derive_seed(0, eid), reference="#### 42", prompt_text=PROMPT)
 
 
-async def measure(controller, episodes: int, concurrency: int) -> dict:
+async def measure(controller, episodes: int, concurrency: int, context_class: type = EpisodeContext) -> dict:
     engine = CannedBenchmarkEngine(response="Adding them gives 42.\n#### 42")
     pool = VerifierPool(ExactMatchVerifier(), timeout=30, workers=2)
     done = 0
@@ -53,13 +103,13 @@ async def measure(controller, episodes: int, concurrency: int) -> dict:
 
     runtime = Runtime(engine=engine, controller=controller, verifier=pool,
                       trajectory_maker=SingleTurnTrajectoryMaker(), concurrency=concurrency)
-    start = time.perf_counter()
-    await runtime.run(contexts(engine, episodes), on_result)
-    wall = time.perf_counter() - start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    await runtime.run(contexts(engine, episodes, context_class), on_result)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     pool.close()
     assert done == episodes, (done, episodes)
     return {"episodes": episodes, "wall_s": round(wall, 3), "episodes_per_s": round(episodes / wall, 1),
-            "requests": engine.requests}
+            "episodes_per_cpu_s": round(episodes / cpu, 1) if cpu > 0 else 0.0, "requests": engine.requests}
 
 
 def rss_child(n: int) -> None:
@@ -70,13 +120,82 @@ def rss_child(n: int) -> None:
     print(json.dumps({"peak_rss_mib": round(peak / 1024, 1), "baseline_rss_mib": round(before / 1024, 1)}))
 
 
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def isolation_figures(episodes: int, repeats: int) -> None:
+    """Today's copying (shallow clone, shared branch data) against isolation by construction, interleaved.
+
+    Runs alternate A-B-B-A so drift in the machine's load falls on both
+    sides. Episodes per wall-clock second is what a user sees; episodes per
+    CPU-second (this process's CPU time, all threads) is the same work
+    priced without the other tenants of a shared machine, and it decides the
+    verdict.
+    """
+    load_before = load_average()
+    cases = (
+        ("native", NativeController, _ShallowNative, episodes, 64),
+        ("native", NativeController, _ShallowNative, episodes, 1024),
+        ("majority_vote x8", lambda: MajorityVoteController(samples=8),
+         lambda: _ShallowMajorityVote(samples=8, generator=_ShallowNative()), episodes // 4, 64),
+        ("majority_vote x8", lambda: MajorityVoteController(samples=8),
+         lambda: _ShallowMajorityVote(samples=8, generator=_ShallowNative()), episodes // 4, 1024),
+    )
+    print(f"isolation cost (benchmark_canned engine; medians of {repeats} runs per side, interleaved A-B-B-A)")
+    for name, isolated, today, n, concurrency in cases:
+        sides = {"today": (today, _SharingContext), "isolated": (isolated, EpisodeContext)}
+        for make, context_class in sides.values():  # warm-up
+            asyncio.run(measure(make(), min(n, 2000), concurrency, context_class))
+        runs: dict[str, list[dict]] = {"today": [], "isolated": []}
+        for i in range(repeats):
+            for side in (("today", "isolated") if i % 2 == 0 else ("isolated", "today")):
+                make, context_class = sides[side]
+                runs[side].append(asyncio.run(measure(make(), n, concurrency, context_class)))
+        print(f"{name} at concurrency {concurrency}, {n:,} episodes per run:")
+        medians = {}
+        for side, how in (("today", "shallow clone, branches share the episode's data"),
+                          ("isolated", "deep copy but shared handles, copy-on-branch")):
+            wall = [r["episodes_per_s"] for r in runs[side]]
+            cpu = [r["episodes_per_cpu_s"] for r in runs[side]]
+            medians[side] = (statistics.median(wall), statistics.median(cpu))
+            print(f"  {side:<9} {medians[side][0]:>8,.0f} episodes/s, {medians[side][1]:>8,.0f} per CPU-s  ({how}; "
+                  f"runs {', '.join(f'{x:,.0f}' for x in wall)} /s)")
+        wall_ratio = medians["isolated"][0] / medians["today"][0]
+        cpu_ratio = medians["isolated"][1] / medians["today"][1]
+        verdict = "ok" if cpu_ratio >= ISOLATION_GOAL else "BELOW GOAL"
+        print(f"  ratio     {wall_ratio:>8.3f} wall, {cpu_ratio:>8.3f} CPU   goal >= {ISOLATION_GOAL:.2f} of today  "
+              f"{verdict}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, load average (1/5/15 min) {load_before} before, "
+          f"{load_average()} after; Python {platform.python_version()}, {platform.system()} {platform.release()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--episodes", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per side of the isolation figures")
+    parser.add_argument("--isolation-only", action="store_true", help="print only the before/after isolation figures")
+    parser.add_argument("--no-isolation", action="store_true", help="leave out the before/after isolation figures")
     parser.add_argument("--rss-only", type=int, default=0)
     args = parser.parse_args()
     if args.rss_only:
         rss_child(args.rss_only)
+        return
+    if args.isolation_only:
+        isolation_figures(args.episodes, args.repeats)
         return
     rows = []
     for name, make, n, target in (("native", NativeController, args.episodes, 10_000),
@@ -95,6 +214,9 @@ def main() -> None:
     rss = json.loads(out.strip().splitlines()[-1])
     print(f"peak RSS, 10,000 concurrent majority_vote x8 episodes: {rss['peak_rss_mib']:.0f} MiB "
           f"(target < 1024 MiB)  {'ok' if rss['peak_rss_mib'] < 1024 else 'ABOVE TARGET'}")
+    if not args.no_isolation:
+        print()
+        isolation_figures(args.episodes, args.repeats)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,31 @@
 """Benchmark: the sglang engine's HTTP client, one client process against a fast local server process.
 
-Prints requests/s with 1,024 requests in flight, and the latency the client
-adds (client-measured latency minus the processing time the server reports
-in ``meta_info.e2e_latency``), p50 and p99, at 1,024 in flight and at 1.
+Prints requests/s with 1,024 requests in flight, the client's CPU time per
+request (CPU time of the client process divided by requests; the server runs
+in its own process, so its CPU is not counted, and is printed separately so a
+server-bound run shows), and the latency the client adds (client-measured
+latency minus the processing time the server reports in
+``meta_info.e2e_latency``), p50 and p99, at 1,024 in flight and at 1.
 Requests go through ``SGLangEngine.generate`` (body encoding, pooled HTTP,
 response parsing), with the garbage-collector setting the runtime uses while
-episodes run. The client's CPU time per request is printed too: on a shared
-machine it says what one core would sustain.
+episodes run. Each figure is compared with the goal and with the figures
+measured before the client was tuned.
+
+The machine line gives the cores and the load average at the start: on a
+shared machine co-tenants slow runs down (wall-clock figures most, CPU per
+request least), so runs are repeated and the best and the median are shown.
 
 Two servers, each in its own process:
 
-* ``zero``: a zero-work HTTP/1.1 responder written for this benchmark (canned
-  ``/generate`` answers), so the figure measures the client.
+* ``zero``: a zero-work HTTP/1.1 responder written for this benchmark (a raw
+  asyncio protocol answering canned ``/generate`` results), so the figure
+  measures the client.
 * ``protocol``: the plugin's protocol test server (aiohttp, random tokens),
   i.e. a real HTTP server stack doing some work.
 
 Run: ``python bench/sglang_client.py`` (``--help`` for options; ``--json``
-prints one JSON object instead of text).
+prints one JSON object instead of text; ``--profile N`` adds a cProfile of the
+client side of one loaded run, top N functions by own time).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -36,14 +46,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SERVER = ROOT / "plugins" / "scaffold-sglang" / "tests" / "sglang_test_server.py"
 
-CANNED = (b'{"output_ids":[30,31,32,2],"meta_info":{"id":"%s","finish_reason":{"type":"stop","matched":2},'
-          b'"prompt_tokens":8,"completion_tokens":4,"cached_tokens":0,"weight_version":"default",'
-          b'"e2e_latency":0.0,"output_token_logprobs":[[-0.5,30,null],[-0.25,31,null],[-1.0,32,null],'
-          b'[-0.125,2,null]]}}')
+#: What the client should reach against the zero-work server with 1,024 requests in flight.
+GOAL = {"requests_per_s": 10_000.0, "client_cpu_us_per_request": 80.0}
+#: This script's figures for the client before it was tuned (commit ca45b07: aiohttp for /generate,
+#: stdlib json), on the 2-core development machine: the best of 5 runs, averaged over two rounds.
+BEFORE = {"requests_per_s": 7_300.0, "client_cpu_us_per_request": 137.0}
+
+
+
+def canned(tokens: int) -> bytes:
+    """A ``/generate`` answer of ``tokens`` tokens (the last one EOS, id 2) with ``%s`` for the rid."""
+    ids = [30 + i % 200 for i in range(tokens - 1)] + [2]
+    logprobs = [(-0.5, -0.25, -1.0, -0.125)[i % 4] for i in range(tokens)]
+    tuples = ",".join(f"[{lp},{t},null]" for lp, t in zip(logprobs, ids))
+    return ('{"output_ids":[' + ",".join(map(str, ids)) + '],"meta_info":{"id":"%s","finish_reason":'
+            '{"type":"stop","matched":2},"prompt_tokens":8,"completion_tokens":' + str(tokens) + ','
+            '"cached_tokens":0,"weight_version":"default","e2e_latency":0.0,"output_token_logprobs":['
+            + tuples + ']}}').encode()
 
 
 class ZeroWork(asyncio.Protocol):
     """Answers every HTTP/1.1 request on a keep-alive connection with a canned ``/generate`` result."""
+
+    canned = canned(4)
 
     def connection_made(self, transport):
         self.transport = transport
@@ -65,12 +90,14 @@ class ZeroWork(asyncio.Protocol):
                 out = b'{"model_path":"zero","tokenizer_path":"builtin:byte"}' if b"model_info" in head else b"{}"
             else:
                 at = body.find(b'"rid":"')
-                out = CANNED % body[at + 7:body.find(b'"', at + 7)]
+                out = self.canned % body[at + 7:body.find(b'"', at + 7)]
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(out), out))
 
 
-def serve_zero(port: int) -> None:
+def serve_zero(port: int, tokens: int) -> None:
+    ZeroWork.canned = canned(tokens)
+
     async def main():
         loop = asyncio.get_running_loop()
         server = await loop.create_server(ZeroWork, "127.0.0.1", port, backlog=4096)
@@ -88,13 +115,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(kind: str) -> tuple[subprocess.Popen, str]:
+def start_server(kind: str, tokens: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     if kind == "zero":
-        argv = [sys.executable, __file__, "--serve-zero", str(port)]
+        argv = [sys.executable, __file__, "--serve-zero", str(port), "--output-tokens", str(tokens)]
     else:
         argv = [sys.executable, str(TEST_SERVER), "--model-path", "bench", "--port", str(port),
-                "--vocab-size", "262", "--mean-tokens", "4", "--tokenizer-path", "builtin:byte"]
+                "--vocab-size", "262", "--mean-tokens", str(tokens), "--tokenizer-path", "builtin:byte"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -123,7 +150,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(url: str, total: int, in_flight: int) -> dict:
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of another process so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(url: str, total: int, in_flight: int, server_pid: int | None = None,
+                  profile: int = 0, tokens: int = 4) -> dict:
     from scaffold_core.generation import GenerationRequest
     from scaffold_core.run.runtime import gc_tuned
     from scaffold_core.sampling import SamplingParams
@@ -131,7 +168,7 @@ async def measure(url: str, total: int, in_flight: int) -> dict:
 
     engine = SGLangEngine(url=url, tokenizer="builtin:byte", max_connections=max(in_flight, 1))
     await engine.start()
-    sampling = SamplingParams(max_tokens=4, temperature=0.0)
+    sampling = SamplingParams(max_tokens=tokens, temperature=0.0)
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 200) for _ in range(64)] for _ in range(256)]
     added: list[float] = []
@@ -144,61 +181,151 @@ async def measure(url: str, total: int, in_flight: int) -> dict:
             if record:
                 added.append(time.perf_counter() - t0 - float(result.meta.get("e2e_latency", 0.0)))
 
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
     try:
         await asyncio.gather(*(worker(k, max(in_flight * 2, 200), False) for k in range(in_flight)))  # warm up
         with gc_tuned():  # as inside a rollout: the runtime runs episodes with this GC setting
+            server_started = process_cpu_s(server_pid) if server_pid else None
             started, cpu_started = time.perf_counter(), time.process_time()
+            if profiler is not None:
+                profiler.enable()
             await asyncio.gather(*(worker(k, total, True) for k in range(in_flight)))
+            if profiler is not None:
+                profiler.disable()
             wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+            server_ended = process_cpu_s(server_pid) if server_pid else None
     finally:
         await engine.close()
-    return {"requests": total, "in_flight": in_flight, "wall_s": round(wall, 3),
-            "requests_per_s": round(total / wall, 1),
-            "client_cpu_us_per_request": round(cpu / total * 1e6, 1),
-            "requests_per_client_cpu_s": round(total / cpu, 1),
-            "added_latency_p50_ms": round(percentile(added, 0.50) * 1000, 3),
-            "added_latency_p99_ms": round(percentile(added, 0.99) * 1000, 3)}
+    out = {"requests": total, "in_flight": in_flight, "tokens": tokens, "wall_s": round(wall, 3),
+           "requests_per_s": round(total / wall, 1),
+           "client_cpu_us_per_request": round(cpu / total * 1e6, 1),
+           "client_cpu_share": round(cpu / wall, 2),
+           "added_latency_p50_ms": round(percentile(added, 0.50) * 1000, 3),
+           "added_latency_p99_ms": round(percentile(added, 0.99) * 1000, 3)}
+    if server_started is not None and server_ended is not None:
+        server_cpu = server_ended - server_started
+        out["server_cpu_us_per_request"] = round(server_cpu / total * 1e6, 1)
+        out["server_cpu_share"] = round(server_cpu / wall, 2)  # near 1.0: the server is the bottleneck
+    if profiler is not None:
+        import io
+        import pstats
+
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
+        out["profile"] = text.getvalue()
+    return out
+
+
+def summarize(runs: list[dict]) -> dict:
+    best = max(runs, key=lambda r: r["requests_per_s"])
+    out = dict(best)
+    out["runs"] = len(runs)
+    for key in ("requests_per_s", "client_cpu_us_per_request", "added_latency_p50_ms", "added_latency_p99_ms",
+                "server_cpu_us_per_request"):
+        values = [r[key] for r in runs if key in r]
+        if values:
+            out[f"all_{key}"] = values
+            out[f"median_{key}"] = round(statistics.median(values), 1)
+    out["best_client_cpu_us_per_request"] = min(r["client_cpu_us_per_request"] for r in runs)
+    return out
+
+
+def machine() -> dict:
+    one, five, fifteen = os.getloadavg()
+    return {"cpus": os.cpu_count(), "load_avg": [round(one, 2), round(five, 2), round(fifteen, 2)]}
+
+
+def print_loaded(kind: str, r: dict) -> None:
+    server = ""
+    if "server_cpu_us_per_request" in r:
+        server = (f"; server CPU {r['server_cpu_us_per_request']} us per request "
+                  f"({r['server_cpu_share']:.0%} of a core)")
+    print(f"sglang client vs {kind} server, {r['in_flight']} in flight, {r['requests']} requests per run, "
+          f"{r['tokens']} output tokens per answer, {r['runs']} runs:")
+    print(f"  requests/s: best {r['requests_per_s']:,.0f}, median {r['median_requests_per_s']:,.0f} "
+          f"(all {r['all_requests_per_s']})")
+    print(f"  client CPU per request: best {r['best_client_cpu_us_per_request']} us, median "
+          f"{r['median_client_cpu_us_per_request']} us (all {r['all_client_cpu_us_per_request']}); "
+          f"best run: client used {r['client_cpu_share']:.0%} of a core{server}")
+    print(f"  client-added latency (best run): p50 {r['added_latency_p50_ms']} ms, p99 {r['added_latency_p99_ms']} ms")
+
+
+def print_goal(r: dict) -> None:
+    rps, cpu = r["requests_per_s"], r["best_client_cpu_us_per_request"]
+    print(f"  before tuning: {BEFORE['requests_per_s']:,.0f} requests/s, "
+          f"{BEFORE['client_cpu_us_per_request']:g} us client CPU per request")
+    print(f"  goal:          >= {GOAL['requests_per_s']:,.0f} requests/s, "
+          f"<= {GOAL['client_cpu_us_per_request']:g} us client CPU per request")
+    print(f"  now:           {rps:,.0f} requests/s ({rps / BEFORE['requests_per_s']:.2f}x before, "
+          f"{rps / GOAL['requests_per_s']:.2f} of the goal: {'met' if rps >= GOAL['requests_per_s'] else 'NOT met'}), "
+          f"{cpu:g} us ({BEFORE['client_cpu_us_per_request'] / cpu:.2f}x less than before, "
+          f"{cpu / GOAL['client_cpu_us_per_request']:.2f} of the goal's budget: "
+          f"{'met' if cpu <= GOAL['client_cpu_us_per_request'] else 'NOT met'})")
+    if r.get("server_cpu_share", 0) >= 0.9:
+        print("  note: the server process used a whole core: the run was server-bound, not client-bound")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000, help="requests per run at full concurrency")
-    parser.add_argument("--repeat", type=int, default=3, help="runs at full concurrency; the best is reported "
-                        "(co-tenants on a shared machine only ever slow a run down)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs at full concurrency; the best and the median "
+                        "are reported (co-tenants on a shared machine only ever slow a run down)")
     parser.add_argument("--in-flight", type=int, default=1024)
     parser.add_argument("--servers", default="zero,protocol", help="comma-separated: zero, protocol")
+    parser.add_argument("--output-tokens", type=int, default=4,
+                        help="tokens per answer (the zero server's exactly, the protocol server's on average)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile one more loaded run (cProfile, client side) and print its top N functions")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--serve-zero", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_zero:
-        serve_zero(args.serve_zero)
+        serve_zero(args.serve_zero, args.output_tokens)
         return 0
     sys.path.insert(0, str(ROOT / "plugins" / "scaffold-sglang"))
-    results = {}
+    at_start = machine()
+    if not args.json:
+        print(f"machine: {at_start['cpus']} CPUs; load average {at_start['load_avg'][0]:.2f} / "
+              f"{at_start['load_avg'][1]:.2f} / {at_start['load_avg'][2]:.2f} (1/5/15 min) at the start")
+    results: dict = {}
     for kind in [k.strip() for k in args.servers.split(",") if k.strip()]:
-        proc, url = start_server(kind)
+        proc, url = start_server(kind, args.output_tokens)
+        profile = None
+        tokens = args.output_tokens
         try:
-            runs = [asyncio.run(measure(url, args.requests, args.in_flight)) for _ in range(max(1, args.repeat))]
-            loaded = max(runs, key=lambda r: r["requests_per_s"])
-            loaded["all_runs_requests_per_s"] = [r["requests_per_s"] for r in runs]
-            single = asyncio.run(measure(url, 2000, 1))
+            runs = [asyncio.run(measure(url, args.requests, args.in_flight, proc.pid, tokens=tokens))
+                    for _ in range(max(1, args.repeat))]
+            single = asyncio.run(measure(url, 2000, 1, proc.pid, tokens=tokens))
+            if args.profile:
+                profile = asyncio.run(measure(url, args.requests, args.in_flight, proc.pid, profile=args.profile,
+                                              tokens=tokens))
         finally:
             stop_server(proc)
+        loaded = summarize(runs)
         results[kind] = {"loaded": loaded, "single": single}
+        if profile is not None:
+            results[kind]["profile"] = profile["profile"]
         if not args.json:
-            print(f"sglang client vs {kind} server: {loaded['requests_per_s']:,.0f} requests/s with "
-                  f"{loaded['in_flight']} in flight (best of {loaded['all_runs_requests_per_s']}; "
-                  f"{loaded['requests']} requests in {loaded['wall_s']} s); "
-                  f"client-added latency p50 {loaded['added_latency_p50_ms']} ms, "
-                  f"p99 {loaded['added_latency_p99_ms']} ms; client CPU {loaded['client_cpu_us_per_request']} us "
-                  f"per request ({loaded['requests_per_client_cpu_s']:,.0f} requests per client CPU-second)")
-            print(f"sglang client vs {kind} server: 1 in flight: {single['requests_per_s']:,.0f} requests/s; "
-                  f"client-added latency p50 {single['added_latency_p50_ms']} ms, "
-                  f"p99 {single['added_latency_p99_ms']} ms")
+            print_loaded(kind, loaded)
+            if kind == "zero" and tokens == 4:  # the goal and the figures before were measured this way
+                print_goal(loaded)
+            print(f"  1 in flight: {single['requests_per_s']:,.0f} requests/s; client CPU "
+                  f"{single['client_cpu_us_per_request']} us per request; client-added latency p50 "
+                  f"{single['added_latency_p50_ms']} ms, p99 {single['added_latency_p99_ms']} ms")
+            if profile is not None:
+                print(f"  cProfile of one more loaded run ({profile['requests_per_s']:,.0f} requests/s under the "
+                      f"profiler), client side, top {args.profile} by own time:")
+                print(profile["profile"])
+    at_end = machine()
     if args.json:
-        print(json.dumps({"sglang_client": results, "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}))
+        print(json.dumps({"sglang_client": results, "goal": GOAL, "before": BEFORE,
+                          "machine_at_start": at_start, "machine_at_end": at_end}))
     else:
-        print(f"(machine: {os.cpu_count()} CPUs, 1-minute load average {os.getloadavg()[0]:.2f} at the end)")
+        print(f"(load average {at_end['load_avg'][0]:.2f} at the end)")
     return 0
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError, PluginLoadError, UnknownComponentError
 from .plugins import SECTION_KINDS, get_registry
 from .sampling import SamplingParams
+from .textfiles import decode_text
 
 #: Every top-level section, in the order they are resolved and written.
 SECTIONS = ("task", "controller", "engine", "sampling", "verifier", "trajectory", "rollout", "output", "trainer")
@@ -85,6 +86,8 @@ class RolloutConfig(BaseModel):
     progress: bool | None = Field(None, description="true, false, or null (auto: on a terminal)")
     bad_rows: Literal["skip", "fail"] = Field(
         "skip", description="'skip' (skip and count unusable dataset rows) or 'fail' (stop before any model loads)")
+    max_failed_fraction: float = Field(
+        0.5, ge=0, le=1, description="number in [0, 1]: above this fraction of failed episodes the run exits non-zero")
     max_staleness: int | None = Field(
         None, ge=0, description="integer >= 0 or null (training: drop or regenerate samples more than this many "
         "weight versions old; null = keep all)")
@@ -99,6 +102,8 @@ class OutputConfig(BaseModel):
     dir: str = Field("runs/{task}-{time}", description="a directory path")
     overwrite: bool = Field(False, description="true to replace an existing run's files")
     save_dataset: bool = Field(True, description="write the trajectories as a Hugging Face dataset")
+    private: bool = Field(True, description="true: files the run creates are 0600 and its folders 0700; "
+                                            "false: the umask decides")
 
 
 @dataclass
@@ -173,7 +178,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.safe_load(decode_text(p.read_bytes(), path, error=ConfigError))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if data is None:

@@ -6,12 +6,50 @@ own :class:`EpisodeContext` and its own controller clone.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 from .generation import GenerationTask
 from .sampling import SamplingParams, mix_seed
 from .verifier import Verdict
+
+_DATA_ATOMS: frozenset[type] = frozenset({type(None), bool, int, float, str, bytes})
+
+
+def copy_data(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A deep copy of JSON-like data (dicts, lists, tuples, scalars), fast; anything else via ``copy.deepcopy``.
+
+    Shared references inside ``value`` stay shared in the copy, and cycles
+    are copied as cycles, exactly as ``copy.deepcopy`` does.
+    """
+    kind = type(value)
+    if kind in _DATA_ATOMS:
+        return value
+    if memo is None:
+        if kind is dict:  # the common case, a flat row of scalars, is a plain dict copy
+            for item in value.values():
+                if type(item) not in _DATA_ATOMS:
+                    break
+            else:
+                return dict(value)
+        memo = {}
+    else:
+        done = memo.get(id(value))
+        if done is not None:
+            return done
+    if kind is dict:
+        copied: dict[Any, Any] = {}
+        memo[id(value)] = copied
+        for key, item in value.items():
+            copied[key] = item if type(item) in _DATA_ATOMS else copy_data(item, memo)
+        return copied
+    if kind is list:
+        items: list[Any] = []
+        memo[id(value)] = items
+        items.extend(item if type(item) in _DATA_ATOMS else copy_data(item, memo) for item in value)
+        return items
+    return copy.deepcopy(value, memo)
 
 
 @dataclass(slots=True, eq=False)
@@ -87,7 +125,8 @@ class Outcome:
 class EpisodeContext:
     """Everything one episode needs, passed explicitly to its controller.
 
-    ``row`` is the task row; ``prompt_ids`` the rendered prompt; ``reference``
+    ``row`` is the task row; ``prompt_ids`` the rendered prompt (read-only:
+    tasks and samples share it; build a new list to extend it); ``reference``
     the gold answer (``None`` when the task has none); ``seed`` the episode's
     seed; ``messages`` the chat messages the prompt was rendered from.
     ``tokenizer`` is the engine's tokenizer (for multi-turn controllers).
@@ -109,12 +148,28 @@ class EpisodeContext:
     state: dict[str, Any] = field(default_factory=dict)
 
     def branch(self, index: int) -> EpisodeContext:
-        """A context for parallel branch ``index``: same episode, its own state and sample numbering."""
+        """A context for parallel branch ``index``: the same episode, its own copies of its mutable data.
+
+        ``row``, ``messages`` and ``state`` are copied (deeply), so a branch
+        that appends a message, edits the row or writes its state changes
+        nothing its siblings or its parent see. Shared: the tokenizer (a
+        handle), the immutable fields, and ``prompt_ids``, the rendered
+        prompt, which every task and sample of the episode refers to and
+        nothing may modify in place (a copy per branch would cost
+        ``len(prompt) x branches`` per episode in flight); build a new list to
+        extend it. Sample numbering starts at ``sample_base + index``.
+        """
+        try:
+            state = copy_data(self.state) if self.state else {}
+        except Exception as exc:
+            raise ValueError(
+                f"ctx.state holds something a parallel branch cannot copy ({type(exc).__name__}: {exc}); keep "
+                "shared handles on the controller (named in its `shared` tuple), not in ctx.state") from exc
         return EpisodeContext(
-            episode_id=self.episode_id, index=self.index, row=self.row, prompt_ids=self.prompt_ids,
+            episode_id=self.episode_id, index=self.index, row=copy_data(self.row), prompt_ids=self.prompt_ids,
             sampling=self.sampling, seed=self.seed, reference=self.reference, prompt_text=self.prompt_text,
-            messages=self.messages, tokenizer=self.tokenizer, attempt=self.attempt,
-            sample_base=self.sample_base + index,
+            messages=copy_data(self.messages), tokenizer=self.tokenizer, attempt=self.attempt,
+            sample_base=self.sample_base + index, state=state,
         )
 
     def generation_task(

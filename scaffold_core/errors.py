@@ -58,6 +58,24 @@ class DataError(ScaffoldError):
     """A task's data cannot be used (under ``rollout.bad_rows: fail``, or nothing loads at all)."""
 
 
+class RunDirError(ScaffoldError):
+    """A run's output directory cannot be used as asked: a file in it is a symbolic link or unreadable,
+    its saved config differs from the one resumed with, ... ``path`` is the file at fault."""
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class RunLockedError(RunDirError):
+    """Another live ``scaffold run`` holds the output directory; ``pid`` and ``host`` name it."""
+
+    def __init__(self, message: str, *, path: str | None = None, pid: int | None = None, host: str | None = None):
+        super().__init__(message, path=path)
+        self.pid = pid
+        self.host = host
+
+
 class MissingDependencyError(ScaffoldError):
     """An optional dependency is needed; the message carries the pip command that installs it."""
 
@@ -123,6 +141,10 @@ TOOL_ERROR_KINDS: tuple[str, ...] = ("bad_arguments", "timeout", "failed", "unkn
 
 class ToolDefinitionError(PluginError):
     """A tool's definition (name, description, parameters schema, timeout, ``call``) is unusable."""
+
+
+class ToolFormatError(ScaffoldError):
+    """A tool-call format cannot present tools with this tokenizer (e.g. its chat template ignores ``tools=``)."""
 
 
 class ToolCallError(ScaffoldError):

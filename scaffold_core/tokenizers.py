@@ -94,6 +94,9 @@ class ByteTokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        offset = self.OFFSET
+        if ids and min(ids) >= offset:  # bytes only (the common case): one conversion, one decode
+            return bytes(tid - offset for tid in ids).decode("utf-8", errors="replace")
         out = bytearray()
         text: list[str] = []
         for tid in ids:

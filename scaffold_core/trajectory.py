@@ -9,9 +9,10 @@ engine's weight version (0 when the engine reports none).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .episode import EpisodeResult, Sample
 
@@ -69,11 +70,80 @@ def sample_tokens(sample: Sample) -> tuple[list[int], list[int], list[float], li
     return input_ids, loss_mask, logprobs, versions
 
 
+MissingRewardPolicy = Literal["drop", "fail"]
+MISSING_REWARD_POLICIES = ("drop", "fail")
+StdMode = Literal["unbiased", "population", "none"]
+STD_MODES = ("unbiased", "population", "none")
+Baseline = Literal["mean", "leave_one_out"]
+BASELINES = ("mean", "leave_one_out")
+
+
+class MissingRewardError(ValueError):
+    """A sample has no reward and the trajectory maker's policy is ``missing_reward: fail``."""
+
+
+def usable_reward(sample: Any) -> float | None:
+    """The sample's reward, or None when it has none: not verified (``None``) or not scorable (NaN).
+
+    ``0.0`` is a reward (a wrong answer), never a missing one.
+    """
+    reward = sample.reward
+    if reward is None or math.isnan(reward):
+        return None
+    return float(reward)
+
+
+def has_reward(sample: Any) -> bool:
+    """True when the sample carries a usable reward (see :func:`usable_reward`)."""
+    return usable_reward(sample) is not None
+
+
+def check_missing_reward_policy(policy: str) -> str:
+    if policy not in MISSING_REWARD_POLICIES:
+        raise ValueError(f"missing_reward must be 'drop' or 'fail', got {policy!r}")
+    return policy
+
+
+def scored_samples(episode: EpisodeResult, policy: str = "drop") -> tuple[list[Sample], list[float]]:
+    """(the episode's samples that have a reward, their rewards), by the missing-reward ``policy``.
+
+    ``drop``: samples without a reward are left out of training data (run
+    metrics count them as ``unscored_samples``). ``fail``: such a sample
+    raises :class:`MissingRewardError`, which fails the episode. A missing
+    reward is never read as 0.0.
+    """
+    kept: list[Sample] = []
+    rewards: list[float] = []
+    for position, sample in enumerate(episode.samples):
+        reward = usable_reward(sample)
+        if reward is not None:
+            kept.append(sample)
+            rewards.append(reward)
+        elif policy == "fail":
+            raise MissingRewardError(
+                f"sample {position} of episode {episode.episode_id} has no reward (reward {sample.reward!r}: "
+                "not verified, or the verifier could not score it); set trajectory.missing_reward: drop to leave "
+                "such samples out of the training data instead of failing the episode")
+        else:
+            check_missing_reward_policy(policy)
+    return kept, rewards
+
+
 class TrajectoryMaker:
-    """Base class: turn a finished (successful) episode into training samples."""
+    """Base class: turn a finished (successful) episode into training samples.
+
+    ``missing_reward`` is what :meth:`scored` does with a sample that has no
+    reward (see :func:`scored_samples`): ``"drop"`` (default) or ``"fail"``.
+    """
+
+    missing_reward: str = "drop"
 
     def make(self, episode: EpisodeResult) -> list[TrainingSample]:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def scored(self, episode: EpisodeResult) -> tuple[list[Sample], list[float]]:
+        """The episode's samples that have a reward and their rewards, by this maker's ``missing_reward`` policy."""
+        return scored_samples(episode, self.missing_reward)
 
     @staticmethod
     def build(episode: EpisodeResult, sample: Sample, reward: float, advantage: float) -> TrainingSample:
@@ -86,17 +156,50 @@ class TrajectoryMaker:
         )
 
 
-def group_normalized(rewards: Sequence[float], *, scale: bool = True, eps: float = 1e-6) -> list[float]:
-    """GRPO advantages: (r - mean) / (std + eps) within a group (population std)."""
+def check_advantage_options(std: str, eps: float, baseline: str) -> None:
+    """Validate the group-advantage options (shared by every maker that uses :func:`group_normalized`)."""
+    if std not in STD_MODES:
+        raise ValueError(f"std must be 'unbiased', 'population' or 'none', got {std!r}")
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be 'mean' or 'leave_one_out', got {baseline!r}")
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+
+
+def group_normalized(rewards: Sequence[float], *, std: str = "unbiased", eps: float = 1e-5,
+                     baseline: str = "mean") -> list[float]:
+    """Group-relative advantages ``(r_i - b_i) / (s + eps)`` of one group's rewards (formulas in docs/runtime.md).
+
+    ``baseline``: ``mean`` (b_i = the group mean, GRPO) or ``leave_one_out``
+    (b_i = the mean of the *other* rewards, RLOO; a group of one is its own
+    baseline). ``std``: ``unbiased`` (``sqrt(sum((r - mean)^2) / (n - 1))``,
+    1 for a group of one; AReaL's default), ``population`` (divides by n),
+    or ``none`` (s = 1 and eps = 0: no scaling, Dr. GRPO / RLOO). Computed in
+    double precision; a group of equal rewards gives 0, never NaN.
+    """
+    check_advantage_options(std, eps, baseline)
     n = len(rewards)
     if n == 0:
         return []
-    mean = sum(rewards) / n
-    centered = [r - mean for r in rewards]
-    if not scale:
-        return centered
-    std = (sum(c * c for c in centered) / n) ** 0.5
-    return [c / (std + eps) for c in centered]
+    values = [float(r) for r in rewards]
+    if min(values) == max(values):  # equal rewards carry no signal: exactly 0 (rounding could leave 1e-12)
+        return [0.0] * n
+    total = math.fsum(values)
+    mean = total / n
+    if baseline == "mean":
+        centred = [r - mean for r in values]
+    elif n == 1:
+        centred = [0.0]
+    else:
+        centred = [r - (total - r) / (n - 1) for r in values]
+    if std == "none":
+        return centred
+    squares = math.fsum((r - mean) ** 2 for r in values)
+    if std == "unbiased":
+        spread = math.sqrt(squares / (n - 1)) if n > 1 else 1.0
+    else:
+        spread = math.sqrt(squares / n)
+    return [c / (spread + eps) for c in centred]
 
 
 def __getattr__(name: str) -> Any:  # names that moved to another module stay importable from here

@@ -72,7 +72,12 @@ class TestGRPO(TrajectoryMakerConformance):
 
 class TestDrGRPO(TrajectoryMakerConformance):
     name = "grpo"
-    options = {"scale": False}
+    options = {"std": "none"}
+
+
+class TestRLOO(TrajectoryMakerConformance):
+    name = "grpo"
+    options = {"baseline": "leave_one_out", "std": "none", "missing_reward": "fail"}
 
 
 def _counting(prompt: str, request) -> str:

@@ -93,6 +93,11 @@ def test_a_group_of_4_over_ipv6_loopback_reduces_and_syncs_micro_batch_counts():
     assert len({o["local_min"] for o in outs}) > 1, "the ranks' data should need different counts"
     assert {o["count"] for o in outs} == {max(o["local_min"] for o in outs)}  # equal counts everywhere
     assert all(o["rows"] == o["n"] for o in outs)  # every sequence in exactly one micro-batch
+    assert all(o["smallest"] >= 1 for o in outs)  # no empty micro-batch on any rank
+    # A rank with too few sequences: every rank raises the same clear error (none is left waiting).
+    assert len({o["short_error"] for o in outs}) == 1
+    error = outs[0]["short_error"]
+    assert "rank 0 holds only 2 sequences" in error and "minimum sequences per rank" in error
     assert all(o["gathered"] == [0, 1, 2, 3] for o in outs)
 
 

@@ -245,6 +245,58 @@ def test_hook_register_tools():
     assert not bad.ok and bad.error == "bad_arguments"
 
 
+class ToolFormats:
+    @hookimpl
+    def register_tool_formats(self, registry):
+        from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, result_text
+
+        class Lines(ToolFormat):
+            """Calls as `CALL name {json}` lines; results as `RESULT:` user messages."""
+
+            name = "lines"
+
+            def __init__(self, marker: str = "CALL"):
+                self.marker = marker
+
+            def prompt(self, messages, tools, tokenizer):
+                names = ", ".join(tool.name for tool in tools)
+                return ToolPrompt([{"role": "system", "content": f"Tools: {names}"}, *messages])
+
+            def parse(self, text):
+                calls = []
+                for i, line in enumerate(text.splitlines()):
+                    if line.startswith(self.marker + " "):
+                        name, _, args = line[len(self.marker) + 1:].partition(" ")
+                        calls.append(ToolCall(name, args, id=f"call_{i}", text=line))
+                return calls
+
+            def result_messages(self, calls, results):
+                return [{"role": "user", "content": "\n".join(f"RESULT: {result_text(r)}" for r in results)}]
+
+        registry.add("lines", Lines)
+
+
+def test_hook_register_tool_formats():
+    import asyncio
+
+    from scaffold_core.tool import ToolContext
+    from scaffold_core.tool_format import run_tool_call
+
+    pset = plugin_set(Tools(), ToolFormats())
+    assert "lines" in pset.registry.names("tool_format")
+    fmt = pset.registry.create("tool_format", "lines", {"marker": "DO"})
+    echo = pset.registry.create("tool", "echo", {})
+    prompt = fmt.prompt([{"role": "user", "content": "hi"}], [echo], tokenizer=None)
+    assert prompt.messages[0] == {"role": "system", "content": "Tools: echo"}
+    calls = fmt.parse('thinking\nDO echo {"text": "a"}\nDO nope {}\nDO echo {"text": 1}')
+    assert [c.name for c in calls] == ["echo", "nope", "echo"]
+    context = ToolContext(episode_id="e", call_id="c")
+    results = [asyncio.run(run_tool_call(c, {"echo": echo}, context)) for c in calls]
+    assert [(r.ok, r.error) for r in results] == [(True, None), (False, "unknown_tool"), (False, "bad_arguments")]
+    rendered = fmt.result_messages(calls, results)[0]["content"].splitlines()
+    assert rendered[0] == "RESULT: a" and rendered[1].startswith("RESULT: Error (unknown_tool): unknown tool 'nope'")
+
+
 class Trainers:
     """A trainer plugin in a few lines: each step runs one group per row and reports its mean reward."""
 

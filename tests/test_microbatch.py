@@ -13,6 +13,7 @@ from scaffold_core.train.microbatch import (
     ffd_pack,
     min_micro_batches,
     split_padded_tensor_dict,
+    synced_count,
 )
 
 
@@ -28,10 +29,67 @@ def test_allocation_is_a_partition_within_budget_with_the_requested_count(length
     spec = MicroBatchSpec(max_tokens_per_mb=budget, n_mbs=n_mbs, n_mbs_divisor=divisor)
     needed = min_micro_batches(lengths, spec)
     assert needed >= n_mbs and needed % divisor == 0
+    if needed + more > len(lengths):  # some micro-batch would be empty: refused, naming the minimum
+        with pytest.raises(ValueError, match=f"at least {needed + more} sequences are needed"):
+            allocate(lengths, spec, count=needed + more)
+        return
     plan = allocate(lengths, spec, count=needed + more)
     assert plan.count == needed + more
     _check_partition(plan, len(lengths))
     assert all(t <= budget for t in plan.token_counts)
+    assert all(plan.groups), "an empty micro-batch"
+
+
+def _plans_of_ranks(ranks, spec):
+    """What allocate_synced gives each simulated rank: the same exchange (need, held) every rank sees."""
+    needs = [(min_micro_batches(lengths, spec), len(lengths)) for lengths in ranks]
+    count = synced_count(needs, spec)
+    return [allocate(lengths, spec, count=count) for lengths in ranks]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 120), max_size=24), min_size=1, max_size=8), st.integers(1, 300),
+       st.integers(1, 4), st.integers(1, 3))
+def test_synced_ranks_get_equal_counts_of_nonempty_micro_batches_within_budget(ranks, budget, n_mbs, divisor):
+    """Random lengths, ranks and budgets: every sequence placed once, none over budget, equal counts, none empty;
+    or, on every rank alike, an error naming the too-long sequence or the minimum sequences per rank."""
+    spec = MicroBatchSpec(max_tokens_per_mb=budget, n_mbs=n_mbs, n_mbs_divisor=divisor)
+    if any(n > budget for lengths in ranks for n in lengths):
+        with pytest.raises(ValueError, match="raise max_tokens_per_mb to at least"):
+            _plans_of_ranks(ranks, spec)
+        return
+    count = max(min_micro_batches(lengths, spec) for lengths in ranks)
+    short = [r for r, lengths in enumerate(ranks) if len(lengths) < count]
+    if short:
+        held = len(ranks[short[0]])
+        with pytest.raises(ValueError, match=f"rank {short[0]} holds only {held} sequences.*at least {count} "
+                                             r"sequences \(the minimum sequences per rank\)"):
+            _plans_of_ranks(ranks, spec)
+        return
+    plans = _plans_of_ranks(ranks, spec)
+    assert {plan.count for plan in plans} == {count}  # the same count on every rank
+    for lengths, plan in zip(ranks, plans):
+        _check_partition(plan, len(lengths))  # every sequence exactly once
+        assert all(plan.groups), "an empty micro-batch"
+        assert all(t <= budget for t in plan.token_counts)
+
+
+def test_no_rank_gets_an_empty_micro_batch_even_with_zero_length_sequences():
+    plans = _plans_of_ranks([[0, 0, 0, 0], [60, 60, 60, 60]], MicroBatchSpec(max_tokens_per_mb=60))
+    assert [len(p) for p in plans] == [4, 4]
+    assert all(len(g) == 1 for p in plans for g in p.groups)
+
+
+def test_a_rank_with_too_few_sequences_is_a_clear_error_on_every_rank():
+    spec = MicroBatchSpec(max_tokens_per_mb=64)
+    needs = [(1, 2), (5, 9), (3, 5)]
+    with pytest.raises(ValueError) as caught:
+        synced_count(needs, spec)
+    message = str(caught.value)
+    assert "every rank must run 5 micro-batches (rank 1 needs that many" in message
+    assert "but rank 0 holds only 2 sequences:" in message and "rank 2" not in message
+    assert "at least 5 sequences (the minimum sequences per rank)" in message
+    assert synced_count([(1, 5), (5, 9), (3, 5)], spec) == 5
 
 
 def test_ffd_packs_tightly():
@@ -44,9 +102,13 @@ def test_allocation_balances_tokens_across_micro_batches():
     assert plan.token_counts == [12, 12, 12]  # FFD alone would give 20, 16, 0 style fills
 
 
-def test_more_micro_batches_than_sequences_gives_empty_ones():
-    plan = allocate([5, 6], MicroBatchSpec(100), count=4)
-    assert sorted(len(g) for g in plan.groups) == [0, 0, 1, 1]
+def test_more_micro_batches_than_sequences_is_refused_never_empty():
+    with pytest.raises(ValueError, match="4 micro-batches for 2 sequences would leave 2 empty.*at least 4 sequences"):
+        allocate([5, 6], MicroBatchSpec(100), count=4)
+    with pytest.raises(ValueError, match="1 micro-batches for 0 sequences"):
+        allocate([], MicroBatchSpec(100))
+    plan = allocate([5, 6, 1, 1], MicroBatchSpec(100), count=4)
+    assert sorted(len(g) for g in plan.groups) == [1, 1, 1, 1]
 
 
 def test_errors_name_the_fix():

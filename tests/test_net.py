@@ -34,7 +34,7 @@ def test_ipv4_is_never_bracketed_and_round_trips(host, port):
 def test_urls_bracket_ipv6_for_tcp_rendezvous():
     assert net.format_url("tcp", "::1", 29500) == "tcp://[::1]:29500"
     assert net.format_url("tcp", "[::1]", 29500) == "tcp://[::1]:29500"
-    assert net.format_url("http", "fe80::1%eth0", 80, "generate") == "http://[fe80::1%eth0]:80/generate"
+    assert net.format_url("http", "fe80::1%eth0", 80, "generate") == "http://[fe80::1%25eth0]:80/generate"
     assert net.format_url("http", "node-3.cluster", 8000, "/health") == "http://node-3.cluster:8000/health"
 
 
@@ -118,3 +118,64 @@ def test_has_ipv6_is_false_when_ipv6_sockets_cannot_be_created(no_ipv6_sockets):
     assert net.has_ipv4() is True
     assert net.loopback_host() == "127.0.0.1"
     assert net.route_source(socket.AF_INET6) is None
+
+
+# -- IPv6 zone ids (RFC 6874) --------------------------------------------------------
+
+zones = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-%~", min_size=1, max_size=12)
+
+
+@given(ipv6_addresses, zones, ports)
+def test_zone_ids_are_percent_encoded_in_urls_and_come_back_raw(address, zone, port):
+    raw = f"{address}%{zone}"
+    formatted = net.format_host(raw)
+    assert formatted.startswith(f"[{address}%25") and formatted.endswith("]")
+    assert formatted[len(address) + 4:-1].count("%") == zone.count("%")  # a % inside the zone is encoded too
+    assert net.format_host(formatted) == formatted  # idempotent: never %2525
+    assert net.strip_brackets(formatted) == raw
+    url = net.format_url("http", raw, port, "/generate")
+    assert url == f"http://{formatted}:{port}/generate"
+    assert net.split_hostport(url) == (raw, port)
+    assert net.split_hostport(net.format_hostport(formatted, port)) == (raw, port)
+
+
+def test_zone_id_examples():
+    assert net.format_host("fe80::1%eth0") == "[fe80::1%25eth0]"
+    assert net.format_hostport("[fe80::1%25eth0]", 8000) == "[fe80::1%25eth0]:8000"
+    assert net.format_url("tcp", "fe80::1%2", 29500) == "tcp://[fe80::1%252]:29500"  # numeric zone (if index)
+    assert net.split_hostport("http://[fe80::1%25eth0]:80/health") == ("fe80::1%eth0", 80)
+    assert net.split_hostport("[fe80::1%eth0]:80") == ("fe80::1%eth0", 80)  # a bare % in brackets is accepted
+    assert net.strip_brackets("[fe80::1%25en0]") == "fe80::1%en0"
+    assert net.strip_brackets("fe80::1%25") == "fe80::1%25"  # unbracketed text is raw: zone "25"
+    assert net.format_host("fe80::1%25") == "[fe80::1%2525]"
+    assert net.is_ipv6("[fe80::1%25eth0]") and net.usable("2001:db8::1%eth0") and not net.usable("fe80::1%eth0")
+
+
+def test_the_url_form_parses_as_rfc_6874_and_the_raw_form_is_what_sockets_take():
+    from urllib.parse import urlsplit
+
+    url = net.format_url("http", "fe80::1%lo", 8000)
+    assert urlsplit(url).hostname == "fe80::1%25lo" and urlsplit(url).port == 8000  # the URL keeps %25
+    host, port = net.split_hostport(url)
+    assert host == "fe80::1%lo"
+    if not net.has_ipv6():
+        pytest.skip("this host has no IPv6")
+    info = socket.getaddrinfo(host, port, socket.AF_INET6, socket.SOCK_STREAM)
+    assert info[0][4][3] == socket.if_nametoindex("lo")  # the zone became the scope id
+    with pytest.raises(socket.gaierror):
+        socket.getaddrinfo(urlsplit(url).hostname, port, socket.AF_INET6, socket.SOCK_STREAM)
+
+
+def test_torch_rendezvous_urls_keep_the_zone_raw():
+    from urllib.parse import urlparse
+
+    from scaffold_core.distributed.env import DistEnv
+    from scaffold_core.distributed.groups import normalize_init_method
+
+    url = net.torch_tcp_url("fe80::1%eth0", 29500)
+    assert url == "tcp://[fe80::1%eth0]:29500"
+    assert urlparse(url).hostname == "fe80::1%eth0"  # what torch's tcp:// handler hands its store's sockets
+    assert normalize_init_method("tcp://[fe80::1%25eth0]:29500") == url
+    assert DistEnv(0, 1, 0, 1, "fe80::1%eth0", 29500).init_method == url
+    assert normalize_init_method("tcp://[::1]:29500") == net.torch_tcp_url("::1", 29500) == "tcp://[::1]:29500"
+    assert net.torch_tcp_url("10.0.0.1", 80) == "tcp://10.0.0.1:80"

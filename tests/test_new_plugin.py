@@ -204,8 +204,14 @@ def test_generated_plugins_install_list_run_and_pass_their_tests(fresh_venv):
     assert [s["reward"] for s in episodes["mul-1"]["samples"]] == [0.0, 0.0]
 
     # Each generated plugin's own tests pass as generated.
+    # The controller's inherit the kit's isolation tests; the trajectory maker's never score a missing reward 0.
+    expected = {"controller": ("test_hidden_state_is_isolated_across_concurrent_episodes",
+                               "test_parallel_branches_see_only_their_own_changes"),
+                "trajectory_maker": ("test_a_sample_without_a_reward_is_left_out_never_scored_zero",)}
     for kind, name in names.items():
-        result = venv.run(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        result = venv.run(["python", "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"],
                           cwd=work / f"scaffold-{name}", timeout=300, check=False)
         assert result.returncode == 0, f"{kind} plugin tests failed:\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}"
         assert " passed" in result.stdout and "failed" not in result.stdout
+        passed = {line.rsplit("::", 1)[-1] for line in result.stdout.splitlines() if line.startswith("PASSED ")}
+        assert set(expected.get(kind, ())) <= passed, (kind, sorted(passed))

@@ -153,3 +153,120 @@ def test_fuzzed_dataset_rows_are_kept_or_skipped_never_fatal(records):
     for row in kept:
         assert row["question"].strip() and row["id"]
         assert GSM8KTask().reference(row) is not None
+
+
+# -- a finished run that failed says so ----------------------------------------------------------------
+
+
+def in_process(*args: str) -> tuple[int, str, str]:
+    """``scaffold ARGS`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from scaffold_core import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    return int(code), out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def test_tasks(monkeypatch):
+    from scaffold_core.plugins import set_plugins
+
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
+    previous = set_plugins(None)
+    yield
+    set_plugins(previous)
+
+
+def list_config(path, good: int, bad: int):
+    rows = [{"id": f"g{i}", "question": "q", "answer": "42"} for i in range(good)]
+    rows += [{"id": f"b{i}", "answer": "42"} for i in range(bad)]  # no question: building the prompt fails
+    path.write_text(yaml.safe_dump({"task": {"name": "list", "rows": rows},
+                                    "engine": {"name": "benchmark_canned", "response": "42"},
+                                    "output": {"save_dataset": False}}))
+    return path
+
+
+def test_a_run_where_every_episode_failed_exits_non_zero_and_says_why(test_tasks, tmp_path):
+    from scaffold_core.run.summary import ExitCode
+
+    config = tmp_path / "c.yaml"
+    config.write_text("task: {name: arithmetic, count: 5}\n"
+                      "engine: {name: benchmark_canned, response: '#### 42', delay_s: 1}\n"
+                      "rollout: {request_timeout: 0.05}\noutput: {save_dataset: false}\n")
+    code, stdout, err = in_process("run", str(config), "-o", str(tmp_path / "out"), "--no-progress")
+    assert code == ExitCode.ALL_FAILED == 3
+    assert "5 of 5 episodes failed (100%)" in err and "every episode failed: exit code 3" in err
+    cause, = json.loads(stdout)["top_failure_causes"]
+    assert cause["component"] == "engine" and cause["count"] == 5 and "request_timeout" in cause["error"]
+    assert f"5 x engine: {cause['error']}" in err
+
+
+def test_a_run_above_max_failed_fraction_exits_non_zero_with_the_top_causes(test_tasks, tmp_path):
+    from scaffold_core.run.summary import ExitCode
+
+    config = list_config(tmp_path / "c.yaml", good=2, bad=3)
+    code, _, err = in_process("run", str(config), "-o", str(tmp_path / "a"), "--no-progress")
+    assert code == ExitCode.TOO_MANY_FAILED == 4
+    assert "3 of 5 episodes failed (60%)" in err and "more than rollout.max_failed_fraction=0.5" in err
+    assert "3 x task: building the prompt failed: KeyError: 'question'" in err
+    code, _, err = in_process("run", str(config), "-o", str(tmp_path / "b"), "--no-progress",
+                              "--set", "rollout.max_failed_fraction=0.8")
+    assert code == ExitCode.OK and "3 of 5 episodes failed" in err
+    code, _, _ = in_process("run", str(list_config(tmp_path / "ok.yaml", good=3, bad=0)), "-o", str(tmp_path / "c"),
+                            "--no-progress")
+    assert code == ExitCode.OK
+
+
+# -- tracebacks become one-line errors: file, line, fix ------------------------------------------------
+
+
+def one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def test_bytes_that_are_not_utf8_are_one_line_errors_naming_file_line_and_fix(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(b'{"question": "What is 1 + 1?", "answer": "#### 2"}\n'
+                     b'{"question": "Wh\xe9t?", "answer": "#### 3"}\n')
+    config = tmp_path / "c.yaml"
+    config.write_text(f"task: {{name: gsm8k, data_files: {data}}}\nengine: {{name: benchmark_canned}}\n")
+    code, _, err = in_process("run", str(config), "-o", str(tmp_path / "out"), "--no-progress")
+    line = one_error_line(err)
+    assert code == 1 and f"{data}:2: not UTF-8 (byte 0xe9 at column 17)" in line and "iconv" in line
+
+    scores = tmp_path / "in.jsonl"
+    scores.write_bytes(b'{"response": "42", "answer": "42"}\n\n{"response": "4\xff2", "answer": "42"}\n')
+    code, _, err = in_process("score", "--verifier", "exact_match", "--input", str(scores))
+    assert code == 1 and f"{scores}:3: not UTF-8 (byte 0xff at column 16)" in one_error_line(err)
+
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_bytes(b"task: {name: gsm8k}\nsampling: {stop: ['\xff']}\n")
+    code, _, err = in_process("run", str(bad_config), "-o", str(tmp_path / "out2"))
+    assert code == 1 and f"{bad_config}:2: not UTF-8" in one_error_line(err)
+
+
+def test_score_scores_every_other_row_and_reports_bad_gold_values_by_line(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in [
+        {"response": "So #### 5", "answer": "5", "id": "a"},
+        {"response": "So #### 6", "answer": "not a number", "id": "b"},
+        {"response": "So #### 7", "answer": "8", "id": "c"},
+        {"response": "So #### 9", "answer": {"nested": 9}, "id": "d"},
+    ]) + "\n")
+    target = tmp_path / "scored.jsonl"
+    code, stdout, err = in_process("score", "--verifier", "gsm8k", "--input", str(source), "--output", str(target))
+    assert code == 1 and "Traceback" not in err
+    summary = json.loads(stdout)
+    assert summary["lines"] == 4 and summary["scored"] == 2 and summary["correct"] == 1
+    assert [u["line"] for u in summary["unscored"]] == [2, 4]
+    assert f"error: {source}:2: not scored: " in err and "not a number" in err and f"error: {source}:4:" in err
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a", "b", "c", "d"]  # every row kept, in order
+    assert [r["reward"] for r in rows] == [1.0, None, 0.0, None] and "unusable" in rows[1]["error"]

@@ -136,7 +136,7 @@ class ClosingController:
         self.fail_start = fail_start
 
     def clone(self):
-        return self
+        return ClosingController(self.fail_start)  # every episode its own object (the prototype is refused)
 
     async def start(self):
         ClosingController.events.append("start")

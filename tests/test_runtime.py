@@ -271,8 +271,9 @@ def test_grpo_advantages_are_normalised_within_each_group():
                           engine=engine, controller=NativeController(samples=4), verifier=ExactMatchVerifier(),
                           trajectory_maker=GRPOTrajectoryMaker(), concurrency=1)[0]
     adv = sorted(t.advantage for t in result.trajectories)
-    assert adv[-1] == pytest.approx(3 ** 0.5, rel=1e-4) and adv[0] == pytest.approx(-(3 ** -0.5), rel=1e-4)
-    assert sum(adv) == pytest.approx(0.0, abs=1e-6)
+    # rewards [1, 0, 0, 0]: mean 0.25, unbiased std sqrt(0.75 / 3) = 0.5 (AReaL's default), eps 1e-5
+    assert adv == pytest.approx([-0.25 / 0.50001] * 3 + [0.75 / 0.50001], rel=1e-9)
+    assert sum(adv) == pytest.approx(0.0, abs=1e-9)
     assert all(t.group_id == "g" for t in result.trajectories)
 
 
@@ -499,3 +500,331 @@ def test_an_episode_past_episode_timeout_fails_as_timeout():
     assert time.perf_counter() - start < 1.8
     assert result.status == "failed" and result.error_component == "timeout"
     assert "0.5 s (rollout.episode_timeout)" in result.error and not result.samples
+
+
+# -- isolation by construction ----------------------------------------------------
+
+
+class SeenAnswers(NativeController):
+    """A user's subclass: adds mutable state and overrides nothing (no clone)."""
+
+    def __init__(self, samples: int = 1):
+        super().__init__(samples)
+        self.seen: list[str] = []
+        self.cache: dict[str, list[str]] = {"answers": []}
+
+    def process(self, ctx):
+        self.seen.append(ctx.episode_id)
+        self.cache["answers"].append(ctx.episode_id)
+        outcome = yield from super().process(ctx)
+        others = {e for e in self.seen + self.cache["answers"] if e != ctx.episode_id}
+        outcome.metrics["others_seen"] = float(len(others))
+        return outcome
+
+
+def test_a_subclass_adding_mutable_state_is_isolated_without_overriding_clone():
+    task = ListTask(rows(400))
+    engine = ScriptedEngine(echo_answer, delay=(0.0, 0.01), seed=3)
+    prototype = SeenAnswers()
+    results = run_episodes(make_contexts(task, engine.tokenizer), engine=engine, controller=prototype,
+                           verifier=ExactMatchVerifier(), concurrency=400, timeout=300)
+    assert all(r.ok for r in results)
+    assert sum(r.metrics["others_seen"] > 0 for r in results) == 0  # 400 concurrent episodes, no leak
+    assert prototype.seen == [] and prototype.cache == {"answers": []}
+
+
+class Handle:
+    """Something every episode may share (a client, an environment): it must not be copied."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # cannot be deep-copied
+
+
+class WithHandle(NativeController):
+    shared = ("handle",)
+
+    def __init__(self):
+        super().__init__(2)
+        self.handle = Handle()
+        self.table = {"nested": [1, 2]}
+        self.frozen = ("a", 1, (2.0, None))
+        self.sub = NativeController(3)
+
+
+class MoreHandles(WithHandle):
+    shared = ("other",)
+
+    def __init__(self):
+        super().__init__()
+        self.other = Handle()
+        self.refs = [self.handle, self.other, {"h": self.handle}]
+
+
+def test_clone_copies_everything_but_declared_shared_handles_and_immutables():
+    proto = WithHandle()
+    twin = proto.clone()
+    assert type(twin) is WithHandle and twin is not proto
+    assert twin.handle is proto.handle  # declared shared
+    assert twin.table == proto.table and twin.table is not proto.table
+    assert twin.table["nested"] is not proto.table["nested"]
+    assert twin.frozen is proto.frozen  # immutable: a copy would be equal
+    assert type(twin.sub) is NativeController and twin.sub is not proto.sub and twin.sub.samples == 3
+    # Declarations add up along the hierarchy, and a handle stays shared wherever it is referred to.
+    more = MoreHandles()
+    copy_ = more.clone()
+    assert copy_.handle is more.handle and copy_.other is more.other
+    assert copy_.refs is not more.refs and copy_.refs[0] is more.handle and copy_.refs[2]["h"] is more.handle
+
+
+def test_shared_must_be_a_tuple_of_names():
+    class Bad(NativeController):
+        shared = "handle"
+
+    with pytest.raises(TypeError, match=r"Bad.shared must be a tuple of attribute names"):
+        Bad().clone()
+
+
+class KeepsALock(NativeController):
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()  # not declared shared: cannot be copied
+
+
+class CustomState(NativeController):
+    """Drops a cache when copied, through the pickling protocol."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache = {"x": 1}
+        self.log: list[str] = []
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "cache"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.cache = {}
+
+
+class Slotted(Controller):
+    __slots__ = ("history", "samples")
+
+    def __init__(self):
+        self.history: list[str] = []
+        self.samples = 1
+
+    def process(self, ctx):
+        self.history.append(ctx.episode_id)
+        task = ctx.generation_task(0)
+        yield [task]
+        return Outcome(samples=[task], metrics={"history": float(len(self.history))})
+
+
+def test_clone_honours_pickling_rules_and_slots():
+    proto = CustomState()
+    proto.log.append("x")
+    twin = proto.clone()
+    assert twin.cache == {} and twin.log == ["x"] and twin.log is not proto.log
+    slotted = Slotted()
+    copy_ = slotted.clone()
+    assert copy_.history == [] and copy_.history is not slotted.history and copy_.samples == 1
+    engine = ScriptedEngine(echo_answer, delay=(0.0, 0.002))
+    results = run_episodes(make_contexts(ListTask(rows(30)), engine.tokenizer), engine=engine, controller=slotted,
+                           concurrency=30)
+    assert [r.metrics["history"] for r in results] == [1.0] * 30 and slotted.history == []
+
+
+class ReturnsItself(NativeController):
+    def clone(self):
+        return self
+
+
+def test_a_clone_that_cannot_be_made_or_is_the_prototype_fails_the_episode_with_the_fix():
+    engine = ScriptedEngine(echo_answer)
+    results = run_episodes(make_contexts(ListTask(rows(2)), engine.tokenizer), engine=engine,
+                           controller=KeepsALock())
+    assert [r.status for r in results] == ["failed", "failed"]
+    assert results[0].error_component == "controller"
+    assert "KeepsALock.clone() failed" in results[0].error and "`shared` tuple" in results[0].error
+    result = run_episodes(make_contexts(ListTask(rows(1)), engine.tokenizer), engine=engine,
+                          controller=ReturnsItself())[0]
+    assert result.status == "failed" and "returned the prototype itself" in result.error
+
+
+def test_the_builtin_controllers_do_not_override_clone():
+    for cls in (NativeController, MajorityVoteController, BestOfNController):
+        assert "clone" not in {k for klass in cls.__mro__ if klass is not Controller for k in vars(klass)}, cls
+
+
+# -- copy-on-branch ----------------------------------------------------------------
+
+
+def test_branch_contexts_get_their_own_copies_of_everything_mutable():
+    engine = ScriptedEngine()
+    rows_ = [{"id": "b", "question": "Q1", "answer": "1", "meta": {"tags": ["x"]}}]
+    ctx = make_contexts(ListTask(rows_), engine.tokenizer)[0]
+    ctx.state["notes"] = {"seen": [1]}
+    first, second = ctx.branch(0), ctx.branch(1)
+    first.row["meta"]["tags"].append("first")
+    first.row["edited"] = True
+    first.messages.append({"role": "assistant", "content": "mine"})
+    first.messages[0]["content"] = "changed"
+    first.state["notes"]["seen"].append(2)
+    assert second.row == rows_[0] and ctx.row == rows_[0] and ctx.row["meta"]["tags"] == ["x"]
+    assert second.messages == ctx.messages and len(ctx.messages) == len(second.messages) == 1
+    assert ctx.messages[0]["content"] == "Q1"
+    assert ctx.state["notes"] == {"seen": [1]} and second.state["notes"] == {"seen": [1]}
+    assert first.state["notes"] == {"seen": [1, 2]}  # a branch starts from a copy of its parent's state
+    assert second.tokenizer is ctx.tokenizer and second.sampling is ctx.sampling  # shared: immutable / a handle
+    assert second.prompt_ids is ctx.prompt_ids  # shared and read-only: every task and sample refers to it
+    assert (first.sample_base, second.sample_base) == (0, 1)
+
+
+def test_branch_copies_keep_shared_references_and_cycles():
+    from scaffold_core.episode import copy_data
+
+    shared = [1]
+    data = {"a": shared, "b": shared, "t": (1, [2])}
+    data["self"] = data
+    copied = copy_data(data)
+    assert copied["a"] is copied["b"] and copied["a"] is not shared
+    assert copied["self"] is copied and copied["t"] == (1, [2]) and copied["t"][1] is not data["t"][1]
+
+
+def test_a_branch_with_uncopyable_state_fails_its_episode_with_the_fix():
+    class Brancher(Controller):
+        def process(self, ctx):
+            ctx.state["lock"] = threading.Lock()
+            outcomes = yield self.parallel(NativeController(), [ctx.branch(0)])
+            return outcomes[0]
+
+    engine = ScriptedEngine(echo_answer)
+    result = run_episodes(make_contexts(ListTask(rows(1)), engine.tokenizer), engine=engine,
+                          controller=Brancher())[0]
+    assert result.status == "failed" and "keep shared handles on the controller" in result.error
+
+
+# -- missing rewards -----------------------------------------------------------------
+
+
+def _episode(rewards):
+    from scaffold_core.episode import EpisodeResult, Sample
+
+    samples = [Sample(prompt_ids=[1, 2], output_ids=[3 + i], output_logprobs=[-0.5], output_mask=[1], text=str(i),
+                      finish_reason="stop", sample_index=i,
+                      verdict=None if r is None else Verdict(r, str(r)))
+               for i, r in enumerate(rewards)]
+    return EpisodeResult(episode_id="e", index=0, status="ok", samples=samples)
+
+
+@pytest.mark.parametrize("maker", [SingleTurnTrajectoryMaker(), GRPOTrajectoryMaker()])
+def test_a_sample_without_a_reward_is_dropped_never_scored_zero(maker):
+    made = maker.make(_episode([1.0, None, 0.0, float("nan")]))
+    assert [t.sample_index for t in made] == [0, 2]
+    assert [t.reward for t in made] == [1.0, 0.0]  # 0.0 stays 0.0
+
+
+@pytest.mark.parametrize("maker", [SingleTurnTrajectoryMaker(missing_reward="fail"),
+                                   GRPOTrajectoryMaker(missing_reward="fail")])
+def test_missing_reward_fail_fails_the_episode(maker):
+    from scaffold_core.trajectory import MissingRewardError
+
+    with pytest.raises(MissingRewardError, match="sample 1 of episode e has no reward.*missing_reward: drop"):
+        maker.make(_episode([1.0, None]))
+    assert len(maker.make(_episode([1.0, 0.0]))) == 2
+
+
+def test_unverified_samples_in_a_run_are_counted_and_follow_the_policy():
+    from scaffold_core.run.metrics import RunMetrics, unscored_warning
+
+    engine = ScriptedEngine(echo_answer)
+    contexts = make_contexts(ListTask(rows(3)), engine.tokenizer)
+    dropped = run_episodes(contexts, engine=engine, controller=NativeController(samples=2), verifier=None,
+                           trajectory_maker=SingleTurnTrajectoryMaker())
+    assert all(r.ok and r.trajectories == [] for r in dropped)
+    metrics = RunMetrics()
+    for result in dropped:
+        metrics.add(result)
+    summary = metrics.summary()
+    assert summary["unscored_samples"] == 6 and summary["samples"] == 6
+    assert summary["reward_mean"] == 0.0 and summary["accuracy"] == 0.0 and "pass@2" not in summary
+    assert "6 of 6 sample(s) have no reward" in unscored_warning(summary)
+    failed = run_episodes(make_contexts(ListTask(rows(3)), engine.tokenizer), engine=engine,
+                          controller=NativeController(), verifier=None,
+                          trajectory_maker=GRPOTrajectoryMaker(missing_reward="fail"))
+    assert [r.status for r in failed] == ["failed"] * 3
+    assert failed[0].error_component == "trajectory" and "has no reward" in failed[0].error
+
+
+def test_metrics_leave_unscored_samples_out_of_means_but_keep_zero_rewards():
+    from scaffold_core.run.metrics import RunMetrics, unscored_warning
+
+    metrics = RunMetrics()
+    metrics.add(_episode([1.0, None, 0.0]))
+    metrics.add(_episode([0.0, 0.0]))
+    summary = metrics.summary()
+    assert summary["unscored_samples"] == 1 and summary["samples"] == 5
+    assert summary["reward_mean"] == pytest.approx(1.0 / 4)  # over the 4 scored samples
+    assert summary["accuracy"] == pytest.approx((1 / 2 + 0.0) / 2)  # fractions over scored samples
+    assert summary["pass@3"] == 1.0 and summary["pass@2"] == 0.0
+    healthy = RunMetrics()
+    healthy.add(_episode([0.0]))
+    assert healthy.summary()["unscored_samples"] == 0 and unscored_warning(healthy.summary()) is None
+
+
+# -- advantages ----------------------------------------------------------------------
+
+
+UNBIASED_1001 = 0.5 / (3 ** -0.5 + 1e-5)  # rewards [1, 0, 0, 1]: (1 - 0.5) / (sqrt(1 / 3) + eps)
+
+
+@pytest.mark.parametrize("rewards, options, expected", [
+    # mean 0.5; unbiased std sqrt(1/3); population std 0.5
+    ([1, 0, 0, 1], {}, [UNBIASED_1001, -UNBIASED_1001, -UNBIASED_1001, UNBIASED_1001]),
+    ([1, 0, 0, 1], {"std": "population"}, [0.5 / 0.50001, -0.5 / 0.50001, -0.5 / 0.50001, 0.5 / 0.50001]),
+    ([1, 0, 0, 1], {"std": "none"}, [0.5, -0.5, -0.5, 0.5]),
+    ([1, 0, 0, 1], {"std": "none", "baseline": "leave_one_out"}, [2 / 3, -2 / 3, -2 / 3, 2 / 3]),
+    # leave-one-out baselines [1.5, 2, 2.5]; unbiased std of [3, 2, 1] is 1
+    ([3, 2, 1], {"baseline": "leave_one_out", "eps": 0.0}, [1.5, 0.0, -1.5]),
+    ([3, 2, 1], {"eps": 0.5}, [1 / 1.5, 0.0, -1 / 1.5]),
+    # identical rewards and a group of one: exactly 0, never NaN, whatever the options
+    ([0.1, 0.1, 0.1], {}, [0.0, 0.0, 0.0]),
+    ([0.7] * 5, {"std": "population", "eps": 0.0}, [0.0] * 5),
+    ([1.0, 1.0], {"baseline": "leave_one_out"}, [0.0, 0.0]),
+    ([1.0], {}, [0.0]),
+    ([1.0], {"std": "population", "eps": 0.0}, [0.0]),
+    ([0.3], {"baseline": "leave_one_out", "std": "none"}, [0.0]),
+    ([], {}, []),
+])
+def test_group_advantages_match_hand_computed_values(rewards, options, expected):
+    from scaffold_core.trajectory import group_normalized
+
+    got = group_normalized(rewards, **options)
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert all(x == x for x in got)  # no NaN
+
+
+def test_grpo_maker_options_are_explicit_and_validated():
+    maker = GRPOTrajectoryMaker()
+    assert (maker.std, maker.eps, maker.baseline, maker.missing_reward) == ("unbiased", 1e-5, "mean", "drop")
+    made = GRPOTrajectoryMaker(baseline="leave_one_out", std="none").make(_episode([1.0, 0.0, 0.0, 1.0]))
+    assert [t.advantage for t in made] == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    made = GRPOTrajectoryMaker().make(_episode([1.0, None, 1.0]))  # the dropped sample is not in the group
+    assert [t.advantage for t in made] == [0.0, 0.0]
+    for bad, match in (({"std": "sample"}, "std must be"), ({"baseline": "median"}, "baseline must be"),
+                       ({"eps": -1.0}, "eps must be"), ({"missing_reward": "zero"}, "missing_reward must be")):
+        with pytest.raises(ValueError, match=match):
+            GRPOTrajectoryMaker(**bad)
+
+
+@pytest.mark.parametrize("name", ["majority_vote", "best_of_n"])
+def test_branches_of_a_multi_sample_generator_get_distinct_sample_numbers_and_seeds(name):
+    registry = plugin_set().registry
+    controller = registry.create("controller", name, {"samples": 3, "generator": {"name": "native", "samples": 2}})
+    engine = ScriptedEngine(lambda prompt, request: f"{request.seed} {request.request_id}")
+    task = ListTask([{"question": "q", "answer": "a"}])
+    [result] = run_episodes(make_contexts(task, engine.tokenizer), engine=engine, controller=controller,
+                            verifier=ExactMatchVerifier())
+    assert result.ok, result.error
+    assert sorted(s.sample_index for s in result.samples) == list(range(6))
+    assert len({s.text for s in result.samples}) == 6, [s.text for s in result.samples]

@@ -313,9 +313,30 @@ class SharedSubController(Controller):
         outcomes = yield self.parallel(self.generator, [ctx.branch(0)])
         return outcomes[0]
 
+class ShallowNative(NativeController):
+    """The old shape: a cheap shallow clone, inherited by every subclass (and their hidden state)."""
+    def clone(self):
+        return copy.copy(self)
+
+class DeclaresItsCache(NativeController):
+    """Shares a cache on purpose and says so; a user's subclass of it is still isolated."""
+    shared = ("cache",)
+    def __init__(self):
+        super().__init__()
+        self.cache = {}
+
 class TestSharedHistory(ControllerConformance):
     def make_controller(self):
         return SharedHistory()
+
+class TestShallowNative(ControllerConformance):
+    def make_controller(self):
+        return ShallowNative()
+
+class TestDeclaresItsCache(ControllerConformance):
+    isolation_episodes = 200
+    def make_controller(self):
+        return DeclaresItsCache()
 
 class TestSwallowsErrors(ControllerConformance):
     def make_controller(self):
@@ -335,6 +356,15 @@ def test_controller_conformance_catches_broken_controllers(pytester):
     assert "TestSwallowsErrors::test_engine_failure_fails_the_episode" in out["failed"]
     assert "TestSwallowsErrors::test_concurrency_does_not_change_results" in out["passed"]
     assert "TestSharedSubController::test_clone_shares_no_mutable_state" in out["failed"]
+    # The isolation tests: a user's subclass adding mutable state leaks through a shallow clone() ...
+    isolation = {"test_hidden_state_is_isolated_across_concurrent_episodes",
+                 "test_parallel_branches_see_only_their_own_changes"}
+    assert {f"TestSharedHistory::{t}" for t in isolation} <= out["failed"]
+    assert {f"TestShallowNative::{t}" for t in isolation} <= out["failed"]
+    assert "TestShallowNative::test_clone_shares_no_mutable_state" in out["passed"]  # no mutable state of its own
+    # ... while a declared shared handle is allowed, and the default clone isolates everything else.
+    assert not {f for f in out["failed"] if f.startswith("TestDeclaresItsCache::")}
+    assert {f"TestDeclaresItsCache::{t}" for t in isolation} <= out["passed"]
 
 
 BROKEN_MAKERS = '''
@@ -426,3 +456,23 @@ def test_task_conformance_catches_broken_tasks(pytester):
     assert "TestWrongReferences::test_prompts_build" in out["passed"]
     assert "TestShuffled::test_rows_load" in out["failed"]
     assert "TestNoVerifier::test_gold_answer_passes_the_verifier" in out["failed"]
+
+
+def test_the_branch_isolation_test_catches_branches_that_share_the_episodes_data(monkeypatch):
+    """Run against a core whose branches shared the episode's row, messages and state, the kit's test fails."""
+    from scaffold_core.episode import EpisodeContext
+    from scaffold_core.testing.conformance import ControllerConformance
+
+    def sharing_branch(self, index):
+        return EpisodeContext(episode_id=self.episode_id, index=self.index, row=self.row, prompt_ids=self.prompt_ids,
+                              sampling=self.sampling, seed=self.seed, reference=self.reference,
+                              prompt_text=self.prompt_text, messages=self.messages, tokenizer=self.tokenizer,
+                              attempt=self.attempt, sample_base=self.sample_base + index, state=self.state)
+
+    class CheckNative(ControllerConformance):
+        name = "native"
+
+    CheckNative().test_parallel_branches_see_only_their_own_changes()  # the real core: isolated
+    monkeypatch.setattr(EpisodeContext, "branch", sharing_branch)
+    with pytest.raises(AssertionError, match="branches saw changes that were not their own"):
+        CheckNative().test_parallel_branches_see_only_their_own_changes()

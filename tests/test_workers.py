@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import yaml
 
 from scaffold_core import cli
 from scaffold_core.config import load_config
-from scaffold_core.errors import ConfigError
+from scaffold_core.errors import ConfigError, RunDirError
 from scaffold_core.launch import LocalLauncher, run_workers
 from scaffold_core.plugins import set_plugins
 from scaffold_core.run.summary import ExitCode
@@ -107,10 +108,15 @@ def test_a_failed_worker_is_reported_by_rank_and_shard_and_resume_finishes(test_
     assert "worker rank 1 failed" in capsys.readouterr().err
     # The other worker's episodes are kept.
     assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == [f"q{i}" for i in range(0, 7, 2)]
-    # Resume with the failure fixed and a different number of workers: every episode exactly once.
+    # Resume with the failure fixed and a different number of workers: every episode exactly once. The fix
+    # changes a task option, which a resume refuses unless forced (and then records).
     data["task"]["crash_rank"] = None
     data["rollout"]["workers"] = 3
-    resumed = run_workers(load_config(data=data), resume=True)
+    with pytest.raises(RunDirError, match=r"task\.crash_rank: 1 -> null"):
+        run_workers(load_config(data=data), resume=True)
+    resumed = run_workers(load_config(data=data), resume=True, force_config=True)
+    history = [json.loads(line) for line in (tmp_path / "out" / "config-history.jsonl").read_text().splitlines()]
+    assert history[-1]["changed"] == {"task.crash_rank": {"saved": 1, "now": None}}
     assert "worker_failures" not in resumed
     assert resumed["resumed_episodes"] == 4 and resumed["session"]["episodes"] == 3
     assert sorted(s["episode_id"] for s in samples(tmp_path / "out")) == sorted(r["id"] for r in ROWS)
@@ -186,26 +192,45 @@ def test_a_worker_killed_midway_is_reported_and_resume_completes_every_episode_o
     assert kept <= set(ids) and json.loads((out / "metrics.json").read_text())["completed"] == 40
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp_path):
+def interrupt_two_worker_run(tmp_path: Path, sig: int) -> tuple[subprocess.Popen, str, str, Path]:
+    """Start a slow two-worker `scaffold run`, send its launcher ``sig`` once both workers have finished an
+    episode, and wait for it to end: (process, stdout, stderr, output dir)."""
     proc, out = start_slow_two_worker_run(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         ledgers = [out / f"episodes.rank-{r:05d}.jsonl" for r in (0, 1)]
         while time.monotonic() < deadline and not all(p.exists() and p.stat().st_size for p in ledgers):
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+    return proc, stdout, stderr, out
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_and_keeps_finished_episodes(test_plugins, tmp_path):
+    proc, stdout, stderr, out = interrupt_two_worker_run(tmp_path, signal.SIGINT)
     assert proc.returncode == ExitCode.INTERRUPTED, stderr[-2000:]
     metrics = json.loads(stdout[stdout.index("{"):])
     assert metrics["interrupted"] == "SIGINT" and "worker_failures" not in metrics
     assert 2 <= metrics["episodes"] < 200
     assert len(samples(out)) == metrics["completed"]
     assert not processes_mentioning(str(out))
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_is_reported_and_forwarded_as_sigterm(test_plugins, tmp_path):
+    proc, stdout, stderr, out = interrupt_two_worker_run(tmp_path, signal.SIGTERM)
+    assert proc.returncode == ExitCode.INTERRUPTED, stderr[-2000:]
+    assert "SIGTERM received" in stderr and "SIGINT" not in stderr
+    metrics = json.loads(stdout[stdout.index("{"):])
+    assert metrics["interrupted"] == "SIGTERM" and "worker_failures" not in metrics
+    for rank in (0, 1):  # each worker was stopped by the same signal, and says so in its log
+        assert "SIGTERM received" in (out / "workers" / f"rank-{rank:05d}.log").read_text()
+    assert len(samples(out)) == metrics["completed"] and not processes_mentioning(str(out))
 
 
 @pytest.mark.slow
@@ -308,6 +333,83 @@ def test_workers_die_with_a_killed_launcher(test_plugins, tmp_path):
             proc.wait(timeout=10)
         for pid in processes_mentioning(str(out)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_every_worker_is_gone_within_3_s_of_a_launcher_sigkill(test_plugins, tmp_path):
+    # Each worker is in the middle of a long episode: a graceful stop would wait rollout.shutdown_timeout.
+    proc, out = start_slow_two_worker_run(tmp_path, 4, 60.0, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(processes_mentioning(str(out))) < 2:
+            time.sleep(0.05)
+        time.sleep(2.0)  # past start-up: each worker waits on its first 60 s request
+        workers = processes_mentioning(str(out))
+        assert len(workers) == 2
+        proc.kill()  # SIGKILL: the launcher gets no chance to stop them
+        killed = time.monotonic()
+        proc.wait(timeout=10)
+        while processes_mentioning(str(out)) and time.monotonic() - killed < 30:
+            time.sleep(0.02)
+        gone_after = time.monotonic() - killed
+        print(f"every worker gone {gone_after:.2f} s after the launcher's SIGKILL")
+        assert not processes_mentioning(str(out)) and gone_after < 3.0, gone_after
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for pid in processes_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
+
+
+SECRET_PRINTER = '''
+import os, sys
+from scaffold_core import hookimpl
+
+
+@hookimpl
+def on_run_start(config, output_dir):
+    print("worker sees token", os.environ["MY_SERVICE_TOKEN"], flush=True)
+    print("and the server key", os.environ["SGLANG_API_KEY"], file=sys.stderr, flush=True)
+'''
+
+
+def test_worker_logs_are_redacted_and_private(test_plugins, tmp_path, monkeypatch):
+    (tmp_path / "secret_printer.py").write_text(SECRET_PRINTER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin,secret_printer")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-1234567890-abcdef")
+    monkeypatch.setenv("SGLANG_API_KEY", "sk-launch-secret-42")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    set_plugins(None)
+    old = os.umask(0o022)
+    try:
+        metrics = run_workers(load_config(data=canned(tmp_path, workers=2)))
+    finally:
+        os.umask(old)
+    assert "worker_failures" not in metrics and "hook_errors" not in metrics, metrics
+    workers = tmp_path / "out" / "workers"
+    for rank in (0, 1):
+        log = workers / f"rank-{rank:05d}.log"
+        text = log.read_text()
+        assert "worker sees token ***" in text and "and the server key ***" in text
+        assert "tok-1234567890" not in text and "sk-launch-secret" not in text
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(workers.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o700
+
+
+def test_secrets_are_the_values_of_secret_named_variables_only():
+    from scaffold_core.output.redact import Redactor, secret_values
+
+    env = {"HF_TOKEN": "hf_abcdefghij", "OPENAI_API_KEY": "sk-0123456789", "DB_PASSWORD": "hunter2hunter2",
+           "MY_KEY_VAR": "named-by-config-1", "TOKENIZERS_PARALLELISM": "false-but-long", "MAX_TOKENS": "1234567890",
+           "PATH": "/usr/bin:/bin", "SHORT_TOKEN": "abc"}
+    config = {"engine": {"name": "sglang", "api_key_env": "MY_KEY_VAR", "tokenizer": "some/tokenizer-path"},
+              "sampling": {"max_tokens": 512}}
+    secrets = secret_values(env, config)
+    assert set(secrets) == {"hf_abcdefghij", "sk-0123456789", "hunter2hunter2", "named-by-config-1"}
+    line = b"key sk-0123456789 and hf_abcdefghij via some/tokenizer-path\n"
+    assert Redactor(secrets).redact(line) == b"key *** and *** via some/tokenizer-path\n"
 
 
 PG_PROBE = '''

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from typing import Any
 
@@ -24,11 +23,6 @@ class NativeController(Controller):
     def __init__(self, samples: int = 1):
         self.samples = _check_samples(samples)
 
-    def clone(self) -> NativeController:
-        twin = object.__new__(type(self))  # holds no mutable state: a shallow copy is a full copy
-        twin.__dict__.update(self.__dict__)
-        return twin
-
     def process(self, ctx: EpisodeContext):
         tasks = [ctx.generation_task(i) for i in range(self.samples)]
         yield tasks
@@ -40,14 +34,15 @@ def _sub_controller(spec: Any) -> Controller:
         return spec
     if spec is None:
         return NativeController()
-    from ..plugins.manager import current_registry
+    from ..plugins.manager import current_path, current_registry
 
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(f"generator must be a controller name or {{name: ..., options...}}, got {spec!r}")
     options = {k: v for k, v in spec.items() if k != "name"}
-    return current_registry().create("controller", spec["name"], options, path="controller.generator")
+    path = f"{current_path('controller')}.generator"
+    return current_registry().create("controller", spec["name"], options, path=path)
 
 
 class _SampleThenVerify(Controller):
@@ -57,11 +52,6 @@ class _SampleThenVerify(Controller):
         self.samples = _check_samples(samples)
         self.generator = _sub_controller(generator)
 
-    def clone(self):
-        twin = copy.copy(self)
-        twin.generator = self.generator.clone()
-        return twin
-
     async def start(self) -> None:
         await start_controller(self.generator)
 
@@ -69,7 +59,10 @@ class _SampleThenVerify(Controller):
         await close_controller(self.generator)
 
     def _sample_and_verify(self, ctx: EpisodeContext):
-        outcomes = yield self.parallel(self.generator, [ctx.branch(i) for i in range(self.samples)])
+        # Each branch numbers its samples from its own base: a generator making k samples per branch
+        # gets k numbers each, so no two samples share an index, a seed or a request id.
+        width = max(1, int(getattr(self.generator, "samples", 1)))
+        outcomes = yield self.parallel(self.generator, [ctx.branch(i * width) for i in range(self.samples)])
         samples = [s for outcome in outcomes for s in outcome.samples]
         checks = [VerificationTask(s.text, ctx.reference) for s in samples]
         yield checks

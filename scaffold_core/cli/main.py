@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
 from ..errors import ScaffoldError
-from ..run.summary import ExitCode, exit_code_for, print_summary
+from ..run.summary import ExitCode, exit_code_for, exit_reason, print_summary
 from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
 
 
@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output directory (overrides output.dir)")
     p.add_argument("--resume", action="store_true", help="continue a killed run in the output directory")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
+    p.add_argument("--force-config", action="store_true",
+                   help="with --resume: continue even though the config differs from the saved one (recorded in "
+                        "config-history.jsonl)")
     p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(handler=cmd_run)
@@ -139,15 +142,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.rollout.workers > 1 or config.rollout.launcher != "local":
         from ..launch import run_workers
 
-        metrics = run_workers(config, output_dir=args.output, resume=args.resume, progress=progress)
+        metrics = run_workers(config, output_dir=args.output, resume=args.resume, progress=progress,
+                              force_config=args.force_config)
     else:
         from ..run.rollout import Rollout
 
-        rollout = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress)
+        rollout = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress,
+                          force_config=args.force_config)
         print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
         metrics = rollout.run()
     print_summary(metrics)
-    return exit_code_for(metrics)
+    limit = config.rollout.max_failed_fraction
+    code = exit_code_for(metrics, limit)
+    reason = exit_reason(code, metrics, limit)
+    if reason:
+        print(reason, file=sys.stderr)
+    return code
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -170,6 +180,13 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     summary = score_file(args.verifier, args.input, args.output, args.option)
     print(json.dumps(summary, indent=2))
+    bad = summary.get("unscored") or []
+    for line in bad:
+        print(f"error: {args.input}:{line['line']}: not scored: {line['error']}", file=sys.stderr)
+    if bad:
+        print(f"scaffold score: {len(bad)} line(s) could not be scored (listed above); every other line was "
+              "scored" + (f" and written to {args.output}" if args.output else ""), file=sys.stderr)
+        return ExitCode.ERROR
     return ExitCode.OK
 
 

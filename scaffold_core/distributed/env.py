@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import DistributedError
-from .net import format_url, strip_brackets
+from .net import strip_brackets, torch_tcp_url
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -72,11 +72,11 @@ class DistEnv:
 
     @property
     def init_method(self) -> str:
-        """``tcp://host:port`` with IPv6 bracketed."""
+        """torch's ``tcp://host:port`` with IPv6 bracketed (a zone id left raw, as torch's parser needs)."""
         if self.master_port is None:
             raise DistributedError("MASTER_PORT is not set: torchrun sets it; pass master_port= or "
                                    "init_method='tcp://HOST:PORT' explicitly")
-        return format_url("tcp", self.master_addr, self.master_port)
+        return torch_tcp_url(self.master_addr, self.master_port)
 
     def to_env(self) -> dict[str, str]:
         """torchrun's variables for a worker process in this position."""

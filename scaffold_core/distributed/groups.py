@@ -3,8 +3,9 @@
 :func:`init_process_group` initialises the default group from torchrun's
 variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``) or from explicit arguments. The rendezvous URL is built
-with :func:`scaffold_core.distributed.net.format_url`, so ``MASTER_ADDR=::1`` (or
-``[::1]``) gives ``tcp://[::1]:PORT``. Next to the default group it always
+with :func:`scaffold_core.distributed.net.torch_tcp_url`, so ``MASTER_ADDR=::1`` (or
+``[::1]``) gives ``tcp://[::1]:PORT`` (and a link-local ``fe80::1%eth0`` keeps its zone id raw, as
+torch's parser needs). Next to the default group it always
 creates a Gloo group on the same ranks: the **CPU group**. CPU-side metadata
 collectives (micro-batch counts, object gathers, barriers) use it, never an
 NCCL WORLD group, which needs the right CUDA device and working inter-node
@@ -23,7 +24,7 @@ from typing import Any
 
 from ..errors import DistributedError
 from .env import DistEnv
-from .net import format_url, split_hostport, strip_brackets
+from .net import split_hostport, strip_brackets, torch_tcp_url
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -88,7 +89,7 @@ def normalize_init_method(init_method: str, environ: Mapping[str, str] | None = 
         return DistEnv.from_env(environ).init_method
     if text.startswith("tcp://"):
         host, port = split_hostport(text)
-        return format_url("tcp", host, port)
+        return torch_tcp_url(host, port)
     return text  # file:// and anything else torch supports, unchanged
 
 

@@ -4,6 +4,15 @@ Addresses are stored raw (``::1``, never ``[::1]``). Brackets are added only
 when building ``host:port`` strings or URLs (RFC 2732), idempotently: a host
 that is already bracketed is never bracketed twice.
 
+IPv6 zone ids (a link-local address's interface, ``fe80::1%eth0``) stay raw
+in stored addresses and socket calls, which need the ``%``. Inside URL
+brackets the ``%`` is written ``%25`` (RFC 6874): ``[fe80::1%25eth0]``.
+Bracketed text is URL form, so :func:`strip_brackets` and
+:func:`split_hostport` decode ``%25`` back (a bare ``%`` inside brackets is
+accepted too); :func:`format_host` encodes it, and applying it twice changes
+nothing. torch's ``tcp://`` rendezvous parser does not decode zone ids: hand
+it :func:`torch_tcp_url`.
+
 Host IP discovery (:func:`host_ip`) never needs to reach the internet. It asks,
 in order: ``$SCAFFOLD_HOST_IP``; which source address the kernel would use for
 the default route (a UDP ``connect`` sends no packet); what the host name
@@ -20,6 +29,7 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 HOST_IP_ENV = "SCAFFOLD_HOST_IP"
 
@@ -29,11 +39,33 @@ _ROUTE_PROBES: tuple[tuple[int, str], ...] = ((socket.AF_INET, "192.0.2.1"), (so
 
 
 def strip_brackets(host: str) -> str:
-    """``[::1]`` -> ``::1``; anything else unchanged (surrounding spaces removed)."""
+    """The raw address: ``[::1]`` -> ``::1``, ``[fe80::1%25eth0]`` -> ``fe80::1%eth0``; unbracketed text unchanged.
+
+    Surrounding spaces are removed. A zone id inside brackets is URL form and
+    is decoded (RFC 6874); outside brackets the text is already raw.
+    """
     host = host.strip()
     if host.startswith("[") and host.endswith("]"):
-        return host[1:-1]
+        return _decode_zone(host[1:-1])
     return host
+
+
+def _decode_zone(text: str) -> str:
+    """``fe80::1%25eth0`` (URL form) -> ``fe80::1%eth0``; a bare ``%`` (``fe80::1%eth0``) is accepted as is."""
+    address, sep, zone = text.partition("%")
+    if not sep:
+        return text
+    if zone.startswith("25") and len(zone) > 2:
+        zone = zone[2:]
+    return f"{address}%{unquote(zone)}"
+
+
+def _encode_zone(raw: str) -> str:
+    """``fe80::1%eth0`` -> ``fe80::1%25eth0`` (RFC 6874: ``%`` and any unsafe zone character percent-encoded)."""
+    address, sep, zone = raw.partition("%")
+    if not sep:
+        return raw
+    return f"{address}%25{quote(zone, safe='-._~')}"
 
 
 def is_ipv6(host: str) -> bool:
@@ -46,9 +78,25 @@ def is_ipv6(host: str) -> bool:
 
 
 def format_host(host: str) -> str:
-    """The host as it must appear in a URL or ``host:port``: IPv6 bracketed exactly once."""
+    """The host as it must appear in a URL or ``host:port``: IPv6 bracketed exactly once, a zone id as ``%25``.
+
+    ``format_host("fe80::1%eth0") == "[fe80::1%25eth0]"`` (RFC 6874); already
+    formatted text comes back unchanged.
+    """
     raw = strip_brackets(host)
-    return f"[{raw}]" if is_ipv6(raw) else raw
+    return f"[{_encode_zone(raw)}]" if is_ipv6(raw) else raw
+
+
+def torch_tcp_url(host: str, port: int) -> str:
+    """``tcp://host:port`` for torch's ``init_method``: IPv6 bracketed, a zone id left raw.
+
+    torch hands the bracketed text to its store's socket code without
+    decoding ``%25``, so a link-local address must reach it as
+    ``tcp://[fe80::1%eth0]:port``. Every other URL uses :func:`format_url`.
+    """
+    raw = strip_brackets(host)
+    shown = f"[{raw}]" if is_ipv6(raw) else raw
+    return f"tcp://{shown}:{_check_port(port, repr(port))}"
 
 
 def format_hostport(host: str, port: int) -> str:
@@ -68,7 +116,8 @@ def split_hostport(text: str) -> tuple[str, int]:
 
     A bare IPv6 address with a port (``::1:80``) is refused as ambiguous: write
     it ``[::1]:80``. A ``scheme://`` prefix and a trailing path are accepted
-    (``tcp://[::1]:29500`` -> ``("::1", 29500)``).
+    (``tcp://[::1]:29500`` -> ``("::1", 29500)``). A zone id comes back raw:
+    ``http://[fe80::1%25eth0]:80`` -> ``("fe80::1%eth0", 80)``.
     """
     original = text
     text = text.strip()
@@ -79,7 +128,7 @@ def split_hostport(text: str) -> tuple[str, int]:
         end = text.find("]")
         if end < 0 or not text[end + 1:].startswith(":"):
             raise ValueError(f"{original!r}: expected [ipv6]:port")
-        host, port = text[1:end], text[end + 2:]
+        host, port = _decode_zone(text[1:end]), text[end + 2:]
         if not is_ipv6(host):
             raise ValueError(f"{original!r}: {host!r} inside brackets is not an IPv6 address")
     else:

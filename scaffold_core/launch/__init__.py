@@ -29,7 +29,7 @@ from .results import (
 
 
 def run_workers(config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
-                progress: bool | None = None) -> dict[str, Any]:
+                progress: bool | None = None, force_config: bool = False) -> dict[str, Any]:
     """Run the config on ``rollout.workers`` processes (or Ray actors); return the merged metrics.
 
     ``metrics["worker_failures"]`` lists failed workers by rank and shard.
@@ -37,8 +37,9 @@ def run_workers(config: Config, *, output_dir: str | Path | None = None, resume:
     if config.rollout.launcher == "ray":
         from .ray import run_ray  # imports ray lazily; keeps `scaffold run` fast without it
 
-        return run_ray(config, output_dir=output_dir, resume=resume, progress=progress)
-    return LocalLauncher(config, output_dir=output_dir, resume=resume, progress=progress).run()
+        return run_ray(config, output_dir=output_dir, resume=resume, progress=progress, force_config=force_config)
+    return LocalLauncher(config, output_dir=output_dir, resume=resume, progress=progress,
+                         force_config=force_config).run()
 
 
 __all__ = [

@@ -15,9 +15,14 @@ A worker that fails (non-zero exit, no result, or past
 ``rollout.worker_timeout``) is reported in ``metrics["worker_failures"]`` by
 rank and shard with its exit code and the tail of its log; the other
 workers' episodes are kept, and ``--resume`` runs the missing ones. Ctrl-C
-(or SIGTERM) is forwarded to every worker, which finishes its in-flight
-episodes within ``rollout.shutdown_timeout``; a second Ctrl-C, or that
-timeout, kills the workers' process groups.
+(or SIGTERM) is forwarded, as the same signal, to every worker, which finishes
+its in-flight episodes within ``rollout.shutdown_timeout``; a second signal, or
+that timeout, kills the workers' process groups.
+
+The launcher holds the output directory's lock for the whole run. A worker's
+output reaches its log through the launcher, with secrets replaced by ``***``
+(:mod:`scaffold_core.output.redact`); a worker whose launcher dies (even by
+SIGKILL) stops at once (:func:`scaffold_core.launch.worker.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from ..distributed.env import DistEnv
 from ..distributed.net import loopback_host
 from ..distributed.ports import control_port_range, reserve_port
 from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..output.files import make_dir, open_append
+from ..output.redact import Redactor, copy_redacted, secret_values
 from ..run.summary import ExitCode, report_failures
 from .results import (
     PARENT_ENV,
@@ -72,19 +79,23 @@ class LocalLauncher:
     """Starts, watches and stops the worker processes of one run on this machine."""
 
     def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
-                 progress: bool | None = None, python: str | None = None):
+                 progress: bool | None = None, python: str | None = None, force_config: bool = False):
         self.config = config
         self.workers = config.rollout.workers
         self.resume = resume
         self.python = python or sys.executable
-        # The config was validated when it loaded; this checks the directory (existing run, --resume, overwrite).
+        # The config was validated when it loaded; this takes the directory's lock (held until run() ends)
+        # and checks the directory (existing run, --resume with the saved config, overwrite).
         self.output = RunOutput(Path(output_dir) if output_dir is not None else expand_output_dir(config),
-                                resume=resume, overwrite=config.output.overwrite)
+                                resume=resume, overwrite=config.output.overwrite, config=config,
+                                force_config=force_config)
         self.dir = self.output.dir.resolve()
         self.progress = config.rollout.progress if progress is None else progress
         self.procs: dict[int, subprocess.Popen] = {}
+        self.copiers: dict[int, threading.Thread] = {}
         self.ended: dict[int, tuple[int | None, str | None]] = {}
         self.interrupted: str | None = None
+        self._signal: str | None = None  # the signal that raised the last KeyboardInterrupt
 
     # -- starting ----------------------------------------------------------
     def _env(self, rank: int, master_addr: str, master_port: int, result: Path) -> dict[str, str]:
@@ -101,8 +112,8 @@ class LocalLauncher:
         return cmd + (["--resume"] if self.resume else [])
 
     def start(self) -> None:
-        workers_dir = self.dir / WORKERS_DIR
-        workers_dir.mkdir(parents=True, exist_ok=True)
+        private = self.config.output.private
+        make_dir(self.dir / WORKERS_DIR, private=private)
         config_path = self.dir / "config.yaml"
         self.output.write_config(self.config)
         master_addr = loopback_host()
@@ -113,14 +124,24 @@ class LocalLauncher:
             log, result = worker_paths(self.dir, rank)
             result.unlink(missing_ok=True)  # a stale result from an earlier session must not count
             plans.append((rank, log, result))
+        redactor = Redactor(secret_values(os.environ, self.config.to_dict()))
         port = reservation.release()  # handed to the workers; nothing of ours binds it until rank 0 does
         for rank, log, result in plans:
-            with open(log, "ab") as fh:
-                fh.write(f"--- scaffold worker rank {rank} of {self.workers} started {time.ctime()} ---\n".encode())
-                fh.flush()
-                self.procs[rank] = subprocess.Popen(
-                    self._command(config_path), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                    env=self._env(rank, master_addr, port, result), start_new_session=True, cwd=os.getcwd())
+            fd = open_append(log, private=private)  # never through a link; 0600 unless output.private is false
+            try:
+                os.write(fd, f"--- scaffold worker rank {rank} of {self.workers} started {time.ctime()} ---\n".encode())
+                proc = subprocess.Popen(
+                    self._command(config_path), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, env=self._env(rank, master_addr, port, result), start_new_session=True,
+                    cwd=os.getcwd())
+            except BaseException:
+                os.close(fd)
+                raise
+            self.procs[rank] = proc
+            copier = threading.Thread(target=copy_redacted, args=(proc.stdout, fd, redactor), daemon=True,
+                                      name=f"scaffold-log-rank-{rank}")
+            copier.start()
+            self.copiers[rank] = copier
 
     # -- waiting -----------------------------------------------------------
     def wait(self) -> None:
@@ -143,20 +164,28 @@ class LocalLauncher:
                         break
                     time.sleep(POLL_S)
                 except KeyboardInterrupt:
+                    name, self._signal = self._signal or "SIGINT", None
                     if self.interrupted is None:
-                        self.interrupted = "SIGINT"
+                        self.interrupted = name
                         timeout = self.config.rollout.shutdown_timeout
-                        print(f"\nscaffold: interrupted: workers finish their episodes in flight "
-                              f"(up to {timeout:g} s); press Ctrl-C again to stop now", file=sys.stderr)
+                        print(f"\nscaffold: {name} received: workers finish their episodes in flight "
+                              f"(up to {timeout:g} s); send it again to stop now", file=sys.stderr)
                         for proc in self._running():
-                            _kill_group(proc, signal.SIGINT)
+                            _kill_group(proc, signal.Signals[name])
                         kill_at = time.monotonic() + timeout + KILL_GRACE_S
                     else:
-                        self._stop_all("killed by a second Ctrl-C")
+                        self._stop_all(f"killed by a second {name}")
                         break
         finally:
             bar.close()
             self._stop_all("stopped because the launcher stopped")  # no-op when all have ended
+            self._join_copiers()
+
+    def _join_copiers(self, timeout: float = 5.0) -> None:
+        """Wait (bounded) until every worker's output is in its log."""
+        deadline = time.monotonic() + timeout
+        for copier in self.copiers.values():
+            copier.join(max(0.0, deadline - time.monotonic()))
 
     def _running(self) -> list[subprocess.Popen]:
         return [p for r, p in self.procs.items() if r not in self.ended]
@@ -204,18 +233,25 @@ class LocalLauncher:
         return out
 
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.output.release()  # the directory's lock, held since __init__
+
+    def _run(self) -> dict[str, Any]:
         print(f"scaffold: writing to {self.dir} with {self.workers} worker processes "
               f"(logs: {self.dir / WORKERS_DIR}/rank-*.log)", file=sys.stderr)
         began = time.perf_counter()
-        previous = _sigterm_as_interrupt()
+        previous = self._signals_as_interrupt()
         try:
             self.start()
             self.wait()
         except BaseException:
             self._stop_all("stopped because the launch failed")  # no worker outlives a failed launch
+            self._join_copiers()
             raise
         finally:
-            _restore_sigterm(previous)
+            _restore_signals(previous)
         results = self.results()
         extra = {"interrupted": self.interrupted} if self.interrupted else {}
         metrics = finalize_run(self.config, self.dir, results, extra_live=extra,
@@ -223,17 +259,22 @@ class LocalLauncher:
         report_failures(metrics)
         return metrics
 
+    def _signals_as_interrupt(self) -> dict[int, Any] | None:
+        """While workers run, SIGINT and SIGTERM to the launcher stop them gracefully, each reported (and
+        forwarded) as itself (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
 
-def _sigterm_as_interrupt() -> Any:
-    """While workers run, SIGTERM to the launcher stops them like Ctrl-C (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, signal.default_int_handler)
+        def interrupt(signum: int, frame: Any) -> None:
+            self._signal = signal.Signals(signum).name
+            raise KeyboardInterrupt
+
+        return {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
-def _restore_sigterm(previous: Any) -> None:
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+def _restore_signals(previous: dict[int, Any] | None) -> None:
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)
 
 
 class _LedgerProgress:

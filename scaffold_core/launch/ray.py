@@ -33,6 +33,7 @@ from ..distributed.net import host_ip
 from ..distributed.ports import control_port_range, reserve_port
 from ..errors import MissingDependencyError, ScaffoldError
 from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..output.files import atomic_writer
 from ..run.summary import ExitCode, report_failures
 from .results import WorkerResult, finalize_run
 from .worker import run_shard
@@ -103,14 +104,22 @@ def local_ranks(nodes: list[str]) -> list[tuple[int, int]]:
 
 
 def run_ray(config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
-            progress: bool | None = None) -> dict[str, Any]:
+            progress: bool | None = None, force_config: bool = False) -> dict[str, Any]:
     """Run ``config`` on ``rollout.workers`` Ray actors; returns the merged metrics."""
     ray = require_ray()
     began = time.perf_counter()
-    rcfg = config.rollout
     # The config was validated when it loaded; this checks the directory (existing run, --resume, overwrite).
     output = RunOutput(Path(output_dir) if output_dir is not None else expand_output_dir(config),
-                       resume=resume, overwrite=config.output.overwrite)
+                       resume=resume, overwrite=config.output.overwrite, config=config, force_config=force_config)
+    try:  # the output directory's lock is held until the run's files are written
+        return _run_ray(ray, config, output, began, progress)
+    finally:
+        output.release()
+
+
+def _run_ray(ray: Any, config: Config, output: RunOutput, began: float, progress: bool | None) -> dict[str, Any]:
+    rcfg = config.rollout
+    resume = output.resume
     directory = output.dir.resolve()
     output.write_config(config)
     print(f"scaffold: writing to {directory} with {rcfg.workers} Ray actors "
@@ -208,8 +217,7 @@ def _fetch_ledger(ray: Any, actor: Any, path: str, size: int, directory: Path) -
     local = directory / Path(path).name
     if local.exists() and local.stat().st_size >= size:
         return
-    tmp = local.with_name(f".{local.name}.fetch")
-    with open(tmp, "wb") as fh:
+    with atomic_writer(local, binary=True) as fh:  # a fresh temp name renamed into place: never through a link
         offset = 0
         while offset < size:
             chunk = ray.get(actor.read_chunk.remote(path, offset, min(CHUNK, size - offset)), timeout=300)
@@ -217,4 +225,3 @@ def _fetch_ledger(ray: Any, actor: Any, path: str, size: int, directory: Path) -
                 break
             fh.write(chunk)
             offset += len(chunk)
-    os.replace(tmp, local)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ScaffoldError
 from ..output import atomic_write_text, ledger_paths, rank_ledger_name
+from ..output.files import open_nofollow
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
 from ..run.finalize import finalize_run_dir
@@ -73,17 +75,22 @@ def worker_paths(output_dir: Path, rank: int) -> tuple[Path, Path]:
     return base.with_suffix(".log"), base.with_suffix(".json")
 
 
-def write_result(path: Path, live: dict[str, Any] | None, error: str | None = None) -> None:
-    """A worker's last word: its live metrics, or the error that stopped it (atomic)."""
-    atomic_write_text(path, json.dumps({"live": live, "error": error}, default=str) + "\n")
+def write_result(path: Path, live: dict[str, Any] | None, error: str | None = None, *, private: bool = True) -> None:
+    """A worker's last word: its live metrics, or the error that stopped it (atomic: never through a link)."""
+    atomic_write_text(path, json.dumps({"live": live, "error": error}, default=str) + "\n", private=private)
 
 
 def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(live metrics, error) a worker left at ``path``; (None, None) when missing, a link or not a result."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
+            data = json.loads(fh.read())
+    except (OSError, ValueError, ScaffoldError):
         return None, None
-    return data.get("live"), data.get("error")
+    if not isinstance(data, dict):
+        return None, None
+    live, error = data.get("live"), data.get("error")
+    return (live if isinstance(live, dict) else None), (None if error is None else str(error))
 
 
 def tail(path: Path | str | None, chars: int = TAIL_CHARS) -> str:
@@ -153,4 +160,4 @@ def finalize_run(config: Any, output_dir: Path, results: list[WorkerResult], *,
         live["workers"]["launcher_wall_s"] = round(launcher_wall_s, 3)
     return finalize_run_dir(Path(output_dir), live, hooks=Hooks(get_plugins().pm),
                             save_dataset=config.output.save_dataset, ledgers=ledger_paths(output_dir),
-                            skipped_rows=merged_skipped_rows(results))
+                            skipped_rows=merged_skipped_rows(results), private=config.output.private)

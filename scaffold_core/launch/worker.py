@@ -28,6 +28,8 @@ import argparse
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,24 +54,49 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output directory shared by every rank (overrides output.dir)")
     p.add_argument("--resume", action="store_true", help="skip episodes completed in any ledger of the directory")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run (standalone mode: rank 0)")
+    p.add_argument("--force-config", action="store_true",
+                   help="with --resume: continue even though the config differs from the saved one (rank 0)")
     p.add_argument("--progress", action="store_true", help="show this rank's progress bar")
     return p
 
 
-def die_with_parent() -> None:
-    """When started by scaffold's launcher, exit (SIGTERM) if the launcher dies (Linux)."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
+#: How often a launched worker checks that its launcher is alive.
+PARENT_POLL_S = 0.2
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+
+def die_with_parent() -> None:
+    """When started by scaffold's launcher, stop at once (within ~PARENT_POLL_S) if the launcher dies.
+
+    A launcher that ends normally stops its workers gracefully itself; one that is SIGKILLed cannot, and
+    its workers must not go on running (or draining for ``rollout.shutdown_timeout``) into a directory
+    nobody holds. A watcher thread notices the launcher is gone (the worker was re-parented) and kills
+    the worker's own process group with SIGKILL: the worker and the children it started in its group.
+    Servers started in their own groups watch the worker in turn (the SGLang launcher's parent-death
+    signal). Finished episodes are already in the ledger; ``--resume`` redoes those in flight.
+    """
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not parent.isdigit():
         return
-    if str(os.getppid()) != parent:  # the launcher died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    watcher = threading.Thread(target=_watch_parent, args=(int(parent),), name="scaffold-launcher-watch",
+                               daemon=True)
+    watcher.start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    _stop_now()
+
+
+def _stop_now() -> None:
+    """Kill this worker and its process group at once (no drain, no cleanup: the launcher is gone)."""
+    try:
+        os.write(2, b"scaffold worker: the launcher is gone; stopping now\n")
+    except OSError:  # the log pipe went with the launcher
+        pass
+    if os.getpgrp() == os.getpid():  # the launcher starts each worker as its own group's leader
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_shard(config: Any, output_dir: Path, env: Any, *, resume: bool, progress: bool | None) -> dict[str, Any]:
@@ -99,9 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result_path:
         return _launched(config, args, env, Path(result_path), progress)
     if not env.launched or env.world_size == 1:
-        metrics = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress or None).run()
+        metrics = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress or None,
+                          force_config=args.force_config).run()
         print_summary(metrics)
-        return exit_code_for(metrics)
+        return exit_code_for(metrics, config.rollout.max_failed_fraction)
     return _standalone(config, args, env, progress)
 
 
@@ -110,28 +138,31 @@ def _launched(config: Any, args: argparse.Namespace, env: Any, result_path: Path
     if not args.output:
         write_result(result_path, None, "the launcher must pass -o DIR")
         return ExitCode.ERROR
+    private = config.output.private
     try:
         live = run_shard(config, Path(args.output), env, resume=args.resume, progress=progress)
     except ScaffoldError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        write_result(result_path, None, f"{type(exc).__name__}: {exc}")
+        write_result(result_path, None, f"{type(exc).__name__}: {exc}", private=private)
         return ExitCode.ERROR
     except BaseException as exc:  # record why, then let the traceback reach the log
-        write_result(result_path, None, f"{type(exc).__name__}: {exc}")
+        write_result(result_path, None, f"{type(exc).__name__}: {exc}", private=private)
         raise
-    write_result(result_path, live)
+    write_result(result_path, live, private=private)
     return ExitCode.INTERRUPTED if live.get("interrupted") else ExitCode.OK
 
 
 def _standalone(config: Any, args: argparse.Namespace, env: Any, progress: bool) -> int:
     """Started by torchrun: coordinate over a Gloo group; rank 0 prepares and merges."""
     groups = init_process_group("gloo", timeout_s=config.rollout.worker_timeout)
+    output: RunOutput | None = None  # rank 0's: it holds the directory's lock until the run's files are written
     try:
         prepared: tuple[str | None, str | None] = (None, None)
         if env.rank == 0:
             try:
                 directory = Path(args.output) if args.output else expand_output_dir(config)
-                output = RunOutput(directory, resume=args.resume, overwrite=config.output.overwrite)
+                output = RunOutput(directory, resume=args.resume, overwrite=config.output.overwrite, config=config,
+                                   force_config=args.force_config)
                 output.write_config(config)
                 prepared = (str(directory.resolve()), None)
             except ScaffoldError as exc:
@@ -157,8 +188,10 @@ def _standalone(config: Any, args: argparse.Namespace, env: Any, progress: bool)
         metrics = finalize_run(config, directory, results, launcher="torchrun")
         print_summary(metrics)
         report_failures(metrics)
-        return exit_code_for(metrics)
+        return exit_code_for(metrics, config.rollout.max_failed_fraction)
     finally:
+        if output is not None:
+            output.release()
         groups.destroy()
 
 

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+from .files import atomic_writer, fresh_dir, replace_dir, set_tree_modes
 
-def write_derived(directory: Path, records: dict[str, dict[str, Any]], *, save_dataset: bool = True) -> dict[str, int]:
-    """Write samples.jsonl, failures.jsonl and the trajectories dataset from ledger records."""
+
+def write_derived(directory: Path, records: dict[str, dict[str, Any]], *, save_dataset: bool = True,
+                  private: bool = True) -> dict[str, int]:
+    """Write samples.jsonl, failures.jsonl and the trajectories dataset from ledger records (each to a
+    fresh temp name renamed into place: never through a link)."""
     ordered = sorted(records.values(), key=lambda r: (r.get("index", 0), r["episode_id"]))
     n_samples = n_failed = n_traj = 0
-    tmp_samples = directory / ".samples.jsonl.tmp"
-    tmp_failures = directory / ".failures.jsonl.tmp"
-    with tmp_samples.open("w", encoding="utf-8") as fs, tmp_failures.open("w", encoding="utf-8") as ff:
+    with atomic_writer(directory / "samples.jsonl", private=private, durable=False) as fs, \
+            atomic_writer(directory / "failures.jsonl", private=private, durable=False) as ff:
         for rec in ordered:
             if rec["status"] != "ok":
                 n_failed += 1
@@ -33,10 +35,8 @@ def write_derived(directory: Path, records: dict[str, dict[str, Any]], *, save_d
                     **({"turn_rewards": s["turn_rewards"]} if "turn_rewards" in s else {}),
                 }, ensure_ascii=False) + "\n")
             n_traj += len(rec.get("trajectories") or [])
-    os.replace(tmp_samples, directory / "samples.jsonl")
-    os.replace(tmp_failures, directory / "failures.jsonl")
     if save_dataset:
-        save_trajectories(directory, ordered)
+        save_trajectories(directory, ordered, private=private)
     return {"samples": n_samples, "failed": n_failed, "trajectories": n_traj}
 
 
@@ -77,7 +77,7 @@ def extra_features(rows: list[dict[str, Any]], known: Any) -> dict[str, Any]:
     return out
 
 
-def save_trajectories(directory: Path, ordered: list[dict[str, Any]]) -> None:
+def save_trajectories(directory: Path, ordered: list[dict[str, Any]], *, private: bool = True) -> None:
     """Save the training sequences with ``datasets`` (load with ``datasets.load_from_disk``)."""
     import datasets
 
@@ -98,18 +98,17 @@ def save_trajectories(directory: Path, ordered: list[dict[str, Any]]) -> None:
     features.update(extra_features(rows, features))
     columns = {name: [row.get(name) for row in rows] for name in features}
     dataset = datasets.Dataset.from_dict(columns, features=features)
-    target = directory / "trajectories"
-    tmp = directory / ".trajectories.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = fresh_dir(directory, "trajectories", private=private)
     quiet = not datasets.are_progress_bars_disabled()
     if quiet:
         datasets.disable_progress_bars()  # the run has its own progress bar; this one is noise
     try:
         dataset.save_to_disk(str(tmp))
+        set_tree_modes(tmp, private=private)
+        replace_dir(tmp, directory / "trajectories")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     finally:
         if quiet:
             datasets.enable_progress_bars()
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)

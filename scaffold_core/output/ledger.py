@@ -9,12 +9,14 @@ flight; ``--resume`` skips every completed episode found in any ledger.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..episode import EpisodeResult, Sample
 from ..verifier import Verdict
+from .files import open_nofollow
 
 LEDGER = "episodes.jsonl"
 #: Per-worker ledgers of multi-worker runs: ``episodes.rank-00003.jsonl`` (see scaffold_core.launch).
@@ -89,25 +91,40 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
     )
 
 
-def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
-    """Ledger records; a torn last line (the process died mid-write) is ignored."""
-    if not path.exists():
+def read_ledger(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Ledger records; a torn last line (the process died mid-write) is ignored, and so is a line that is
+    not a record (garbage, not UTF-8): its number is appended to ``bad_lines``, and its episode is run
+    again on resume. A link in place of the ledger is refused (RunDirError), never followed."""
+    if not os.path.lexists(path):
         return
-    with path.open("rb") as fh:
-        for raw in fh:
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
                 return  # torn tail
             try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
+                record = json.loads(raw)
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                record = None
+            if not _is_record(record):
+                if bad_lines is not None and raw.strip():
+                    bad_lines.append(number)
                 continue
+            yield record
 
 
-def latest_records(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """episode id -> its last ledger record across ``paths`` (a completed record beats a failed one)."""
+def _is_record(record: Any) -> bool:
+    return (isinstance(record, dict) and isinstance(record.get("episode_id"), str)
+            and isinstance(record.get("status"), str) and isinstance(record.get("samples", []), list)
+            and all(isinstance(s, dict) for s in record.get("samples", [])))
+
+
+def latest_records(paths: list[Path], bad_lines: dict[Path, list[int]] | None = None) -> dict[str, dict[str, Any]]:
+    """episode id -> its last ledger record across ``paths`` (a completed record beats a failed one);
+    ``bad_lines`` collects, per ledger, the numbers of lines that are not records."""
     latest: dict[str, dict[str, Any]] = {}
     for path in paths:
-        for record in read_ledger(path):
+        bad = None if bad_lines is None else bad_lines.setdefault(path, [])
+        for record in read_ledger(path, bad):
             eid = record["episode_id"]
             old = latest.get(eid)
             if old is None or not (old["status"] == "ok" and record["status"] != "ok"):

@@ -13,6 +13,11 @@ Files (see docs/reliability.md for the guarantees):
 * ``trajectories/``: the training sequences as a Hugging Face dataset
   (``datasets.load_from_disk(dir + "/trajectories")``).
 * ``metrics.json`` and ``config.yaml``: written atomically (temp file + rename).
+* ``config-history.jsonl``: the config changes a ``--force-config`` resume continued with.
+* ``.scaffold.lock``: the lock the run holds while it runs (one run per directory).
+
+No file is written through a symbolic link (see :mod:`scaffold_core.output.files`); files are 0600
+and folders 0700 unless ``output.private`` is false.
 """
 
 from __future__ import annotations
@@ -20,17 +25,33 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..episode import EpisodeResult
-from ..errors import ConfigError
-from .files import atomic_write_text, safe_child
+from ..errors import ConfigError, RunDirError
+from .files import (
+    atomic_write_text,
+    dir_mode,
+    open_append,
+    open_nofollow,
+    refuse_link,
+    remove_stale_temps,
+    safe_child,
+)
 from .ledger import LEDGER, RANK_LEDGER_GLOB, latest_records, ledger_paths, record_of
+from .lock import LOCK_FILE, RunLock
+from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, record_forced_change
 
 #: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers), never anything else.
-RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", "config.yaml", "workers")
+RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", CONFIG_FILE, "workers",
+             CONFIG_HISTORY)
+#: The run files that are folders.
+FOLDERS = ("trajectories", "workers")
+#: Files that hold episodes: while every one is missing or empty, no episode has run in the directory yet.
+EPISODE_FILES = (LEDGER, "samples.jsonl", "failures.jsonl")
 
 
 def expand_output_dir(config: Any) -> Path:
@@ -41,41 +62,94 @@ def expand_output_dir(config: Any) -> Path:
 
 
 def run_files(directory: str | Path) -> list[str]:
-    """Names of the run files present in ``directory``."""
+    """Names of the run files present in ``directory`` (links included)."""
     root = Path(directory)
-    names = [name for name in RUN_FILES if (root / name).exists()]
+    names = [name for name in RUN_FILES if os.path.lexists(root / name)]
     return names + [p.name for p in sorted(root.glob(RANK_LEDGER_GLOB))]
+
+
+def has_episodes(directory: str | Path) -> bool:
+    """Whether any episode was recorded in ``directory``; a run that failed before its first episode left none."""
+    root = Path(directory)
+    paths = [root / name for name in EPISODE_FILES] + sorted(root.glob(RANK_LEDGER_GLOB))
+    return any(os.path.lexists(p) and os.lstat(p).st_size > 0 for p in paths)
+
+
+def refuse_links(directory: Path) -> None:
+    """RunDirError for any file the run writes (run files, rank ledgers, worker logs) that is a link, and
+    for a folder where the run keeps a file."""
+    for name in run_files(directory):
+        refuse_link(directory / name)
+        if name not in FOLDERS and (directory / name).is_dir():
+            raise RunDirError(f"{directory / name} is a folder where scaffold keeps a file; move it away, or choose "
+                              "another output directory with -o", path=str(directory / name))
+    workers = directory / "workers"
+    if workers.is_dir():
+        for entry in os.scandir(workers):
+            refuse_link(entry.path)
 
 
 class RunOutput:
     """Owns one output directory for one process."""
 
     def __init__(self, directory: str | Path, *, resume: bool = False, overwrite: bool = False,
-                 ledger_name: str = LEDGER, prepared: bool = False):
+                 ledger_name: str = LEDGER, prepared: bool = False, config: Any = None, force_config: bool = False,
+                 private: bool | None = None):
         """``prepared=True``: a launcher already checked (and, if asked, emptied) the directory for
-        this process, one of several workers writing into it; only the own ledger is opened."""
+        this process, one of several workers writing into it; only the own ledger is opened.
+
+        Otherwise this process owns the run: it takes the directory's lock (held until :meth:`release`),
+        refuses links and an existing run (unless resuming or overwriting), and, when resuming with
+        ``config``, refuses a config that differs from the saved one unless ``force_config``.
+        """
         self.dir = Path(directory)
         self.resume = resume
+        if private is None:
+            private = bool(getattr(getattr(config, "output", None), "private", True))
+        self.private = private
         self.ledger_path = safe_child(self.dir, ledger_name)
         self._fd: int | None = None
+        self.lock: RunLock | None = None
+        self.forced_changes: dict[str, tuple[Any, Any]] = {}
+        self._touched = False
+        self.dir.mkdir(mode=dir_mode(private), parents=True, exist_ok=True)
+        if not self.dir.is_dir():
+            raise RunDirError(f"output.dir: {self.dir} is not a folder; choose another directory with -o",
+                              path=str(self.dir))
         if prepared:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        else:
-            self.prepare(overwrite)
+            return
+        self._touched = os.path.lexists(self.dir / LOCK_FILE)  # an earlier start (which may have failed) was here
+        self.lock = RunLock(self.dir, private=private).acquire()
+        try:
+            self.prepare(overwrite, config=config, force_config=force_config)
+        except BaseException:
+            self.release()
+            raise
 
-    def prepare(self, overwrite: bool) -> None:
+    def prepare(self, overwrite: bool, *, config: Any = None, force_config: bool = False) -> None:
+        refuse_links(self.dir)
         existing = run_files(self.dir)
-        if existing and not self.resume and not overwrite:
+        started = has_episodes(self.dir)
+        if started and not self.resume and not overwrite:
             raise ConfigError(
                 f"output.dir: {self.dir} already holds a run ({', '.join(existing)}). Continue it with "
                 f"--resume, replace it with --set output.overwrite=true, or choose another directory with -o")
-        if self.resume and not ledger_paths(self.dir) and not overwrite:
+        if self.resume and not existing and not overwrite and not self._touched:
             raise ConfigError(f"--resume: {self.dir} has no {LEDGER} (or {RANK_LEDGER_GLOB}) to resume from")
         if overwrite and not self.resume:
             for name in existing:
                 target = self.dir / name
                 shutil.rmtree(target) if target.is_dir() else target.unlink()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.dir, [*RUN_FILES, *(p.name for p in self.dir.glob(RANK_LEDGER_GLOB))])
+        if self.resume and started and config is not None:
+            # A directory whose earlier start failed before its first episode is fresh: nothing to compare.
+            self.forced_changes = check_resume_config(self.dir, config, force=force_config)
+
+    def release(self) -> None:
+        """Release the directory's lock (the run is over)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def completed_ids(self) -> set[str]:
         """Ids of completed episodes in every ledger of the directory (a run may be resumed with a
@@ -86,21 +160,39 @@ class RunOutput:
         paths = ledger_paths(self.dir)
         if self.ledger_path.exists() and self.ledger_path not in [p.resolve() for p in paths]:
             paths.append(self.ledger_path)
-        return {eid for eid, rec in latest_records(paths).items() if rec["status"] == "ok"}
+        bad: dict[Path, list[int]] = {}
+        done = {eid for eid, rec in latest_records(paths, bad).items() if rec["status"] == "ok"}
+        for path, numbers in bad.items():
+            if numbers:
+                more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
+                shown = ", ".join(map(str, numbers[:10])) + more
+                print(f"scaffold: WARNING: {path}: lines {shown} are not episode records (skipped; their episodes "
+                      "run again)", file=sys.stderr)
+        return done
 
     def _repair_ledger(self) -> None:
         """Cut a torn last line so new appends start on a line of their own."""
-        if not self.ledger_path.exists():
+        if not os.path.lexists(self.ledger_path):
             return
-        data = self.ledger_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n") + 1
-            with self.ledger_path.open("r+b") as fh:
-                fh.truncate(cut)
+        fd = open_nofollow(self.ledger_path, os.O_RDWR)
+        with os.fdopen(fd, "r+b") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            tail_start = max(0, size - (1 << 20))
+            while True:  # find the last newline, reading backwards in blocks
+                fh.seek(tail_start)
+                block = fh.read(size - tail_start)
+                cut = block.rfind(b"\n")
+                if cut >= 0 or tail_start == 0:
+                    break
+                tail_start = max(0, tail_start - (1 << 20))
+            if cut + tail_start + 1 < size:
+                fh.truncate(tail_start + cut + 1)
 
     def open(self) -> None:
         if self._fd is None:
-            self._fd = os.open(self.ledger_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd = open_append(self.ledger_path, private=self.private)
 
     def append(self, result: EpisodeResult) -> None:
         """Persist one finished episode with a single append."""
@@ -118,12 +210,17 @@ class RunOutput:
                 self._fd = None
 
     def write_config(self, config: Any) -> None:
-        atomic_write_text(self.dir / "config.yaml", config.to_yaml())
+        """Save the run's config (and record a change a --force-config resume continued with)."""
+        if self.forced_changes:
+            record_forced_change(self.dir, self.forced_changes, private=self.private)
+            self.forced_changes = {}
+        atomic_write_text(self.dir / CONFIG_FILE, config.to_yaml(), private=self.private)
 
     def write_metrics(self, metrics: dict[str, Any]) -> None:
-        write_metrics(self.dir, metrics)
+        write_metrics(self.dir, metrics, private=self.private)
 
 
-def write_metrics(directory: Path, metrics: dict[str, Any]) -> None:
+def write_metrics(directory: Path, metrics: dict[str, Any], *, private: bool = True) -> None:
     """``metrics.json``, written atomically."""
-    atomic_write_text(directory / "metrics.json", json.dumps(metrics, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(directory / "metrics.json", json.dumps(metrics, indent=2, sort_keys=False) + "\n",
+                      private=private)

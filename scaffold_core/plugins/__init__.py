@@ -16,6 +16,7 @@ from .manager import (
     EXTRA_ENV,
     PluginInfo,
     PluginSet,
+    current_path,
     current_registry,
     extra_plugin_specs,
     get_plugins,
@@ -29,6 +30,6 @@ from .registry import KNOWN_PROVIDERS, BrokenPlugin, ComponentInfo, ComponentReg
 __all__ = [
     "BUILTIN", "DEFAULT_PLUGINS", "DISABLE_ENV", "ENTRY_POINT_GROUP", "EXTRA_ENV", "KINDS", "KNOWN_PROVIDERS",
     "SECTION_KINDS", "BrokenPlugin", "ComponentInfo", "ComponentRegistry", "Kind", "PluginInfo", "PluginSet",
-    "Registry", "current_registry", "extra_plugin_specs", "get_plugins", "get_registry", "hookimpl", "hookspec",
-    "import_spec", "set_plugins",
+    "Registry", "current_path", "current_registry", "extra_plugin_specs", "get_plugins", "get_registry", "hookimpl",
+    "hookspec", "import_spec", "set_plugins",
 ]

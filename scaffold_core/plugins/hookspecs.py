@@ -147,6 +147,25 @@ def register_tools(registry: ComponentRegistry) -> None:
 
 
 @hookspec
+def register_tool_formats(registry: ComponentRegistry) -> None:
+    """Register tool-call formats: how an agent shows tools to the model, reads its calls and returns results.
+
+    :param registry: the tool-format registry; ``registry.add(name, factory)``
+        where ``factory(**options)`` returns a
+        :class:`scaffold_core.tool_format.ToolFormat`: ``prompt(messages,
+        tools, tokenizer)`` (the messages and chat-template arguments that
+        present the tools), ``parse(text)`` (the calls in one model turn, a
+        malformed one as a call with ``error`` set, never an exception) and
+        ``result_messages(calls, results)`` (the messages that carry the
+        results back).
+
+    A controller selects one by name with its options, e.g.
+    ``controller: {name: agent, format: {name: hermes}}``. One format object
+    serves every episode: keep no per-episode data on it.
+    """
+
+
+@hookspec
 def register_trainers(registry: ComponentRegistry) -> None:
     """Register trainers: what ``scaffold train`` runs (an RL trainer consuming scaffold's rollouts).
 

@@ -30,6 +30,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("trajectory_maker", "register_trajectory_makers", "trajectory"),
     Kind("environment", "register_environments", None),
     Kind("tool", "register_tools", None),
+    Kind("tool_format", "register_tool_formats", None),
     Kind("trainer", "register_trainers", "trainer"),
 )}
 

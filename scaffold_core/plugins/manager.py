@@ -36,7 +36,7 @@ from .._meta import CORE_DISTRIBUTION, ENTRY_POINT_GROUP, PROJECT_NAME, version
 from ..errors import PluginError
 from . import hookspecs
 from .kinds import KINDS
-from .registry import BUILDING, BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
+from .registry import BUILDING, BUILDING_PATH, BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
 
 DISABLE_ENV = "SCAFFOLD_DISABLE_PLUGINS"
 EXTRA_ENV = "SCAFFOLD_EXTRA_PLUGINS"
@@ -356,6 +356,16 @@ def current_registry() -> Registry:
     """
     registry = BUILDING.get()
     return registry if registry is not None else get_registry()
+
+
+def current_path(default: str) -> str:
+    """The config key path of the component being built (``controller.generator``), else ``default``.
+
+    A factory that builds sub-components names them under it in its errors
+    (``controller.generator.tools[1].top_k: ...``), wherever it sits in the config.
+    """
+    path = BUILDING_PATH.get()
+    return path if path else default
 
 
 def set_plugins(plugins: PluginSet | None) -> PluginSet | None:

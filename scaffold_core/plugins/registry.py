@@ -21,15 +21,20 @@ from .options import build_component
 #: The registry whose ``create`` is running: factories that build sub-components (a controller
 #: naming its generator) look names up in it (``scaffold_core.plugins.current_registry``).
 BUILDING: contextvars.ContextVar[Registry | None] = contextvars.ContextVar("scaffold_registry", default=None)
+#: The config key path of the component being built (``controller``, ``controller.generator``): factories
+#: that build sub-components name them under it in errors (``scaffold_core.plugins.current_path``).
+BUILDING_PATH: contextvars.ContextVar[str | None] = contextvars.ContextVar("scaffold_building_path", default=None)
 
 
 @contextmanager
-def building(registry: Registry) -> Iterator[None]:
-    """Make ``registry`` the one sub-components are looked up in, while a component is built."""
+def building(registry: Registry, path: str | None = None) -> Iterator[None]:
+    """Make ``registry`` the one sub-components are looked up in (and ``path`` theirs), while a component is built."""
     token = BUILDING.set(registry)
+    path_token = BUILDING_PATH.set(path)
     try:
         yield
     finally:
+        BUILDING_PATH.reset(path_token)
         BUILDING.reset(token)
 
 
@@ -50,6 +55,9 @@ KNOWN_PROVIDERS: dict[str, str] = {
     "calculator": "scaffold-tools",
     "python": "scaffold-tools",
     "search": "scaffold-tools",
+    "agent": "scaffold-multiturn",
+    "gsm8k_calculator": "scaffold-multiturn",
+    "hermes": "scaffold-multiturn",
     "trl": "scaffold-trl",
 }
 
@@ -188,7 +196,7 @@ class Registry:
     def create(self, kind: str, name: str, options: dict[str, Any] | None = None, *, path: str | None = None) -> Any:
         """Validate ``options`` and build the component (raises ConfigError naming ``path``)."""
         info = self.get(kind, name, path=path)
-        with building(self):
+        with building(self, path or kind):
             return info.create(options, path=path or kind)
 
 

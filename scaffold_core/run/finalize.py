@@ -21,11 +21,12 @@ SESSION_KEYS = ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_erro
 
 
 def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, save_dataset: bool = True,
-                     ledgers: list[Path] | None = None, skipped_rows: Mapping[str, int] | None = None
-                     ) -> dict[str, Any]:
+                     ledgers: list[Path] | None = None, skipped_rows: Mapping[str, int] | None = None,
+                     private: bool = True) -> dict[str, Any]:
     """Write the derived files and ``metrics.json`` of the run in ``directory``; returns the metrics.
 
-    Totals (episodes, rewards, accuracy) are computed from every ledger record;
+    Totals (episodes, rewards, accuracy, failures) are computed from every ledger record, never read
+    from a previous session's files (a run killed while writing them leaves nothing this trusts);
     throughput and wall time are the live session's own measurements.
     """
     records = latest_records(ledgers or ledger_paths(directory))
@@ -39,8 +40,8 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
             metrics[key] = live[key]
     if "resumed_episodes" in live:
         metrics["session"] = {k: live[k] for k in ("episodes", "completed", "failed", "generated_tokens")}
-    write_derived(directory, records, save_dataset=save_dataset)
+    write_derived(directory, records, save_dataset=save_dataset, private=private)
     metrics["output_dir"] = str(directory)
-    write_metrics(directory, metrics)
+    write_metrics(directory, metrics, private=private)
     hooks.run_end(metrics, str(directory))
     return metrics

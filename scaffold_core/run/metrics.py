@@ -1,13 +1,20 @@
 """Run metrics, accumulated as episodes finish (O(1) memory per run).
 
-Definitions (also in docs/config.md):
+Definitions (also in docs/runtime.md):
 
-* ``reward_mean``: mean reward over every sample of every completed episode.
-* ``accuracy``: mean over completed episodes of whether the episode's answer
-  is correct: the chosen sample (best_of_n, native with one sample), the
-  voted answer (majority_vote), or, when the controller names no single
-  answer, the fraction of its samples that are correct.
-* ``pass@k``: episodes with k > 1 samples where at least one sample is correct.
+* ``reward_mean``: mean reward over every scored sample of every completed
+  episode.
+* ``unscored_samples``: samples of completed episodes without a reward (not
+  verified, or the verifier could not score them). They are never counted as
+  0.0: they are left out of ``reward_mean``, ``accuracy`` and ``pass@k`` and
+  (with the default ``trajectory.missing_reward: drop``) out of the training
+  data; the run's summary warns when there are any.
+* ``accuracy``: mean over completed episodes whose answer was scored of
+  whether it is correct: the chosen sample (best_of_n, native with one
+  sample), the voted answer (majority_vote), or, when the controller names no
+  single answer, the fraction of its scored samples that are correct.
+* ``pass@k``: episodes with k > 1 samples where at least one sample is correct
+  (over episodes with at least one scored sample).
 * controller metrics such as ``maj@k`` are averaged over the episodes that
   report them.
 * ``truncated_fraction``: samples that stopped on ``length``; above 20% the
@@ -16,24 +23,47 @@ Definitions (also in docs/config.md):
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter, defaultdict
 from typing import Any
 
 from ..episode import EpisodeResult
+from ..trajectory import usable_reward
 
 TRUNCATION_WARNING = 0.2
+#: Distinct failure causes counted per run (more are counted under their component only).
+MAX_CAUSES = 256
+#: Causes listed in the metrics' ``top_failure_causes``.
+TOP_CAUSES = 5
 
 
-def episode_correct(result: EpisodeResult) -> float:
+def failure_message(error: str | None) -> str:
+    """The first line of an episode's error, shortened."""
+    first = (error or "").strip().splitlines()[0] if (error or "").strip() else "no reason given"
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def failure_cause(error: str | None, episode_id: str = "") -> str:
+    """What failures with the same cause share: the first line of the error with the episode's id and
+    every number blanked (request ids, attempts and sizes differ from one episode to the next)."""
+    first = failure_message(error)
+    if episode_id:
+        first = first.replace(episode_id, "<episode>")
+    return re.sub(r"\d+", "#", first)
+
+
+def episode_correct(result: EpisodeResult) -> float | None:
+    """Whether the episode's answer is correct (1.0/0.0, or a fraction of its samples); None when unscored."""
     if result.chosen is not None and 0 <= result.chosen < len(result.samples):
-        reward = result.samples[result.chosen].reward
-        return float((reward or 0.0) > 0)
+        reward = usable_reward(result.samples[result.chosen])
+        return None if reward is None else float(reward > 0)
     if result.answer_reward is not None:
         return float(result.answer_reward > 0)
-    if not result.samples:
-        return 0.0
-    return sum(1.0 for s in result.samples if (s.reward or 0.0) > 0) / len(result.samples)
+    rewards = [r for r in map(usable_reward, result.samples) if r is not None]
+    if not rewards:
+        return None
+    return sum(1.0 for r in rewards if r > 0) / len(rewards)
 
 
 class RunMetrics:
@@ -44,9 +74,13 @@ class RunMetrics:
         self.failed = 0
         self.failures: Counter[str] = Counter()
         self.failure_examples: dict[str, str] = {}
+        self.failure_causes: Counter[tuple[str, str]] = Counter()
+        self.cause_examples: dict[tuple[str, str], str] = {}
         self.samples = 0
+        self.unscored = 0
         self.reward_sum = 0.0
         self.correct_sum = 0.0
+        self.scored_episodes = 0
         self.generated_tokens = 0
         self.truncated = 0
         self.retried = 0
@@ -66,19 +100,33 @@ class RunMetrics:
             key = result.error_component or "episode"
             self.failures[key] += 1
             self.failure_examples.setdefault(key, result.error or "")
+            cause = (key, failure_cause(result.error, result.episode_id))
+            if cause in self.failure_causes or len(self.failure_causes) < MAX_CAUSES:
+                self.failure_causes[cause] += 1
+                self.cause_examples.setdefault(cause, failure_message(result.error))
             return
         self.completed += 1
-        self.correct_sum += episode_correct(result)
+        correct = episode_correct(result)
+        if correct is not None:
+            self.correct_sum += correct
+            self.scored_episodes += 1
+        any_scored = any_correct = False
         for sample in result.samples:
             self.samples += 1
-            self.reward_sum += sample.reward or 0.0
+            reward = usable_reward(sample)
+            if reward is not None:
+                any_scored = True
+                any_correct = any_correct or reward > 0
+                self.reward_sum += reward
+            else:
+                self.unscored += 1
             self.generated_tokens += sample.generated_tokens
             if sample.finish_reason == "length":
                 self.truncated += 1
         k = len(result.samples)
-        if k > 1:
+        if k > 1 and any_scored:
             name = f"pass@{k}"
-            self.extra_sum[name] += float(any((s.reward or 0.0) > 0 for s in result.samples))
+            self.extra_sum[name] += float(any_correct)
             self.extra_n[name] += 1
         for name, value in result.metrics.items():
             self.extra_sum[name] += float(value)
@@ -90,7 +138,8 @@ class RunMetrics:
 
     @property
     def reward_mean(self) -> float:
-        return self.reward_sum / self.samples if self.samples else 0.0
+        scored = self.samples - self.unscored
+        return self.reward_sum / scored if scored else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -109,9 +158,12 @@ class RunMetrics:
             "failed": self.failed,
             "failures": dict(self.failures),
             "failure_examples": dict(self.failure_examples),
+            "top_failure_causes": [{"component": cause[0], "error": self.cause_examples[cause], "count": count}
+                                   for cause, count in self.failure_causes.most_common(TOP_CAUSES)],
             "samples": self.samples,
+            "unscored_samples": self.unscored,
             "reward_mean": round(self.reward_mean, 6),
-            "accuracy": round(self.correct_sum / self.completed, 6) if self.completed else 0.0,
+            "accuracy": round(self.correct_sum / self.scored_episodes, 6) if self.scored_episodes else 0.0,
             "generated_tokens": self.generated_tokens,
             "tokens_per_s": round(self.generated_tokens / wall, 3) if wall > 0 else 0.0,
             "episodes_per_s": round(self.episodes / wall, 3) if wall > 0 else 0.0,
@@ -125,6 +177,17 @@ class RunMetrics:
             out["skipped_rows"] = dict(self.skipped_rows)
         out.update(extra)
         return out
+
+def unscored_warning(metrics: dict[str, Any]) -> str | None:
+    """The message for runs where some samples have no reward, else None."""
+    unscored = metrics.get("unscored_samples") or 0
+    if not unscored:
+        return None
+    return (f"scaffold: {unscored} of {metrics.get('samples', '?')} sample(s) have no reward (not verified, or the "
+            "verifier could not score them). They are not counted as 0: they are left out of reward_mean and "
+            "accuracy, and out of the training data unless trajectory.missing_reward is fail (then their "
+            "episodes failed)")
+
 
 def truncation_warning(fraction: float) -> str | None:
     """The loud message for runs where too many responses hit max_tokens, else None."""

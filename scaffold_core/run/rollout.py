@@ -65,9 +65,13 @@ class Rollout:
 
     def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
                  dist: DistEnv | None = None, progress: bool | None = None, registry: Any = None,
-                 plugins: Any = None, ledger_name: str = LEDGER, finalize: bool = True, prepared: bool = False):
+                 plugins: Any = None, ledger_name: str = LEDGER, finalize: bool = True, prepared: bool = False,
+                 force_config: bool = False):
         """``dist``: this process's place among the run's workers (one process when omitted).
-        ``prepared``: a launcher already prepared the output directory; only the own ledger is opened."""
+        ``prepared``: a launcher already prepared the output directory; only the own ledger is opened.
+        Otherwise this rollout holds the directory's lock from here until :meth:`run` returns (or
+        :meth:`release`), and a ``resume`` with a config other than the saved one is refused unless
+        ``force_config``."""
         self.config = config
         self.plugins = plugins or get_plugins()
         self.registry = registry or self.plugins.registry
@@ -76,7 +80,7 @@ class Rollout:
         # Both of these validate before any model loads.
         self.components = build_components(config, self.registry)
         self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, ledger_name=ledger_name,
-                                prepared=prepared)
+                                prepared=prepared, config=config, force_config=force_config)
         self.progress = config.rollout.progress if progress is None else progress
         self.finalize_outputs = finalize
         self.metrics = RunMetrics()
@@ -96,9 +100,13 @@ class Rollout:
     def _rows(self) -> list[tuple[int, dict[str, Any]]]:
         task = self.components.task
         rows = []
-        for i, row in enumerate(task.load()):
-            if shard(i, self.rank, self.world_size):
-                rows.append((i, row))
+        try:
+            for i, row in enumerate(task.load()):
+                if shard(i, self.rank, self.world_size):
+                    rows.append((i, row))
+        except UnicodeDecodeError as exc:  # a task that reads its files itself; line numbers are its to give
+            raise DataError(f"task {self.config.task.name!r}: its data is not UTF-8 ({exc}); save the data files "
+                            "as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE -o FIXED)") from None
         skipped = dict(getattr(task, "skipped", None) or {})
         for reason, count in skipped.items():
             self.metrics.skipped_rows[reason] += count
@@ -127,8 +135,6 @@ class Rollout:
     async def run_async(self) -> dict[str, Any]:
         cfg = self.config
         comps = self.components
-        if self.rank == 0:
-            self.output.write_config(cfg)
         done = self.output.completed_ids()
         pool = VerifierPool(comps.verifier, timeout=cfg.verifier_timeout, workers=cfg.verifier_workers,
                             name=cfg.verifier.name)
@@ -137,6 +143,8 @@ class Rollout:
         controller_started = False
         try:
             rows = self._rows()  # bad data fails here, before any model loads
+            if self.rank == 0:  # only now: a start that fails on its data leaves no config behind
+                self.output.write_config(cfg)
             self._attach_engine()
             await comps.engine.start()
             controller_started = True  # a start that fails half-way is still closed
@@ -226,11 +234,19 @@ class Rollout:
     def finalize(self, live: dict[str, Any], ledgers: list[Path] | None = None) -> dict[str, Any]:
         """Derive samples, failures, dataset and metrics from the ledger(s); returns metrics."""
         return finalize_run_dir(self.dir, live, hooks=self.hooks, save_dataset=self.config.output.save_dataset,
-                                ledgers=ledgers, skipped_rows=self.metrics.skipped_rows)
+                                ledgers=ledgers, skipped_rows=self.metrics.skipped_rows,
+                                private=self.config.output.private)
 
     def run(self) -> dict[str, Any]:
-        live = asyncio.run(self.run_async())
-        return self.finalize(live) if self.finalize_outputs else live
+        try:
+            live = asyncio.run(self.run_async())
+            return self.finalize(live) if self.finalize_outputs else live
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give the output directory's lock back (done by :meth:`run`)."""
+        self.output.release()
 
 
 def _progress_bar(total: int, enabled: bool | None, position: int | None = None) -> Any:

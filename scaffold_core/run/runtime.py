@@ -1,8 +1,8 @@
 """The episode runtime: one asyncio event loop, bounded concurrency, bounded waits.
 
-* Each episode runs on its own clone of the prototype controller, made
-  synchronously when the episode starts, before anything awaits; per-episode
-  data travels in its :class:`EpisodeContext`.
+* Each episode (each attempt of it) runs on its own clone of the prototype
+  controller, made synchronously when it starts, before anything awaits;
+  per-episode data travels in its :class:`EpisodeContext`.
 * Concurrency is bounded by a fixed number of worker coroutines (no thread per
   request, no task per queued episode).
 * Every await is bounded: each engine request by ``request_timeout``, each
@@ -176,13 +176,27 @@ class Runtime:
             task.cancel()
 
     # -- one episode ----------------------------------------------------
+    def episode_controller(self) -> Controller:
+        """The prototype's clone for one episode (a clone that is the prototype itself is refused)."""
+        try:
+            controller = self.prototype.clone()
+        except Exception as exc:
+            raise ControllerError(
+                f"{type(self.prototype).__name__}.clone() failed: {type(exc).__name__}: {exc}. Objects every "
+                "episode may use at once (an engine, a client, anything holding a lock) are shared handles: "
+                "name their attributes in the class's `shared` tuple") from exc
+        if controller is self.prototype:
+            raise ControllerError(f"{type(controller).__name__}.clone() returned the prototype itself: every "
+                                  "episode needs its own copy (remove the clone() override)")
+        return controller
+
     async def run_episode(self, ctx: EpisodeContext) -> EpisodeResult:
-        controller = self.prototype.clone()  # synchronous, before anything awaits
         started = time.perf_counter()
         attempt = 0
         while True:
             ctx.attempt = attempt
             try:
+                controller = self.episode_controller()  # synchronous, before anything awaits
                 result = await bounded(self._attempt(controller, ctx), self.episode_timeout)
                 result.attempts = attempt + 1
                 result.wall_s = time.perf_counter() - started
@@ -205,7 +219,6 @@ class Runtime:
                     attempts=attempt + 1, wall_s=time.perf_counter() - started, row=ctx.row,
                 )
             attempt += 1
-            controller = self.prototype.clone()
             ctx.state = {}
 
     async def _attempt(self, controller: Controller, ctx: EpisodeContext) -> EpisodeResult:

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import parse_override
-from ..errors import ConfigError
+from ..errors import ConfigError, VerifierError
 from ..plugins import get_registry
+from ..textfiles import utf8_lines
+from ..verifier import Verdict
 from .verifier_pool import VerifierPool
 
 CHUNK = 512
@@ -17,7 +19,13 @@ CHUNK = 512
 
 def score_file(verifier_name: str, input_path: str, output_path: str | None = None,
                options: list[str] | None = None, *, timeout: float = 30.0) -> dict[str, Any]:
-    """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept)."""
+    """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept).
+
+    A line the verifier cannot score (a gold answer it cannot use, a verifier error or timeout) does not
+    stop the others: it is listed in ``unscored`` with its line number and error, and written to the
+    output with ``reward: null`` and that ``error``. A line that is not UTF-8, not JSON or lacks a field
+    is an error naming the file and line.
+    """
     opts: dict[str, Any] = {}
     for text in options or []:
         parts, value = parse_override(text)
@@ -27,7 +35,8 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
     if not source.is_file():
         raise ConfigError(f"--input: {input_path} does not exist")
     rows: list[dict[str, Any]] = []
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+    numbers: list[int] = []
+    for number, line in utf8_lines(source, error=ConfigError):
         if not line.strip():
             continue
         try:
@@ -37,12 +46,23 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
         if not isinstance(row, dict) or "response" not in row or "answer" not in row:
             raise ConfigError(f"{input_path}:{number}: each line needs 'response' and 'answer' fields")
         rows.append(row)
+        numbers.append(number)
     verdicts = asyncio.run(_score(verifier, verifier_name, rows, timeout))
     correct = 0
-    for row, verdict in zip(rows, verdicts):
+    scored = 0
+    reward_sum = 0.0
+    unscored = []
+    for row, number, verdict in zip(rows, numbers, verdicts):
+        if not isinstance(verdict, Verdict):
+            row["reward"] = row["extracted"] = None
+            row["error"] = str(verdict)
+            unscored.append({"line": number, "error": str(verdict)})
+            continue
         row["reward"] = verdict.reward
         row["extracted"] = verdict.extracted
         row["reason"] = verdict.reason
+        scored += 1
+        reward_sum += verdict.reward
         correct += verdict.reward > 0
     if output_path:
         target = Path(output_path)
@@ -50,26 +70,48 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
         with target.open("w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    n = len(rows)
     return {
         "input": str(source),
         "verifier": verifier_name,
-        "lines": n,
+        "lines": len(rows),
+        "scored": scored,
         "correct": correct,
-        "accuracy": round(correct / n, 6) if n else 0.0,
-        "reward_mean": round(sum(r["reward"] for r in rows) / n, 6) if n else 0.0,
+        "accuracy": round(correct / scored, 6) if scored else 0.0,
+        "reward_mean": round(reward_sum / scored, 6) if scored else 0.0,
+        **({"unscored": unscored} if unscored else {}),
         **({"output": output_path} if output_path else {}),
     }
 
 
 async def _score(verifier: Any, name: str, rows: list[dict[str, Any]], timeout: float) -> list[Any]:
+    """A Verdict per row, or the error that kept that row from being scored."""
     pool = VerifierPool(verifier, timeout=timeout, workers=2, name=name)
+    out: list[Any] = [_gold_problem(r["answer"]) for r in rows]
+    todo = [i for i, problem in enumerate(out) if problem is None]
     try:
-        out: list[Any] = []
-        for start in range(0, len(rows), CHUNK):
-            chunk = rows[start:start + CHUNK]
-            out.extend(await pool.verify_many([(str(r["response"]), None if r["answer"] is None
-                                                else str(r["answer"])) for r in chunk]))
+        for start in range(0, len(todo), CHUNK):
+            chunk = todo[start:start + CHUNK]
+            items = [(str(rows[i]["response"]), None if rows[i]["answer"] is None else str(rows[i]["answer"]))
+                     for i in chunk]
+            try:
+                verdicts: list[Any] = await pool.verify_many(items)
+            except VerifierError:  # some row of the chunk cannot be scored: score them one by one
+                verdicts = []
+                for item in items:
+                    try:
+                        verdicts.extend(await pool.verify_many([item]))
+                    except VerifierError as exc:
+                        verdicts.append(exc)
+            for i, verdict in zip(chunk, verdicts):
+                out[i] = verdict
         return out
     finally:
         pool.close()
+
+
+def _gold_problem(answer: Any) -> Exception | None:
+    """Why a gold answer cannot be scored at all (a list, a mapping), else None."""
+    if answer is None or (isinstance(answer, (str, int, float)) and not isinstance(answer, bool)):
+        return None
+    return ValueError(f"'answer' must be a string or a number (or null), got {type(answer).__name__} {answer!r}; "
+                      "fix that line of the input")

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .metrics import truncation_warning
+from .metrics import truncation_warning, unscored_warning
 
 
 class ExitCode(enum.IntEnum):
@@ -15,30 +15,68 @@ class ExitCode(enum.IntEnum):
     docs/reliability.md)."""
 
     OK = 0
-    #: A user error (bad config, missing file) or a failed worker.
+    #: A user error (bad config, missing file, a run directory in use), a failed worker, or
+    #: ``scaffold score`` lines that could not be scored.
     ERROR = 1
     #: The command line itself is wrong.
     USAGE = 2
+    #: The run finished but every episode failed (engine down, verifier crashing, every row unusable).
+    ALL_FAILED = 3
+    #: The run finished but more than ``rollout.max_failed_fraction`` of its episodes failed.
+    TOO_MANY_FAILED = 4
     #: Stopped by Ctrl-C or SIGTERM; finished episodes are kept, ``--resume`` continues.
     INTERRUPTED = 130
 
 
-def exit_code_for(metrics: dict[str, Any]) -> ExitCode:
-    """The exit code of a run that ended with ``metrics``."""
+def exit_code_for(metrics: dict[str, Any], max_failed_fraction: float = 0.5) -> ExitCode:
+    """The exit code of a run that ended with ``metrics`` (whole-run totals)."""
     if metrics.get("interrupted"):
         return ExitCode.INTERRUPTED
     if metrics.get("worker_failures"):
         return ExitCode.ERROR
+    episodes, failed = int(metrics.get("episodes") or 0), int(metrics.get("failed") or 0)
+    if episodes and failed >= episodes:
+        return ExitCode.ALL_FAILED
+    if episodes and failed / episodes > max_failed_fraction:
+        return ExitCode.TOO_MANY_FAILED
     return ExitCode.OK
 
 
+def failure_report(metrics: dict[str, Any]) -> str:
+    """``N of M episodes failed (P%); top causes: ...`` with counts, or '' when none failed."""
+    failed, episodes = int(metrics.get("failed") or 0), int(metrics.get("episodes") or 0)
+    if not failed:
+        return ""
+    lines = [f"scaffold: {failed} of {episodes} episodes failed ({failed / max(episodes, 1):.0%}); "
+             "top causes (see failures.jsonl):"]
+    causes = metrics.get("top_failure_causes") or [{"component": c, "error": metrics.get("failure_examples", {})
+                                                    .get(c, ""), "count": n}
+                                                   for c, n in (metrics.get("failures") or {}).items()]
+    for cause in causes:
+        lines.append(f"  {cause['count']:>6} x {cause['component']}: {cause['error']}")
+    return "\n".join(lines)
+
+
+def exit_reason(code: int, metrics: dict[str, Any], max_failed_fraction: float = 0.5) -> str:
+    """Why a finished run exits non-zero because of its failures ('' for other codes)."""
+    if code == ExitCode.ALL_FAILED:
+        return f"scaffold: every episode failed: exit code {int(code)}"
+    if code == ExitCode.TOO_MANY_FAILED:
+        fraction = int(metrics.get("failed") or 0) / max(int(metrics.get("episodes") or 0), 1)
+        return (f"scaffold: {fraction:.0%} of the episodes failed, more than rollout.max_failed_fraction="
+                f"{max_failed_fraction:g}: exit code {int(code)}")
+    return ""
+
+
 def print_summary(metrics: dict[str, Any]) -> None:
-    """The metrics as JSON on stdout; failures, truncation and interruption explained on stderr."""
+    """The metrics as JSON on stdout; failures, unscored samples, truncation and interruption explained on stderr."""
     print(json.dumps(metrics, indent=2))
-    failed = metrics.get("failed", 0)
-    if failed:
-        print(f"scaffold: {failed} episode(s) failed: {metrics.get('failures')}; see failures.jsonl",
-              file=sys.stderr)
+    report = failure_report(metrics)
+    if report:
+        print(report, file=sys.stderr)
+    unscored = unscored_warning(metrics)
+    if unscored:
+        print(unscored, file=sys.stderr)
     warning = truncation_warning(metrics.get("truncated_fraction", 0.0))
     if warning:
         print("\n" + "!" * 78 + "\n" + warning + "\n" + "!" * 78, file=sys.stderr)

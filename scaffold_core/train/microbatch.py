@@ -8,14 +8,18 @@ gradient collectives of the extra ones wait forever. So:
 1. each rank computes the fewest micro-batches its sequences need
    (first-fit decreasing, at least ``n_mbs``, a multiple of
    ``n_mbs_divisor``);
-2. the ranks agree on the maximum with one ``all_reduce(MAX)`` on the Gloo
-   CPU group (never an NCCL WORLD group; see :mod:`scaffold_core.distributed`);
+2. the ranks exchange (that count, how many sequences they hold) with one
+   ``all_gather`` on the Gloo CPU group (never an NCCL WORLD group; see
+   :mod:`scaffold_core.distributed`) and agree on the largest count;
 3. each rank then fills exactly that many micro-batches, balancing tokens
    (largest sequence first into the lightest micro-batch that has room).
 
-A rank with fewer sequences than the agreed count gets empty micro-batches
-(batch size 0) at the end: run them as zero-loss steps so collectives stay
-matched. torch is needed only by :func:`split_padded_tensor_dict`.
+**No micro-batch is ever empty**: a forward/backward on an empty batch hangs a
+collective or produces NaN. Every micro-batch holds at least one sequence;
+when some rank holds fewer sequences than the count every rank must run,
+every rank raises the same :class:`ValueError`, naming that rank and the
+minimum sequences per rank (rebalance the data, or raise the budget). torch
+is needed only by :func:`split_padded_tensor_dict`.
 """
 
 from __future__ import annotations
@@ -116,24 +120,39 @@ def min_micro_batches(lengths: Sequence[int], spec: MicroBatchSpec) -> int:
 
 
 def allocate(lengths: Sequence[int], spec: MicroBatchSpec, *, count: int | None = None) -> MicroBatchPlan:
-    """Exactly ``count`` micro-batches (default: the fewest possible), balanced by tokens."""
+    """Exactly ``count`` micro-batches (default: the fewest possible), balanced by tokens, none empty.
+
+    Raises :class:`ValueError` when ``count`` is too small to hold the
+    sequences under the budget, or larger than the number of sequences (some
+    micro-batch would be empty).
+    """
     checked = _check_lengths(lengths, spec)
     needed = min_micro_batches(checked, spec)
     count = needed if count is None else int(count)
     if count < needed:
         raise ValueError(f"{count} micro-batches cannot hold these sequences under {spec}; at least {needed} needed")
+    if count > len(checked):
+        raise ValueError(
+            f"{count} micro-batches for {len(checked)} sequences would leave {count - len(checked)} empty, and an "
+            f"empty micro-batch hangs collectives or gives NaN: at least {count} sequences are needed (the minimum "
+            f"sequences per rank under {spec}); give this rank more sequences or lower n_mbs / n_mbs_divisor")
     groups = _balanced(checked, count, spec.capacity) or _split_to(ffd_pack(checked, spec.capacity), checked, count)
     return MicroBatchPlan([sorted(g) for g in groups], checked)
 
 
 def _balanced(lengths: list[int], count: int, capacity: float) -> list[list[int]] | None:
-    """Largest first into the lightest micro-batch with room; None if some sequence finds no room."""
+    """Largest first into the lightest micro-batch with room (the emptier on ties); None if one finds no room.
+
+    With at least ``count`` sequences every micro-batch gets one: an empty
+    micro-batch is always among the lightest and always has room.
+    """
     groups: list[list[int]] = [[] for _ in range(count)]
     sums = [0] * count
     for i in _decreasing(lengths):
         best = None
         for b in range(count):
-            if sums[b] + lengths[i] <= capacity and (best is None or sums[b] < sums[best]):
+            if sums[b] + lengths[i] <= capacity and (
+                    best is None or (sums[b], len(groups[b])) < (sums[best], len(groups[best]))):
                 best = b
         if best is None:
             return None
@@ -143,13 +162,15 @@ def _balanced(lengths: list[int], count: int, capacity: float) -> list[list[int]
 
 
 def _split_to(groups: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
-    """Grow an FFD packing to ``count`` micro-batches by moving single sequences out (always fits)."""
+    """Grow an FFD packing to ``count`` micro-batches by moving single sequences out (always fits).
+
+    Needs at least ``count`` sequences, so some micro-batch always has two to split.
+    """
     groups = [list(g) for g in groups]
     while len(groups) < count:
         splittable = [g for g in groups if len(g) > 1]
         if not splittable:
-            groups.append([])  # fewer sequences than micro-batches
-            continue
+            raise RuntimeError(f"cannot make {count} non-empty micro-batches of {len(lengths)} sequences")
         heaviest = max(splittable, key=lambda g: sum(lengths[i] for i in g))
         smallest = min(heaviest, key=lambda i: (lengths[i], i))
         heaviest.remove(smallest)
@@ -157,18 +178,45 @@ def _split_to(groups: list[list[int]], lengths: list[int], count: int) -> list[l
     return groups
 
 
-def allocate_synced(lengths: Sequence[int], spec: MicroBatchSpec, group: Any = None) -> MicroBatchPlan:
-    """:func:`allocate` with the micro-batch count made equal across the ranks of ``group``.
+def synced_count(needs: Sequence[tuple[int, int]], spec: MicroBatchSpec | None = None) -> int:
+    """The micro-batch count every rank runs, from each rank's (fewest micro-batches it needs, sequences it holds).
 
-    One ``all_reduce(MAX)`` of the local minimum count on the Gloo CPU group
-    (``group=None``: the one :func:`scaffold_core.distributed.init_process_group`
-    made; a non-Gloo WORLD group is refused), bounded by the group's timeout.
-    Outside torch.distributed this is plain :func:`allocate`.
+    The largest need, so every rank's sequences fit. Raises :class:`ValueError`
+    (the same on every rank, which all see the same ``needs``) when some rank
+    holds fewer sequences than that count: it would get an empty micro-batch.
     """
-    from ..distributed.groups import all_reduce_max
+    if not needs:
+        raise ValueError("no ranks")
+    count = max(need for need, _ in needs)
+    short = [(rank, held) for rank, (_, held) in enumerate(needs) if held < count]
+    if short:
+        ranks = ", ".join(f"rank {rank} holds only {held} sequences" for rank, held in short[:8])
+        more = f" (and {len(short) - 8} more ranks)" if len(short) > 8 else ""
+        worst = max(range(len(needs)), key=lambda r: (needs[r][0], -r))
+        raise ValueError(
+            f"every rank must run {count} micro-batches (rank {worst} needs that many"
+            f"{f' under {spec}' if spec is not None else ''}), and no micro-batch may be empty, but {ranks}{more}: "
+            f"give every rank at least {count} sequences (the minimum sequences per rank), or raise "
+            "max_tokens_per_mb / lower n_mbs so that fewer micro-batches are needed")
+    return count
 
-    local = min_micro_batches(lengths, spec)
-    return allocate(lengths, spec, count=all_reduce_max(local, group))
+
+def allocate_synced(lengths: Sequence[int], spec: MicroBatchSpec, group: Any = None) -> MicroBatchPlan:
+    """:func:`allocate` with the micro-batch count made equal across the ranks of ``group``, none empty.
+
+    One ``all_gather`` of (local minimum count, local sequence count) on the
+    Gloo CPU group (``group=None``: the one
+    :func:`scaffold_core.distributed.init_process_group` made; a non-Gloo WORLD
+    group is refused), bounded by the group's timeout; then
+    :func:`synced_count` on every rank, so all ranks agree or all raise.
+    Outside torch.distributed this is plain :func:`allocate` (with the same
+    checks).
+    """
+    from ..distributed.groups import all_gather_objects
+
+    local = (min_micro_batches(lengths, spec), len(lengths))
+    needs = [(int(need), int(held)) for need, held in all_gather_objects(local, group)]
+    return allocate(lengths, spec, count=synced_count(needs, spec))
 
 
 @dataclass

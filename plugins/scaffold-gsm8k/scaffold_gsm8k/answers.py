@@ -14,8 +14,17 @@ The policy (see the plugin README):
   a second number makes it ambiguous ("18 or 19" scores 0). An equation
   counts by its final value: in "3500 + 1 = 3510" only what follows the last
   ``=`` is read.
+* The number must stand alone: anything around it that could change its
+  value makes the answer "not a plain number" (no reward). That is an
+  operator or symbol (``5!``, ``5^2``, ``5 + x``, ``x * 5``, ``√5``,
+  ``\\sqrt{5}``, ``5²``, ``- 5``, ``x >= 5``), letters glued to it (``5x``,
+  ``5k``, ``5m``, ``5th``; only the multi-letter units in :data:`GLUED_UNITS`
+  may be glued, as in ``5kg``), a single letter beside it (``5 x``), or a word
+  in :data:`VALUE_WORDS` (``5 thousand``, ``5 squared``, ``negative 5``).
+  ``5%`` is read as 5: GSM8K states percentages as the bare number.
 * Numbers compare exactly as rationals through a canonical string:
   ``18 == 18.0 == 18.00``, ``1,000 == 1000``, ``-3 == -3``, ``1/2 == 0.5``.
+  A fraction counts by its value: ``10/2`` and ``\\frac{10}{2}`` are 5.
 
 * An answer region longer than :data:`MAX_ANSWER_CHARS` characters is no
   answer: no GSM8K answer is that long, and the cap bounds the cost.
@@ -58,7 +67,10 @@ _NUMBER = re.compile(
 _DIGIT = re.compile(r"\d", re.ASCII)
 _MAX_PREFIX = 5  # the longest prefix before a number's first digit, as in "-$ -.5"
 _FRAC_LATEX = re.compile(r"\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(\d+)\s*\}", re.ASCII)
-_LATEX_WORDS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|boxed|displaystyle|left|right)\b")
+_LATEX_WORDS = re.compile(
+    r"\\(?:text|textbf|textrm|textit|textnormal|mathrm|mathbf|mathit|mbox|boxed|fbox|displaystyle|left|right"
+    r"|quad|qquad)(?![A-Za-z])"
+)
 _BRACE = re.compile(r"[{}]")
 # Order matters: "{,}" (a LaTeX thousands separator) before braces are dropped.
 _REPLACEMENTS = (
@@ -68,9 +80,50 @@ _REPLACEMENTS = (
     ("\\,", ""),
     ("\\!", ""),
     ("\\ ", " "),
+    ("\\;", " "),
+    ("\\:", " "),
     ("\u2212", "-"),  # minus sign
     ("\u2013", "-"),  # en dash used as a minus
 )
+
+#: Words that change the value of a number beside them ("5 thousand", "5 squared", "sqrt 5", "negative 5",
+#: "5 and a half", "5 (five)"): an answer holding one is not a plain number. "dozen" is not one: GSM8K
+#: counts in dozens ("how many dozen eggs?" is answered "7 dozen").
+VALUE_WORDS = frozenset("""
+    hundred hundreds thousand thousands million millions billion billions trillion trillions
+    lakh lakhs crore crores grand bn mn mln
+    half halves third thirds quarter quarters fourth fourths fifth fifths tenth tenths
+    hundredth hundredths thousandth thousandths
+    squared cubed power powers exponent factorial sqrt root roots log ln exp sin cos tan pi
+    plus minus negative divided multiplied
+    two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen
+    seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
+""".split())
+#: The only letters that may be glued to a number ("5kg", "6th"): common multi-letter units and ordinal
+#: suffixes. Other glued letters make it not a plain number: "5x", "5k" and "5m" (thousand? million?
+#: metres?), "5e".
+GLUED_UNITS = frozenset("""
+    kg mg km cm mm ml lb lbs oz ft yd yds mi hr hrs min mins sec secs mph kph gal pcs kb mb gb tb
+    st nd rd th
+""".split())
+# The text around a number, token by token: words (ASCII letters, inner ', & or -), whitespace, single characters.
+_DRESSING_TOKEN = re.compile(r"[A-Za-z]+(?:['\u2019&-][A-Za-z]+)*|\s+|.", re.DOTALL)
+_QUOTES = "\"'\u201c\u201d\u2018\u2019"
+_CURRENCY = "$\u20ac\u00a3\u00a5\u20b9"  # $ € £ ¥ ₹
+# Characters that may stand before / after the number (besides words and whitespace).
+_BEFORE_MARKS = frozenset(":,.;([" + _QUOTES + _CURRENCY)
+_AFTER_MARKS = frozenset("%\u00b0.,;:)](" + _QUOTES + _CURRENCY)  # \u00b0: the degree sign
+# Single letters that are words, not variables or unit prefixes ("a day", "I think").
+_LETTER_WORDS = frozenset("aAI")
+# Operators and symbols that make flexible mode's last number an operand ("5!", "2^5", "x * 5", "10 - 5").
+# Before it, "=" and ">" are fine: "= 18", a calculator annotation "<<9*2=18>>18".
+_OPERATORS_AFTER = frozenset("^!*/+-_=<>~|\\")
+_OPERATORS_BEFORE = frozenset("^*/+-_~|\\")
+# How far past the last number flexible mode looks, and how far before it.
+_FLEXIBLE_TAIL = 64
+# A markdown emphasis pair around text ("**18**", "*Answer:*"): the opener is followed and the closer
+# preceded by a non-space. Linear: each attempt stops at the next '*'.
+_EMPHASIS = re.compile(r"(\*{1,3})([^*\s](?:[^*]*[^*\s])?)\1")
 
 
 class AnswerError(ValueError):
@@ -163,7 +216,7 @@ def canonical_number(text: str) -> str:
 
     Raises :class:`AnswerError` when ``text`` holds no number or more than one.
     """
-    cleaned = clean_answer_text(text)
+    cleaned = strip_emphasis(clean_answer_text(text))
     digit = _DIGIT.search(cleaned)
     if digit is None:
         raise AnswerError("not a number")
@@ -174,7 +227,56 @@ def canonical_number(text: str) -> str:
         raise AnswerError("not a number")
     if _DIGIT.search(cleaned, match.end()) is not None:
         raise AnswerError("more than one number")
+    if match.start() or match.end() < len(cleaned):  # there is text around the number
+        problem = _dressing_problem(cleaned[:match.start()], before=True) or \
+            _dressing_problem(cleaned[match.end():], before=False)
+        if problem:
+            raise AnswerError(f"not a plain number: {problem}")
     return _key_of(match)
+
+
+def strip_emphasis(text: str) -> str:
+    """``text`` without markdown emphasis pairs ("**18**" -> "18"); a lone ``*`` (an operator) stays."""
+    return _EMPHASIS.sub(r"\2", text) if "*" in text else text
+
+
+def _is_word(token: str) -> bool:
+    return token[0].isascii() and token[0].isalpha()
+
+
+def _dressing_problem(text: str, *, before: bool) -> str | None:
+    """Why ``text``, found right before (or after) a number, may change its value; None if it only dresses it.
+
+    Allowed: whitespace, words (not a :data:`VALUE_WORDS` word, not a single letter), currency signs,
+    quotes and punctuation; after the number also ``%``, the degree sign, a glued unit from
+    :data:`GLUED_UNITS` and a rate such as ``/hour``. Everything else (an operator, a symbol, a glued
+    letter, a LaTeX command) is a problem. Linear in ``len(text)``.
+    """
+    if not text or text.isspace():
+        return None
+    tokens = _DRESSING_TOKEN.findall(text)
+    touching = len(tokens) - 1 if before else 0  # the token directly next to the number
+    for i, token in enumerate(tokens):
+        if token[0].isspace():
+            continue
+        if _is_word(token):
+            if token.lower() in VALUE_WORDS:
+                return f"{token!r} changes its value"
+            glued_unit = not before and token.lower() in GLUED_UNITS
+            if i == touching and not glued_unit:
+                return f"{token!r} is glued to it"
+            if len(token) == 1 and token not in _LETTER_WORDS:
+                return f"the single letter {token!r} beside it"
+            continue
+        if token in "!?" and i > 0 and _is_word(tokens[i - 1]) and i - 1 != touching:
+            continue  # sentence punctuation after a word ("18 apples!"), never "5!"
+        if not before and token == "/" and i + 1 < len(tokens) and _is_word(tokens[i + 1]) \
+                and len(tokens[i + 1]) > 1:
+            continue  # a rate: "5/hour", "$5 dollars/day"
+        if token in (_BEFORE_MARKS if before else _AFTER_MARKS):
+            continue
+        return f"{token!r} {'before' if before else 'after'} it"
+    return None
 
 
 def gold_answer(answer: str) -> str:
@@ -236,7 +338,10 @@ def _last_number(response: str) -> tuple[str | None, str | None, str | None]:
     if last < 0:
         return None, None, "no number in the response"
     start = max(0, last + 1 - MAX_ANSWER_CHARS)
-    window = clean_answer_text(response[start:last + 1])
+    # The window runs a little past the last digit, to the end of its line, so that what follows the
+    # number ("}" closing a \frac, "!", " thousand") is read with it.
+    end = response.find("\n", last + 1, last + 1 + _FLEXIBLE_TAIL)
+    window = clean_answer_text(response[start:end if end >= 0 else last + 1 + _FLEXIBLE_TAIL])
     match = None
     for match in _NUMBER.finditer(window):  # noqa: B007  # the last match is the one wanted
         pass
@@ -244,10 +349,90 @@ def _last_number(response: str) -> tuple[str | None, str | None, str | None]:
         return None, None, "no number in the response"
     if match.start() == 0 and start > 0 and response[start - 1] in "0123456789,.":
         return None, None, _too_long("the last number")
+    text = match.group().strip()
+    problem = _operand_problem(window[:match.start()], window[match.end():])
+    if problem:
+        return text, None, f"the last number is not a plain number: {problem}"
     try:
-        return match.group().strip(), _key_of(match), None
+        return text, _key_of(match), None
     except AnswerError as exc:
-        return match.group().strip(), None, str(exc)
+        return text, None, str(exc)
+
+
+def _operand_problem(before: str, after: str) -> str | None:
+    """Why flexible mode's last number is an operand or scaled ("5!", "2^5", "5 thousand"), else None.
+
+    Only the neighbours count (the rest is prose): the tokens touching the number, the nearest
+    non-blank one on each side, and the next word (the next three when it is "and" or "point", as in
+    "5 and a half"). A run of ``*`` touching the number is markdown when a blank (or the text's end)
+    lies on its other side ("**18**"), an operator otherwise ("x*5", "5*x").
+    """
+    return _problem_after(after) or _problem_before(before)
+
+
+def _problem_after(after: str) -> str | None:
+    """Why what follows flexible mode's last number makes it an operand or scales it, else None."""
+    tokens = _DRESSING_TOKEN.findall(after[:_FLEXIBLE_TAIL])
+    i = 0
+    while i < len(tokens) and tokens[i] == "*":
+        i += 1
+    if i and i < len(tokens) and not (tokens[i][0].isspace() or tokens[i] in _AFTER_MARKS):
+        return "'*' after it"
+    if i < len(tokens) and _is_word(tokens[i]) and tokens[i].lower() not in GLUED_UNITS:
+        return f"{tokens[i]!r} is glued to it"
+    while i < len(tokens) and tokens[i][0].isspace():
+        i += 1
+    if i < len(tokens):
+        token = tokens[i]
+        if _is_word(token) and len(token) == 1 and token not in _LETTER_WORDS:
+            return f"the single letter {token!r} beside it"
+        if token == "/" and i + 1 < len(tokens) and _is_word(tokens[i + 1]) and len(tokens[i + 1]) > 1:
+            pass  # a rate: "5/hour"
+        elif not _is_word(token) and (token in _OPERATORS_AFTER or not token.isascii() and token not in _AFTER_MARKS):
+            return f"{token!r} after it"
+    words = [token for token in tokens[i:i + 6] if _is_word(token)][:3]
+    if words and words[0].lower() not in ("and", "point"):
+        words = words[:1]
+    for word in words:
+        if word.lower() in VALUE_WORDS:
+            return f"{word!r} changes its value"
+    return None
+
+
+def _problem_before(before: str) -> str | None:
+    """Why what precedes flexible mode's last number makes it an operand or scales it, else None."""
+    tokens = _DRESSING_TOKEN.findall(before[-_FLEXIBLE_TAIL:])
+    j = len(tokens) - 1
+    if j >= 0 and tokens[j].isdigit():
+        return f"{tokens[j]!r} before it"  # "10-5": the sign is a minus
+    if j >= 1 and _is_word(tokens[j]) and tokens[j - 1].isdigit():
+        return f"{tokens[j]!r} between it and another number"  # "2e2", "5x5"
+    touching = j
+    while j >= 0 and tokens[j] == "*":
+        j -= 1
+    if j < touching and j >= 0 and not tokens[j][0].isspace():
+        return "'*' before it"
+    same_line = True
+    while j >= 0 and (tokens[j][0].isspace() or tokens[j] in "(["):
+        same_line = same_line and "\n" not in tokens[j]
+        j -= 1
+    if j < 0:
+        return None
+    token, previous = tokens[j], tokens[j - 1] if j > 0 else ""
+    if same_line and (token.isdigit() or token in ")]"):
+        return "another number just before it"  # "5 5", "2(2)", "(3)(2)"
+    if _is_word(token):
+        if token.lower() in VALUE_WORDS:
+            return f"{token!r} changes its value"
+        if previous == "\\":
+            return f"'\\{token}' before it"  # a LaTeX operator: \div, \times, \approx
+    elif token == "=" and previous in ("<", ">", "!"):
+        return f"an inequality ('{previous}=') before it"
+    elif token == "<" or (token == ">" and previous != ">"):  # "x > 5"; a calculator's "<<9*2=18>>18" is fine
+        return f"{token!r} before it"
+    elif token in _OPERATORS_BEFORE or not token.isascii() and token not in _BEFORE_MARKS:
+        return f"{token!r} before it"
+    return None
 
 
 def answer_number(text: str) -> str:
@@ -256,6 +441,8 @@ def answer_number(text: str) -> str:
     ``"3500 + 1 = 3510"`` answers 3510: only what follows the last ``=`` counts.
     """
     at = text.rfind("=")
+    if at > 0 and text[at - 1] in "<>!":
+        raise AnswerError(f"not a plain number: an inequality ({text[at - 1:at + 1]!r})")
     return canonical_number(text[at + 1:] if at >= 0 else text)
 
 
@@ -293,4 +480,6 @@ def _describe(exc: AnswerError) -> str:
     reason = str(exc)
     if reason == "more than one number":
         return "ambiguous (more than one number)"
+    if reason.startswith("not a plain number"):
+        return reason
     return reason if reason == "not a number" else f"not usable ({reason})"

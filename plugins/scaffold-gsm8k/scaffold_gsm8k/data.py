@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from scaffold_core.errors import ScaffoldError
+from scaffold_core.textfiles import check_utf8
 
 HUB_DATASET = "openai/gsm8k"
 HUB_CONFIG = "main"
@@ -99,16 +100,21 @@ def read_files(data_files: DataFiles, split: str, *, cache_dir: str | None = Non
     """Records of ``split`` from local jsonl/parquet files, read with ``datasets``."""
     paths = files_for_split(data_files, split)
     builder = builder_for(paths)
+    if builder == "json":  # a byte that is not UTF-8 is named by file, line and column, before `datasets` reads it
+        for path in paths:
+            local = Path(path).expanduser()
+            if local.is_file():
+                check_utf8(local, error=DataSourceError)
     import datasets
 
     try:
         dataset = datasets.load_dataset(builder, data_files={split: [str(Path(p).expanduser()) for p in paths]},
                                         split=split, cache_dir=cache_dir)
+        return dataset.to_list()
     except Exception as exc:
         raise DataSourceError(
             f"task.data_files: could not read {', '.join(paths)} as {builder}: {type(exc).__name__}: {exc}. "
             "Each record needs 'question' and 'answer' fields") from exc
-    return dataset.to_list()
 
 
 def read_hub(split: str, *, cache_dir: str | None = None) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scaffold_gsm8k.answers import (
+    GLUED_UNITS,
     MAX_ANSWER_CHARS,
     MAX_BOXED_BRACES,
     AnswerError,
@@ -58,6 +59,27 @@ from scaffold_gsm8k.answers import (
     ("\\dfrac{1}{4}", "0.25"),
     ("\\text{18 dollars}", "18"),
     ("\\$18\\text{.}", "18"),
+    ("10/2", "5"),                   # a fraction counts by its value
+    ("\\frac{10}{2}", "5"),
+    ("5%", "5"),                     # GSM8K states percentages as the bare number
+    ("5\\%", "5"),
+    ("5 percent", "5"),
+    ("5kg", "5"),                    # glued units from GLUED_UNITS and ordinals
+    ("6th", "6"),
+    ("72Mb", "72"),
+    ("5 km", "5"),                   # words after a blank are units
+    ("7 dozen eggs", "7"),           # GSM8K counts in dozens
+    ("762 M&M's", "762"),
+    ("$5/hour", "5"),                # a rate
+    ("5 dollars/day", "5"),
+    ("5\u00b0", "5"),                # degrees
+    ("\u20ac5", "5"),                # other currencies
+    ("(5)", "5"),
+    ("**Answer:** 5", "5"),
+    ("*5*", "5"),
+    ("5 apples!", "5"),
+    ("5 a day", "5"),
+    ("5\u00a0dollars", "5"),         # a no-break space
 ])
 def test_canonical_number(text, key):
     assert canonical_number(text) == key
@@ -239,8 +261,90 @@ def test_long_numbers_within_the_cap_compare_exactly():
 
 
 def test_flexible_mode_on_adversarial_responses():
-    assert extract_answer("1 " * MEGABYTE, flexible=True).key == "1"
+    found = extract_answer("1 " * MEGABYTE, flexible=True)  # numbers side by side: no single last answer
+    assert found.key is None and "another number just before it" in found.problem
+    assert extract_answer("1\n" * MEGABYTE, flexible=True).key == "1"
     assert extract_answer("a" * MEGABYTE + "7", flexible=True).key == "7"
     too_long = extract_answer("9" * (MAX_ANSWER_CHARS * 4), flexible=True)
     assert too_long.key is None and "longer than" in too_long.problem
     assert extract_answer("1,1" * MEGABYTE, flexible=True).key is not None
+
+
+# -- near misses: answers that start with the gold number but state another value ----------------
+
+# Each starts with the gold number 5 and states another value (or none): never the key 5.
+NEAR_MISSES_OF_5 = [
+    # powers and roots
+    "5^{100}", "5^2", "5^{2}", "5!", "5!!", "5\u00b2", "\u221a5", "\\sqrt{5}", "\\sqrt 5", "e^5", "5_{7}",
+    # letters glued or beside it: variables, scale, constants
+    "5x", "5 x", "5k", "5m", "5K", "5e", "5e3", "5E3", "5\\pi", "5\u03c0", "5i",
+    # operators with another operand
+    "5 + x", "5 - y", "5 * x", "x * 5", "x*5", "5*x", "5/x", "5 \\cdot x", "5 \\times 3", "5 x 3",
+    "5 \\div 2", "x^5", "5 \\pm 1", "\\pm 5", "- 5", "-(5)", "~5", "\u22485", "\\approx 5",
+    # inequalities
+    "x >= 5", "x <= 5", "x != 5", "x \\geq 5", "x \\neq 5", "x \u2265 5", "x > 5",
+    # words that scale or transform it
+    "5 thousand", "5 million", "5 hundred", "5\\text{ thousand}", "5\\text{k}", "5 grand",
+    "5 squared", "5 cubed", "negative 5", "minus 5", "sqrt 5", "5 and a half", "5 point five",
+    # other numbers
+    "55", "5.5", "-5", "5,001", "5/2", "5 5", "5\\,5",
+]
+
+
+@pytest.mark.parametrize("text", NEAR_MISSES_OF_5)
+def test_near_misses_are_not_the_number(text):
+    try:
+        key = canonical_number(text)
+    except AnswerError:
+        key = None
+    assert key != "5"
+    assert extract_answer(f"#### {text}").key != "5"
+    assert extract_answer(f"\\boxed{{{text}}}").key != "5"
+    assert extract_answer(f"So the answer is {text}", flexible=True).key != "5"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("5!", "'!' after it"),
+    ("5x", "'x' is glued to it"),
+    ("x5", "'x' is glued to it"),
+    ("5 x", "the single letter 'x'"),
+    ("5 thousand", "'thousand' changes its value"),
+    ("\\sqrt{5}", "'\\\\' before it"),
+    ("x >= 5", "an inequality ('>=')"),
+])
+def test_near_misses_say_why(text, problem):
+    found = extract_answer(f"#### {text}")
+    assert found.key is None
+    assert "not a plain number" in found.problem and problem in found.problem
+
+
+_GLUED = st.text(alphabet="abcdefghijklmnopqrstuvwxyzAEKMX", min_size=1, max_size=3).filter(
+    lambda s: s.lower() not in GLUED_UNITS)
+_SUFFIX = st.one_of(
+    st.sampled_from(["!", "!!", "^2", "^{2}", "^{10}", "\u00b2", "\u00b3", "*x", " * x", " + x", " - y", "/x", " / n",
+                     " x", " n", " thousand", " million", " squared", " cubed", " and a half", "\\pi", " \\cdot x",
+                     "e3", "E3", "e-2"]),
+    _GLUED,
+    st.integers(0, 999).map(str),                       # more digits: a longer number
+    st.integers(1, 999).map(lambda n: f".{n}"),        # a decimal part
+    st.integers(0, 99).map(lambda n: f" + {n}"),       # an operator and a second operand
+    st.integers(2, 99).map(lambda n: f"/{n}"),
+    st.integers(0, 99).map(lambda n: f" \\times {n}"),
+)
+_PREFIX = st.sampled_from(["-", "- ", "\u221a", "\\sqrt ", "x*", "x * ", "x + ", "2^", "e^", "\u2248", "~", "x >= ",
+                           "x \\neq ", "negative ", "sqrt ", "1", "0."])
+
+
+@given(st.integers(min_value=1, max_value=10**9), _SUFFIX)
+def test_gold_followed_by_more_is_never_the_gold(g, suffix):
+    # g >= 1: with g = 0 some of these are truly the gold ("0/2", "00"); the verifier tests cover that case.
+    assert extract_answer(f"#### {g}{suffix}").key != str(g)
+    assert extract_answer(f"The answer is \\boxed{{{g}{suffix}}}.").key != str(g)
+    assert extract_answer(f"so it is {g}{suffix}", flexible=True).key != str(g)
+
+
+@given(st.integers(min_value=1, max_value=10**9), _PREFIX)
+def test_gold_preceded_by_an_operator_is_never_the_gold(g, prefix):
+    assert extract_answer(f"#### {prefix}{g}").key != str(g)
+    assert extract_answer(f"\\boxed{{{prefix}{g}}}").key != str(g)
+    assert extract_answer(f"so it is {prefix}{g}", flexible=True).key != str(g)

@@ -1,11 +1,13 @@
 """Acceptance on the real GSM8K test split (skipped where ../shared/data/gsm8k is absent).
 
 Every reference solution scores 1.0 against its own answer and 0.0 against
-another problem's different answer, in process and through `scaffold score`.
+another problem's different answer, with the gsm8k and the math_verify verifier,
+in process and through `scaffold score`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -41,16 +43,33 @@ def mismatched(records):
     return pairs
 
 
-def test_every_reference_solution_scores_against_its_own_answer(records):
+def make_verifier(name: str):
+    if name == "gsm8k":
+        return GSM8KVerifier()
+    from scaffold_gsm8k.math_verify_verifier import MathVerifyVerifier
+
+    return MathVerifyVerifier()
+
+
+BOTH_VERIFIERS = pytest.mark.parametrize("name", [
+    "gsm8k",
+    pytest.param("math_verify", marks=pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
+                                                         reason='needs: pip install "scaffold-gsm8k[math-verify]"')),
+])
+
+
+@BOTH_VERIFIERS
+def test_every_reference_solution_scores_against_its_own_answer(records, name):
     assert len(records) == 1319
-    verifier = GSM8KVerifier()
+    verifier = make_verifier(name)
     verdicts = [verifier.verify(r["answer"], gold_answer(r["answer"])) for r in records]
     assert [v.reward for v in verdicts] == [1.0] * len(records)
     assert all(v.reason == "correct (####)" for v in verdicts)
 
 
-def test_no_reference_solution_scores_against_another_answer(records):
-    verifier = GSM8KVerifier()
+@BOTH_VERIFIERS
+def test_no_reference_solution_scores_against_another_answer(records, name):
+    verifier = make_verifier(name)
     rewards = [verifier.verify(solution, other).reward for solution, other in mismatched(records)]
     assert rewards == [0.0] * len(records)
 

@@ -3,11 +3,14 @@
 Components (hookimpls only; the logic lives in sibling modules):
 
 * controller ``multiturn_chat`` (:class:`scaffold_multiturn.controller.MultiTurnChatController`)
+* controller ``agent`` (:class:`scaffold_multiturn.agent.AgentController`): a tool-calling agent
+* tool-call formats ``hermes`` and ``native`` (:mod:`scaffold_multiturn.tool_formats`)
 * environments ``verifier_feedback`` (:mod:`scaffold_multiturn.feedback`) and
   ``simulated_user`` (:mod:`scaffold_multiturn.simulated_user`); the protocol
   third parties implement is in :mod:`scaffold_multiturn.environment`
 * trajectory maker ``multiturn`` (:class:`scaffold_multiturn.trajectory.MultiTurnTrajectoryMaker`)
-* task ``multiturn_gsm8k`` (:class:`scaffold_multiturn.task.MultiTurnGSM8KTask`)
+* tasks ``multiturn_gsm8k`` (:class:`scaffold_multiturn.task.MultiTurnGSM8KTask`) and
+  ``gsm8k_calculator`` (:class:`scaffold_multiturn.task.GSM8KCalculatorTask`)
 """
 
 from __future__ import annotations
@@ -19,9 +22,19 @@ __version__ = "0.1.0"
 
 @hookimpl
 def register_controllers(registry):
+    from .agent import AgentController
     from .controller import MultiTurnChatController
 
     registry.add("multiturn_chat", MultiTurnChatController)
+    registry.add("agent", AgentController)
+
+
+@hookimpl
+def register_tool_formats(registry):
+    from .tool_formats import HermesFormat, NativeFormat
+
+    registry.add("hermes", HermesFormat)
+    registry.add("native", NativeFormat)
 
 
 @hookimpl
@@ -42,6 +55,7 @@ def register_trajectory_makers(registry):
 
 @hookimpl
 def register_tasks(registry):
-    from .task import MultiTurnGSM8KTask
+    from .task import GSM8KCalculatorTask, MultiTurnGSM8KTask
 
     registry.add("multiturn_gsm8k", MultiTurnGSM8KTask)
+    registry.add("gsm8k_calculator", GSM8KCalculatorTask)

@@ -68,7 +68,13 @@ class MultiTurnChatController(Controller):
 
     The episode is one :class:`~scaffold_core.Sample` whose ``output_ids``
     interleave model turns (mask 1) and environment turns (mask 0).
+
+    Every episode's clone shares the environment (declared in ``shared``: it
+    keeps per-conversation state in what ``reset`` returns, never on itself);
+    everything else is copied per episode.
     """
+
+    shared = ("environment",)
 
     def __init__(self, environment: str | dict[str, Any] | None = None, max_turns: int = 3,
                  turn_discount: float = 1.0, samples: int = 1, max_total_tokens: int | None = None,
@@ -92,10 +98,6 @@ class MultiTurnChatController(Controller):
         self.drift_check = drift_check
         self.environment_timeout = environment_timeout
 
-    def clone(self) -> MultiTurnChatController:
-        """A new controller sharing the environment (which keeps no per-conversation state on itself)."""
-        return copy.copy(self)
-
     async def start(self) -> None:
         start = getattr(self.environment, "start", None)
         if start is not None:
@@ -111,7 +113,7 @@ class MultiTurnChatController(Controller):
         if self.samples == 1:
             sample, metrics = yield from self.converse(ctx)
             return Outcome(samples=[sample], chosen=0, metrics=metrics)
-        single = copy.copy(self)
+        single = self.clone()
         single.samples = 1
         outcomes = yield self.parallel(single, [ctx.branch(i) for i in range(self.samples)])
         samples = [s for outcome in outcomes for s in outcome.samples]

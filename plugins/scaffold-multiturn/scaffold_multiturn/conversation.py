@@ -86,8 +86,10 @@ class Conversation:
     """The growing token sequence and messages of one conversation (one per episode, never shared)."""
 
     def __init__(self, tokenizer: Any, messages: Sequence[dict[str, Any]], prompt_ids: Sequence[int],
-                 prompt_text: str = ""):
+                 prompt_text: str = "", template_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
+        #: Keyword arguments of every chat-template render of this conversation (e.g. ``tools=``).
+        self.template_kwargs = dict(template_kwargs or {})
         self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
         self.prompt_ids = list(prompt_ids)
         self.output_ids: list[int] = []
@@ -95,7 +97,8 @@ class Conversation:
         self.output_mask: list[int] = []
         self.turns: list[Turn] = []
         # The text the accumulated ids stand for; equals a fresh render while the template is append-only.
-        self.text = prompt_text or render_text(tokenizer, self.messages, add_generation_prompt=True)
+        self.text = prompt_text or render_text(tokenizer, self.messages, add_generation_prompt=True,
+                                               template_kwargs=self.template_kwargs)
         self.prefix_changed_turns: list[int] = []
         self._covered = 0  # characters of the template's turn end the last model turn produced
         # (model turn index, or None for an environment turn; its text; its ids) after the prompt
@@ -114,7 +117,7 @@ class Conversation:
         """Append a model turn's sampled ids (mask 1, logprobs as sampled) and record its message."""
         ids = list(result.output_ids)
         end = boundary(self.tokenizer, [*self.messages, {"role": "assistant", "content": SENTINEL}], [],
-                       add_generation_prompt=False)
+                       add_generation_prompt=False, template_kwargs=self.template_kwargs)
         if end.before != self.text:
             self.prefix_changed_turns.append(len(self.turns))
         covered = covered_prefix(self.tokenizer, ids, end.after)
@@ -138,7 +141,8 @@ class Conversation:
         if not self.turns:
             raise ValueError("internal: environment messages before any model turn")
         history = [*self.messages[:-1], {"role": "assistant", "content": SENTINEL}]
-        after = boundary(self.tokenizer, history, list(messages), add_generation_prompt=True).after
+        after = boundary(self.tokenizer, history, list(messages), add_generation_prompt=True,
+                         template_kwargs=self.template_kwargs).after
         covered = covered_prefix(self.tokenizer, self.output_ids[self.turns[-1].start:self.turns[-1].end], after)
         rest = after[covered:]
         return tail_tokens(self.tokenizer, rest), rest
@@ -157,14 +161,16 @@ class Conversation:
         if not self.turns:
             return [], ""
         history = [*self.messages[:-1], {"role": "assistant", "content": SENTINEL}]
-        rest = boundary(self.tokenizer, history, [], add_generation_prompt=False).after[self._covered:]
+        rest = boundary(self.tokenizer, history, [], add_generation_prompt=False,
+                        template_kwargs=self.template_kwargs).after[self._covered:]
         return tail_tokens(self.tokenizer, rest), rest
 
     # -- checking ----------------------------------------------------------
     def drift(self) -> DriftReport:
         """Compare the accumulated ids (plus the last turn's end) with a fresh render of the whole conversation."""
         closing, closing_text = self.closing_tokens()
-        fresh_text = render_text(self.tokenizer, self.messages, add_generation_prompt=False)
+        fresh_text = render_text(self.tokenizer, self.messages, add_generation_prompt=False,
+                                 template_kwargs=self.template_kwargs)
         expected = encode(self.tokenizer, fresh_text)
         canonical = list(self.prompt_ids)
         starts: list[tuple[int, int]] = []  # (position in canonical, model turn index)

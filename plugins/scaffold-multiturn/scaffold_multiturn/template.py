@@ -15,7 +15,7 @@ has produced none of it, so the turn is closed explicitly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +29,15 @@ class TemplateError(ValueError):
     """The chat template cannot render a multi-turn conversation as needed; the message says why."""
 
 
-def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-    """The chat template's text for ``messages``."""
+def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool,
+                template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The chat template's text for ``messages`` (``template_kwargs``, e.g. ``tools=``, passed through)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(f"tokenizer {type(tokenizer).__name__} has no chat template: multi-turn chat needs one "
                             "(use an instruct/chat model)")
     try:
         return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
     except Exception as exc:
         roles = ", ".join(str(m.get("role")) for m in messages)
         raise TemplateError(f"the chat template could not render the conversation (roles: {roles}): "
@@ -75,12 +76,12 @@ class Boundary:
 
 
 def boundary(tokenizer: Any, history: Sequence[dict[str, Any]], following: Sequence[dict[str, Any]], *,
-             add_generation_prompt: bool) -> Boundary:
+             add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None = None) -> Boundary:
     """Render ``history`` (ending with an assistant turn) plus ``following`` with a sentinel as that turn's content."""
     if not history or history[-1].get("role") != "assistant":
         raise TemplateError("internal: the history must end with the assistant turn being closed")
     probe = [*history[:-1], {**history[-1], "content": SENTINEL}, *following]
-    text = render_text(tokenizer, probe, add_generation_prompt=add_generation_prompt)
+    text = render_text(tokenizer, probe, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs)
     at = text.rfind(SENTINEL)
     if at < 0:
         raise TemplateError(

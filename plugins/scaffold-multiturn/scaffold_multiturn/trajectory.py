@@ -6,7 +6,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from scaffold_core.episode import EpisodeResult, Sample
-from scaffold_core.trajectory import TrainingSample, TrajectoryMaker, group_normalized, version_number
+from scaffold_core.trajectory import (
+    TrainingSample,
+    TrajectoryMaker,
+    check_advantage_options,
+    check_missing_reward_policy,
+    group_normalized,
+    version_number,
+)
 
 
 @dataclass(slots=True)
@@ -48,27 +55,34 @@ class MultiTurnTrajectoryMaker(TrajectoryMaker):
 
     ``advantage: reward`` (default) uses the episode's reward as the
     advantage; ``advantage: grpo`` normalises rewards over the episode's
-    conversations (``controller.samples > 1``), like the ``grpo`` maker
-    (``scale: false`` only centres). Each generated token carries the policy
-    version of the turn that sampled it.
+    conversations (``controller.samples > 1``) exactly like the ``grpo``
+    maker, with the same ``std``, ``eps`` and ``baseline`` options (ignored
+    with ``advantage: reward``). A conversation without a reward is handled by
+    ``missing_reward`` (``drop``: left out; ``fail``: fails the episode),
+    never scored 0. Each generated token carries the policy version of the
+    turn that sampled it.
     """
 
-    def __init__(self, advantage: Literal["reward", "grpo"] = "reward", scale: bool = True, eps: float = 1e-6):
+    def __init__(self, advantage: Literal["reward", "grpo"] = "reward",
+                 std: Literal["unbiased", "population", "none"] = "unbiased", eps: float = 1e-5,
+                 baseline: Literal["mean", "leave_one_out"] = "mean",
+                 missing_reward: Literal["drop", "fail"] = "drop"):
         if advantage not in ("reward", "grpo"):
             raise ValueError(f"advantage must be 'reward' or 'grpo', got {advantage!r}")
-        if eps <= 0:
-            raise ValueError("eps must be > 0")
+        check_advantage_options(std, eps, baseline)
         self.advantage = advantage
-        self.scale = scale
-        self.eps = eps
+        self.std = std
+        self.eps = float(eps)
+        self.baseline = baseline
+        self.missing_reward = check_missing_reward_policy(missing_reward)
 
     def make(self, episode: EpisodeResult) -> list[TrainingSample]:
-        rewards = [s.reward or 0.0 for s in episode.samples]
+        samples, rewards = self.scored(episode)
         if self.advantage == "grpo":
-            advantages = group_normalized(rewards, scale=self.scale, eps=self.eps)
+            advantages = group_normalized(rewards, std=self.std, eps=self.eps, baseline=self.baseline)
         else:
             advantages = list(rewards)
-        return [self._one(episode, s, r, a) for s, r, a in zip(episode.samples, rewards, advantages)]
+        return [self._one(episode, s, r, a) for s, r, a in zip(samples, rewards, advantages)]
 
     def _one(self, episode: EpisodeResult, sample: Sample, reward: float, advantage: float) -> MultiTurnTrainingSample:
         base = self.build(episode, sample, reward, advantage)

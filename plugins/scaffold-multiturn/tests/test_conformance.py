@@ -51,7 +51,7 @@ class TestMultiTurnTrajectoryMakerConformance(_WithGSM8K, TrajectoryMakerConform
 
 
 class TestMultiTurnGRPOTrajectoryMakerConformance(TestMultiTurnTrajectoryMakerConformance):
-    options = {"advantage": "grpo", "scale": False}
+    options = {"advantage": "grpo", "std": "none"}
 
 
 class TestMultiTurnGSM8KTaskConformance(_WithGSM8K, TaskConformance):
@@ -63,3 +63,32 @@ class TestMultiTurnGSM8KTaskConformance(_WithGSM8K, TaskConformance):
 
     def gold_response(self, row, reference):
         return row["answer"]
+
+
+class TestAgentConformance(ControllerConformance):
+    """The agent calls the `add` tool on the question's numbers, then answers (right for two seeds in three)."""
+
+    plugin = scaffold_multiturn
+    name = "agent"
+    options = {"tools": ["add"], "max_turns": 3}
+
+    def scaffold_registry(self):
+        from agent_helpers import registry as agent_registry
+
+        return agent_registry()
+
+    def respond(self, prompt, request):
+        import re
+
+        from agent_helpers import call, turn_of
+
+        from scaffold_core.testing.conformance.controllers import right_or_wrong
+
+        if turn_of(prompt) == 0:
+            a, b = map(int, re.findall(r"(\d+) \+ (\d+)", prompt)[-1])
+            return call("add", a=a, b=b)
+        return right_or_wrong(prompt, request)
+
+
+class TestAgentSeveralSamplesConformance(TestAgentConformance):
+    options = {"tools": ["add", "notes"], "max_turns": 2, "samples": 3, "format": {"name": "hermes"}}

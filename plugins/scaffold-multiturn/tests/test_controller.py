@@ -293,3 +293,56 @@ def test_500_concurrent_episodes_with_random_delays_share_no_state():
         assert result.metrics["drift"] == 0.0
         traj = result.trajectories[0]
         assert traj.input_ids == sample.prompt_ids + sample.output_ids and len(traj.turn_starts) == turns
+
+
+class CountingEnv(Environment):
+    """Keeps per-conversation state only in what reset() returns; holds a lock (cannot be copied)."""
+
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+
+    def reset(self, ctx):
+        return {"turn": 0}
+
+    def step(self, state, response):
+        state["turn"] += 1
+        return EnvStep.reply("again") if state["turn"] < 2 else EnvStep.finish(reward=1.0)
+
+
+def test_clones_share_the_environment_and_copy_everything_else():
+    ctrl = MultiTurnChatController(environment=CountingEnv(), max_turns=3)
+    twin = ctrl.clone()
+    assert "clone" not in vars(MultiTurnChatController)  # isolation comes from the base class's rules
+    assert twin is not ctrl and twin.environment is ctrl.environment  # declared in `shared`
+    ctrl.notes = {"seen": []}  # a user adds mutable state: clones get their own
+    assert ctrl.clone().notes is not ctrl.notes
+    results = run(ListTask(ROWS[:3]), ScriptedEngine("3"), ctrl)
+    assert all(r.ok for r in results) and [r.metrics["turns"] for r in results] == [2.0] * 3  # finish on turn 2
+
+
+def test_the_multiturn_maker_normalises_like_grpo_and_drops_unscored_conversations():
+    from scaffold_core.episode import EpisodeResult, Sample
+    from scaffold_core.trajectory import MissingRewardError, group_normalized
+    from scaffold_core.verifier import Verdict
+    from scaffold_multiturn.trajectory import MultiTurnTrajectoryMaker
+
+    def episode(rewards):
+        samples = [Sample([1, 2], [3, 4], [-0.5, -0.5], [1, 1], "x", "stop", sample_index=i,
+                          verdict=None if r is None else Verdict(r)) for i, r in enumerate(rewards)]
+        return EpisodeResult(episode_id="m", index=0, status="ok", samples=samples)
+
+    made = MultiTurnTrajectoryMaker(advantage="grpo").make(episode([1.0, 0.0, 0.0, 1.0]))
+    a = 0.5 / (3 ** -0.5 + 1e-5)  # unbiased std and eps 1e-5 by default, as the grpo maker
+    assert [t.advantage for t in made] == pytest.approx([a, -a, -a, a])
+    assert [t.advantage for t in made] == pytest.approx(group_normalized([1.0, 0.0, 0.0, 1.0]))
+    rloo = MultiTurnTrajectoryMaker(advantage="grpo", baseline="leave_one_out", std="none")
+    assert [t.advantage for t in rloo.make(episode([1.0, 0.0, 0.0]))] == pytest.approx([1.0, -0.5, -0.5])
+    kept = MultiTurnTrajectoryMaker(advantage="grpo").make(episode([1.0, None, 1.0]))
+    assert [t.sample_index for t in kept] == [0, 2] and [t.advantage for t in kept] == [0.0, 0.0]
+    assert [t.reward for t in MultiTurnTrajectoryMaker().make(episode([0.0, None]))] == [0.0]  # 0.0 stays
+    with pytest.raises(MissingRewardError, match="sample 1 of episode m has no reward"):
+        MultiTurnTrajectoryMaker(missing_reward="fail").make(episode([1.0, None]))
+    with pytest.raises(ValueError, match="std must be"):
+        MultiTurnTrajectoryMaker(std="sample")

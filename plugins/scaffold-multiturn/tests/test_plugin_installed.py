@@ -10,10 +10,11 @@ def test_listed_by_scaffold_list_plugins():
     assert plugins["multiturn"]["status"] == "ok", plugins["multiturn"]
     assert plugins["multiturn"]["distribution"] == "scaffold-multiturn"
     components = plugins["multiturn"]["components"]
-    assert components["controller"] == ["multiturn_chat"]
+    assert components["controller"] == ["agent", "multiturn_chat"]
+    assert components["tool_format"] == ["hermes", "native"]
     assert components["environment"] == ["simulated_user", "verifier_feedback"]
     assert components["trajectory_maker"] == ["multiturn"]
-    assert components["task"] == ["multiturn_gsm8k"]
+    assert components["task"] == ["gsm8k_calculator", "multiturn_gsm8k"]
 
 
 def test_registering_imports_no_heavy_library():

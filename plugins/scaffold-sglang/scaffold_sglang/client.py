@@ -1,7 +1,9 @@
-"""The HTTP client: one pooled aiohttp session, bounded requests, retries with backoff.
+"""The HTTP client: pooled keep-alive connections, bounded requests, retries with backoff.
 
-* One ``aiohttp.ClientSession`` (a ``TCPConnector`` pool of
-  ``max_connections``) per engine, created on the running event loop.
+* ``/generate`` goes through a lean HTTP/1.1 connection pool
+  (:mod:`.http_pool`, at most ``max_connections`` requests at once); the
+  control endpoints through one aiohttp session. Both are created on the
+  running event loop.
 * Every request is bounded by ``request_timeout`` (and connecting by
   ``connect_timeout``).
 * Connection errors, dropped connections, HTTP 5xx and 429 are retried with
@@ -25,7 +27,15 @@ from typing import Any
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
 
-from .protocol import BodyEncoder, ProtocolError, encode_json, error_message, parse_generate_response
+from .http_pool import ConnectionPool, ConnectTimeout
+from .protocol import (
+    BodyEncoder,
+    ProtocolError,
+    decode_json,
+    encode_json,
+    error_message,
+    parse_generate_response,
+)
 from .servers import Server, ServerPool
 
 log = logging.getLogger("scaffold.sglang")
@@ -58,6 +68,7 @@ class SGLangClient:
         self._session: Any = None
         self._aiohttp: Any = None
         self._timeout: Any = None
+        self._http: ConnectionPool | None = None
         self.stats = {"requests": 0, "retries": 0, "connection_errors": 0, "http_errors": 0, "timeouts": 0,
                       "aborted": 0, "null_logprobs": 0}
 
@@ -68,19 +79,20 @@ class SGLangClient:
     def set_urls(self, urls: list[str]) -> None:
         """Replace the servers (e.g. a launched server restarted on another port before it was ready)."""
         self.pool = ServerPool(urls, sticky=self.pool.sticky)
-        if self._session is not None:
-            import yarl
+        if self._http is not None:
+            self._bind_endpoints(self._http)
 
-            for server in self.pool.servers:
-                server.generate_url = yarl.URL(server.url + "/generate")
+    def _bind_endpoints(self, http: ConnectionPool) -> None:
+        for server in self.pool.servers:
+            server.endpoint = http.endpoint(server.url, "/generate")
+        http.forget([server.endpoint for server in self.pool.servers])
 
     # -- lifecycle ------------------------------------------------------------
     async def open(self) -> None:
-        """Create the pooled session on the running loop (imports aiohttp here, not at import time)."""
+        """Create the connection pool and the control session on the running loop (imports aiohttp here)."""
         if self._session is not None:
             return
         import aiohttp
-        import yarl
 
         self._aiohttp = aiohttp
         self._timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
@@ -91,13 +103,19 @@ class SGLangClient:
             cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"), raise_for_status=False,
         )
-        for server in self.pool.servers:
-            server.generate_url = yarl.URL(server.url + "/generate")
+        self._http = ConnectionPool(limit=self.max_connections, request_timeout=self.request_timeout,
+                                    connect_timeout=self.connect_timeout, headers=self._headers)
+        self._bind_endpoints(self._http)
 
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        http, self._http = self._http, None
+        session, self._session = self._session, None
+        try:
+            if http is not None:
+                await http.close()
+        finally:
+            if session is not None:
+                await session.close()
 
     # -- generation ---------------------------------------------------------
     def _backoff(self, attempt: int) -> float:
@@ -106,10 +124,9 @@ class SGLangClient:
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """One ``/generate`` call for ``request``, retried on connection errors and 5xx."""
-        session = self._session
-        if session is None:
+        http = self._http
+        if http is None:
             raise EngineError("the sglang engine is not started: await engine.start() first", retryable=False)
-        aiohttp = self._aiohttp
         self.stats["requests"] += 1
         last = ""
         attempts = self.max_retries + 1
@@ -121,12 +138,10 @@ class SGLangClient:
             server.requests += 1
             try:
                 try:
-                    async with session.post(server.generate_url, data=data) as resp:
-                        status = resp.status
-                        payload = await resp.read()
+                    status, payload = await http.request(server.endpoint, data)
                 finally:
                     server.in_flight -= 1
-            except aiohttp.ConnectionTimeoutError:
+            except ConnectTimeout:
                 self.stats["connection_errors"] += 1
                 self.pool.mark_down(server)
                 last = f"connecting to {server.url} took longer than {self.connect_timeout:g} s (connect_timeout)"
@@ -135,14 +150,14 @@ class SGLangClient:
                 raise EngineError(
                     f"sglang server {server.url} did not answer request {request.request_id} within "
                     f"{self.request_timeout:g} s (engine.request_timeout)", retryable=True) from None
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            except OSError as exc:  # refused, reset, closed before the full answer, not HTTP
                 self.stats["connection_errors"] += 1
                 self.pool.mark_down(server)
                 last = f"{server.url}: {type(exc).__name__}: {exc}"
             else:
                 if status == 200:
                     try:
-                        result = parse_generate_response(json.loads(payload), expect_rid=rid)
+                        result = parse_generate_response(decode_json(payload), expect_rid=rid)
                     except (ValueError, ProtocolError) as exc:
                         raise EngineError(f"sglang server {server.url} sent a response scaffold cannot use for "
                                           f"request {request.request_id}: {exc}", retryable=False) from None

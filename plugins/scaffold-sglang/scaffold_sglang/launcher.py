@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scaffold_core.errors import MissingDependencyError, ScaffoldError
 from scaffold_core.net import format_url, loopback_host, strip_brackets
+from scaffold_core.output.redact import Redactor, copy_redacted, secret_values
 
 log = logging.getLogger("scaffold.sglang")
 
@@ -141,7 +143,9 @@ class ServerProcess:
     proc: subprocess.Popen | None = None
     launches: int = 0
     last_probe: str = "not probed yet"
-    _log: Any = field(default=None, repr=False)
+    #: Extra strings hidden in the log (the API key the server was started with).
+    secrets: tuple[str, ...] = ()
+    _copier: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -166,18 +170,28 @@ class ServerProcess:
         return "\n".join("    " + line for line in tail) if tail else "    (the log is empty)"
 
     def start(self, env: dict[str, str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab", buffering=0)
-        self._log.write(f"# scaffold: starting server {self.index}: {self.display}\n".encode())
+        """Start the server; its output reaches the log (0600, never through a link) with secrets as ``***``."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise LaunchError(f"cannot open the server log {self.log_path} ({exc}); if it is a symbolic link, "
+                              "remove it: logs are never written through links") from exc
+        os.write(fd, f"# scaffold: starting server {self.index}: {self.display}\n".encode())
         self.launches += 1
         try:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, close_fds=True,
                 preexec_fn=_die_with_parent if _PRCTL is not None else None,
             )
         except OSError as exc:
+            os.close(fd)
             raise LaunchError(f"cannot start sglang server {self.index} ({self.display}): {exc}") from exc
+        redactor = Redactor([*secret_values(env), *self.secrets])
+        self._copier = threading.Thread(target=copy_redacted, args=(self.proc.stdout, fd, redactor), daemon=True,
+                                        name=f"scaffold-sglang-log-{self.index}")
+        self._copier.start()
         _LIVE.add(self)
 
     def signal_group(self, sig: int) -> None:
@@ -196,9 +210,9 @@ class ServerProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - a process immune to SIGKILL
                 log.error("sglang server pid %s did not exit after SIGKILL", self.proc.pid)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        if self._copier is not None:  # the pipe ends with the process group: the copier drains it and stops
+            self._copier.join(timeout=10)
+            self._copier = None
         _LIVE.discard(self)
 
     def stop(self, timeout: float) -> None:
@@ -321,7 +335,8 @@ class Launcher:
                 self._used_ports.update((http.port, nccl.port))
                 argv, display = self.argv(i, http.port, nccl.port)
                 server = ServerProcess(i, o.host or loopback_host(), http.port, nccl.port, argv,
-                                       self.log_dir / f"server-r{self.rank}-{i}.log", display)
+                                       self.log_dir / f"server-r{self.rank}-{i}.log", display,
+                                       secrets=(self.api_key,) if self.api_key else ())
                 self.servers.append(server)
                 http.release()
                 nccl.release()

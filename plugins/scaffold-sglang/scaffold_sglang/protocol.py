@@ -19,6 +19,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from scaffold_core.generation import GenerationRequest, GenerationResult
 
 #: Every ``sampling_params`` name native ``/generate`` accepts (sglang 0.5.8 to 0.5.23).
@@ -103,8 +105,9 @@ class BodyEncoder:
     """Encodes ``/generate`` bodies fast: byte-for-byte what ``encode_json(generate_body(...))`` gives.
 
     The ``sampling_params`` JSON of a :class:`SamplingParams` (frozen, so
-    hashable) is encoded once and reused; only the prompt ids and the rid
-    are encoded per request.
+    hashable) is encoded once and reused (the last one by identity, without
+    hashing it again); only the prompt ids and the rid are encoded per
+    request.
     """
 
     def __init__(self, *, send_seed: bool = False, extra_sampling: Mapping[str, Any] | None = None,
@@ -113,20 +116,42 @@ class BodyEncoder:
         self.extra = dict(extra_sampling or {})
         self.cache_size = cache_size
         self._sampling: dict[Any, bytes] = {}
+        self._last: tuple[Any, bytes] = (None, b"")
 
     def encode(self, request: GenerationRequest, rid: str) -> bytes:
         if self.send_seed and request.seed is not None:  # per-request seeds: nothing to reuse
             return encode_json(generate_body(request, rid, send_seed=True, extra_sampling=self.extra))
         sp = request.sampling
-        fragment = self._sampling.get(sp)
-        if fragment is None:
-            if len(self._sampling) >= self.cache_size:
-                self._sampling.clear()
-            fragment = self._sampling[sp] = encode_json(sampling_params(request, extra=self.extra))
-        # Token ids are integers (Python or numpy): their str() is their JSON.
-        ids_json = b"[" + ",".join(map(str, request.prompt_ids)).encode() + b"]"
-        return b"".join((b'{"input_ids":', ids_json, b',"rid":', encode_json(rid),
-                         b',"sampling_params":', fragment, b',"return_logprob":true}'))
+        last, fragment = self._last
+        if sp is not last:
+            cached = self._sampling.get(sp)
+            if cached is None:
+                if len(self._sampling) >= self.cache_size:
+                    self._sampling.clear()
+                cached = self._sampling[sp] = encode_json(sampling_params(request, extra=self.extra))
+            fragment = cached
+            self._last = (sp, fragment)
+        return b'{"input_ids":%b,"rid":%b,"sampling_params":%b,"return_logprob":true}' % (
+            encode_ids(request.prompt_ids), orjson.dumps(rid) if rid.isascii() else encode_json(rid), fragment)
+
+
+def encode_ids(ids: Any) -> bytes:
+    """The JSON array of token ids (a list or tuple of ints, numpy integers, or a numpy array)."""
+    try:
+        return orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:  # something orjson does not know (e.g. another int-like type): its str() is its JSON
+        return b"[" + ",".join(map(str, ids)).encode() + b"]"
+
+
+def decode_json(payload: bytes | str) -> Any:
+    """Parse a response body: orjson, or the stdlib for what only it accepts (NaN literals, huge ints)."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return json.loads(payload)
+
+
+_INT_ONLY = frozenset({int})
 
 
 def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> GenerationResult:  # noqa: C901
@@ -165,9 +190,16 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
     if not isinstance(tuples, list):
         raise ProtocolError(f"meta_info.output_token_logprobs must be a list, got {type(tuples).__name__}")
     try:
-        # 0.5.23 serialises NaN/Inf as null: keep "no value" visible as NaN rather than inventing one.
-        logprobs = [math.nan if t[0] is None else float(t[0]) for t in tuples]
+        logprobs = [t[0] for t in tuples]
         tuple_ids = [t[1] for t in tuples]
+        try:
+            total = sum(logprobs)  # fast, and NaN when any value is NaN
+        except TypeError:
+            # 0.5.23 serialises NaN/Inf as null: keep "no value" visible as NaN rather than inventing one.
+            logprobs = [math.nan if lp is None else float(lp) for lp in logprobs]
+            total = math.nan
+        else:
+            logprobs = list(map(float, logprobs))
     except (TypeError, IndexError, ValueError) as exc:
         raise ProtocolError(f"malformed output_token_logprobs entry ({exc}); expected [logprob, token_id, text]") \
             from None
@@ -180,7 +212,7 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
         raise ProtocolError(
             f"output_ids ({len(output_ids)} ids) and the ids in output_token_logprobs ({len(tuple_ids)}) "
             "disagree; the server's response is inconsistent")
-    if not all(type(t) is int for t in output_ids):
+    if not _INT_ONLY.issuperset(map(type, output_ids)):
         raise ProtocolError("output token ids must be integers")
 
     rid = meta.get("id")
@@ -200,14 +232,14 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
             info["message"] = str(finish.get("message") or "aborted by the server")
             if finish.get("status_code") is not None:
                 info["status_code"] = finish["status_code"]
-    null_logprobs = sum(1 for lp in logprobs if math.isnan(lp))
+    null_logprobs = sum(map(math.isnan, logprobs)) if total != total else 0
     if null_logprobs:
         info["null_logprobs"] = null_logprobs
     text = body.get("text")
+    info["server_text"] = isinstance(text, str)
     return GenerationResult(
         output_ids=output_ids, logprobs=logprobs, finish_reason=ftype,
-        text=text if isinstance(text, str) else "", weight_version=meta.get("weight_version"),
-        meta={**info, "server_text": isinstance(text, str)},
+        text=text if isinstance(text, str) else "", weight_version=meta.get("weight_version"), meta=info,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from scaffold_core.net import format_url, is_ipv6
@@ -78,7 +79,7 @@ class Server:
     failures: int = 0
     consecutive_failures: int = 0
     down_until: float = 0.0
-    generate_url: object = field(default=None, repr=False)  # a prebuilt yarl.URL, set by the client
+    endpoint: Any = field(default=None, repr=False)  # its /generate Endpoint in the client's connection pool
 
     def up(self, now: float) -> bool:
         return self.down_until <= now

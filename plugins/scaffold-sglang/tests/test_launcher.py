@@ -196,6 +196,40 @@ def test_api_key_is_passed_to_launched_servers_and_redacted(tmp_path, monkeypatc
     assert "launch-secret" not in log and "--api-key '***'" in log
 
 
+def test_server_output_reaches_a_private_log_with_secrets_hidden(tmp_path, monkeypatch):
+    import stat
+    import sys
+
+    from scaffold_sglang.launcher import ServerProcess
+
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "env-token-0123456789")
+    program = "print('args: --api-key the-key-9876543'); print('env: env-token-0123456789'); print('done')"
+    server = ServerProcess(0, "127.0.0.1", 1, 2, [sys.executable, "-c", program], tmp_path / "logs" / "server.log",
+                           "python -c ...", secrets=("the-key-9876543",))
+    server.start(dict(__import__("os").environ))
+    server.proc.wait(timeout=30)
+    server.finish()
+    log = server.log_path.read_text()
+    assert "done" in log and "the-key-9876543" not in log and "env-token-0123456789" not in log
+    assert log.count("***") == 2
+    assert stat.S_IMODE(server.log_path.stat().st_mode) == 0o600
+
+
+def test_a_server_log_that_is_a_link_is_refused(tmp_path):
+    import sys
+
+    from scaffold_sglang.launcher import LaunchError, ServerProcess
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "server.log").symlink_to(outside)
+    server = ServerProcess(0, "127.0.0.1", 1, 2, [sys.executable, "-c", "print(1)"], tmp_path / "logs" / "server.log")
+    with pytest.raises(LaunchError, match="symbolic link"):
+        server.start({})
+    assert outside.read_text() == "keep me\n"
+
+
 # -- no process left behind: Ctrl-C, a killed parent, a failing test --------------------------
 
 SCRIPT = textwrap.dedent("""

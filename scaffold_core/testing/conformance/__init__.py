@@ -13,9 +13,13 @@ class                            checks
                                  seeded requests
 :class:`ControllerConformance`   clone isolation, process is a generator, episodes
                                  complete, concurrency does not change results, engine
-                                 errors fail episodes
+                                 errors fail episodes; a subclass's hidden state isolated
+                                 across 1,000 concurrent episodes; parallel branches see
+                                 only their own row, messages and state
 :class:`TrajectoryMakerConformance`  key set, equal lengths, masks, token faithfulness,
                                  JSON and tensor-dict output
+:class:`ToolConformance`         valid schema and spec, bad arguments as error results,
+                                 timeouts respected, no state shared between episodes
 ===============================  ==========================================================
 
 Each class builds the component by its registered ``name`` from your
@@ -26,8 +30,9 @@ This module needs pytest; it is imported only by tests.
 from .controllers import ControllerConformance
 from .engines import EngineConformance
 from .tasks import TaskConformance
+from .tools import ToolConformance
 from .trajectories import TrajectoryMakerConformance
 from .verifiers import VerifierConformance
 
-__all__ = ["ControllerConformance", "EngineConformance", "TaskConformance", "TrajectoryMakerConformance",
-           "VerifierConformance"]
+__all__ = ["ControllerConformance", "EngineConformance", "TaskConformance", "ToolConformance",
+           "TrajectoryMakerConformance", "VerifierConformance"]

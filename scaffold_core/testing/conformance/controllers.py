@@ -1,4 +1,4 @@
-"""Conformance tests for controllers: clone isolation, concurrency, outcomes, failures."""
+"""Conformance tests for controllers: clone isolation, concurrency, outcomes, failures (see also isolation.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from ...sampling import SamplingParams
 from ._common import ComponentConformance
+from .isolation import ControllerIsolationChecks
 
 
 def arithmetic_rows(n: int = 6) -> list[dict[str, Any]]:
@@ -25,7 +26,7 @@ def right_or_wrong(prompt: str, request: Any) -> str:
     return str(a + b + (1 if (request.seed or 0) % 3 == 0 else 0))
 
 
-class ControllerConformance(ComponentConformance):
+class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
     """Subclass this in your plugin's tests to check a controller against the controller contract.
 
     Set ``name``/``plugin`` (or override :meth:`make_controller`)::
@@ -40,6 +41,12 @@ class ControllerConformance(ComponentConformance):
     (right for two seeds in three, wrong otherwise) with random delays, on
     :meth:`make_task` rows, scored by :meth:`make_verifier`. Override those
     for controllers that need other prompts (a multi-turn chat, tools).
+
+    The isolation tests (:class:`~scaffold_core.testing.conformance.isolation.ControllerIsolationChecks`)
+    subclass the controller the way a user would, adding mutable state, and
+    run ``isolation_episodes`` (1,000) episodes at once, and
+    ``isolation_branches`` (8) parallel branches per episode that each edit
+    their row, messages and state: no episode or branch may see another's.
     """
 
     kind: ClassVar[str] = "controller"
@@ -100,8 +107,11 @@ class ControllerConformance(ComponentConformance):
 
     def test_clone_shares_no_mutable_state(self) -> None:
         """A clone shares no list, dict, set or sub-controller with its prototype."""
+        from ...controller import shared_names
+
         prototype = self.make_controller()
-        shared = _shared_mutables(prototype, prototype.clone(), type(prototype).__name__, set(self.shared_attributes))
+        allowed = set(self.shared_attributes) | set(shared_names(type(prototype)))  # declared shared handles
+        shared = _shared_mutables(prototype, prototype.clone(), type(prototype).__name__, allowed)
         assert not shared, (
             f"clone() shares mutable state with the prototype: {', '.join(shared)}. Copy it in clone() "
             "(sub-controllers: call their clone()), or list read-only tables in `shared_attributes`")

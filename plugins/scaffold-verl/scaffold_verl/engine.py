@@ -1,0 +1,203 @@
+"""scaffold's engine contract over verl's ``server_manager.generate(request_id, prompt_ids=, sampling_params=)``.
+
+* Sampling: each call sends a fresh dict: verl's per-batch
+  ``sampling_params`` (``repetition_penalty``, ``logprobs``, ...) with the
+  request's ``temperature``, ``top_p``, ``top_k``, ``stop`` and
+  ``stop_token_ids`` and an explicit ``max_tokens``: the request's, capped
+  like verl's servers cap it (``prompt_length + response_length - len(prompt_ids)``).
+* ``request_id``: one per sample of an episode (all its turns), so verl's
+  sticky routing keeps a conversation on one server.
+* Stop reasons are not the same across verl's backends (vLLM says
+  ``completed`` for both EOS and the token limit; SGLang says ``stop`` or
+  ``length``), so they are normalised: ``stop`` and ``length`` as given;
+  ``completed`` or anything else is ``stop`` when the last token is EOS or a
+  stop id, ``length`` when the budget was used up, else ``stop``.
+* Aborts (``aborted``/``abort``, e.g. a weight sync in fully-async training):
+  the partial output is kept and the rest is requested with prompt +
+  partial output and the remaining budget (up to ``max_resumes`` times,
+  waiting ``resume_wait_s`` before each); out of budget it is ``length``.
+* Logprobs come back only when verl's ``sampling_params["logprobs"]`` is
+  true; otherwise results carry 0.0 and the episode reports none.
+* Versions: each segment's ``extra_fields["global_steps"]``; per episode
+  the span (``min_global_steps``, ``max_global_steps``) and the last
+  segment's ``extra_fields`` are kept in :class:`EpisodeLog`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaffold_core.engine import Engine
+from scaffold_core.errors import EngineError
+from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.sampling import SamplingParams
+from scaffold_core.tokenizers import eos_token_ids
+
+ABORTED = ("aborted", "abort")
+
+
+@dataclass
+class EpisodeLog:
+    """What one episode's generation calls reported, for its ``AgentLoopOutput``."""
+
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    calls: int = 0
+    resumes: int = 0
+    generate_s: float = 0.0
+    num_preempted: int | None = None
+    steps: list[int] = field(default_factory=list)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+    logprobs: bool = True
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.sampling_params.get("logprobs"))
+
+
+def sampling_from_verl(params: dict[str, Any], max_tokens: int) -> SamplingParams:
+    """The episode's sampling parameters from verl's per-batch ``sampling_params``."""
+    top_k = int(params.get("top_k", -1) or -1)
+    return SamplingParams(max_tokens=max_tokens, temperature=float(params.get("temperature", 1.0)),
+                          top_p=float(params.get("top_p", 1.0)), top_k=-1 if top_k <= 0 else top_k)
+
+
+def sample_key(request: GenerationRequest) -> str:
+    """One id per sample of an episode: the request id without its per-call counter."""
+    rid = request.request_id
+    if request.episode_id and rid.startswith(request.episode_id + "/"):
+        return rid.rsplit("/", 1)[0]
+    return rid
+
+
+class VerlEngine(Engine):
+    """Generates through verl's server manager (``LLMServerClient`` or ``FullyAsyncLLMServerClient``).
+
+    ``prompt_length``/``response_length``: verl's rollout lengths.
+    Episodes register their verl ``sampling_params`` with :meth:`begin` and
+    collect their :class:`EpisodeLog` with :meth:`end`.
+    """
+
+    def __init__(self, server_manager: Any, *, tokenizer: Any, prompt_length: int, response_length: int,
+                 max_resumes: int = 16, resume_wait_s: float = 1.0):
+        self.server_manager = server_manager
+        self.tokenizer = tokenizer
+        self.prompt_length = prompt_length
+        self.response_length = response_length
+        self.max_resumes = max_resumes
+        self.resume_wait_s = resume_wait_s
+        self._eos = eos_token_ids(tokenizer)
+        self._logs: dict[str, EpisodeLog] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, episode_id: str, sampling_params: dict[str, Any]) -> None:
+        with self._lock:
+            self._logs[episode_id] = EpisodeLog(sampling_params=dict(sampling_params))
+
+    def end(self, episode_id: str) -> EpisodeLog:
+        with self._lock:
+            return self._logs.pop(episode_id, None) or EpisodeLog()
+
+    def _log(self, episode_id: str | None) -> EpisodeLog:
+        log = self._logs.get(episode_id or "")
+        return log if log is not None else EpisodeLog()
+
+    def _params(self, log: EpisodeLog, sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
+        params = dict(log.sampling_params)
+        params.pop("max_new_tokens", None)
+        params.update(temperature=float(sampling.temperature), top_p=float(sampling.top_p), top_k=sampling.top_k,
+                      max_tokens=max_tokens)
+        if sampling.stop:
+            params["stop"] = list(sampling.stop)
+        if sampling.stop_token_ids:
+            params["stop_token_ids"] = [int(t) for t in sampling.stop_token_ids]
+        return params
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        log = self._log(request.episode_id)
+        prompt = list(request.prompt_ids)
+        budget = min(request.sampling.max_tokens, self.prompt_length + self.response_length - len(prompt))
+        if budget <= 0:
+            raise EngineError(f"the prompt has {len(prompt)} tokens, leaving no room in verl's rollout.prompt_length + "
+                              f"response_length ({self.prompt_length} + {self.response_length}); cap the conversation "
+                              "(e.g. the multiturn_chat controller's max_total_tokens) or raise response_length",
+                              retryable=False)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        has_logprobs = log.wants_logprobs
+        finish = ""
+        resumes = 0
+        steps: list[int] = []
+        while True:
+            params = self._params(log, request.sampling, budget - len(tokens))
+            started = time.perf_counter()
+            out = await self.server_manager.generate(sample_key(request), prompt_ids=prompt + tokens,
+                                                     sampling_params=params)
+            log.generate_s += time.perf_counter() - started
+            log.calls += 1
+            seg = [int(t) for t in out.token_ids]
+            seg_logprobs = self._segment_logprobs(out, seg, log)
+            has_logprobs = has_logprobs and seg_logprobs is not None
+            tokens += seg
+            logprobs += seg_logprobs if seg_logprobs is not None else [0.0] * len(seg)
+            steps += self._note(log, out)
+            raw = out.stop_reason
+            if raw in ABORTED and len(tokens) < budget:
+                if resumes >= self.max_resumes:
+                    finish = "abort"
+                    break
+                resumes += 1
+                log.resumes += 1
+                await asyncio.sleep(self.resume_wait_s)
+                continue
+            finish = self._finish(raw, seg, budget - len(tokens) + len(seg), request.sampling)
+            break
+        if not has_logprobs:
+            log.logprobs = False
+        return GenerationResult(
+            output_ids=tokens, logprobs=logprobs, finish_reason=finish, text=self._text(tokens, request.sampling.stop),
+            weight_version=min(steps) if steps else None,
+            meta={"stop_reason": raw, "resumes": resumes, **({"message": "aborted too often"} if finish == "abort"
+                                                                else {})},
+        )
+
+    def _segment_logprobs(self, out: Any, seg: list[int], log: EpisodeLog) -> list[float] | None:
+        if not log.wants_logprobs or out.log_probs is None:
+            return None if seg else []
+        values = [float(x) for x in out.log_probs]
+        if len(values) != len(seg):
+            raise EngineError(f"server_manager.generate returned {len(seg)} token ids but {len(values)} log_probs",
+                              retryable=True)
+        if not all(math.isfinite(x) for x in values):
+            raise EngineError("server_manager.generate returned a log_prob that is not finite", retryable=False)
+        return values
+
+    def _note(self, log: EpisodeLog, out: Any) -> list[int]:
+        """Record a segment's versions, extra fields and preemptions in ``log``; return its versions."""
+        extra = dict(getattr(out, "extra_fields", None) or {})
+        steps = [int(extra[k]) for k in ("global_steps", "min_global_steps", "max_global_steps")
+                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)]
+        log.steps += steps
+        log.extra_fields = extra
+        preempted = getattr(out, "num_preempted", None)
+        if preempted is not None:
+            log.num_preempted = (log.num_preempted or 0) + int(preempted)
+        return steps
+
+    def _finish(self, raw: str | None, seg: list[int], asked: int, sampling: SamplingParams) -> str:
+        if raw in ("stop", "length"):
+            return raw
+        if seg and (seg[-1] in self._eos or seg[-1] in sampling.stop_token_ids):
+            return "stop"
+        return "length" if raw in ABORTED or len(seg) >= asked else "stop"
+
+    def _text(self, ids: list[int], stops: tuple[str, ...]) -> str:
+        if not ids:
+            return ""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+        return text[:cut] if cut >= 0 else text

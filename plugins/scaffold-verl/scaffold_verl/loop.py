@@ -1,0 +1,171 @@
+"""What ``ScaffoldAgentLoop.run`` does, free of any verl import (so it is testable without verl).
+
+verl builds an agent loop per sample (``hydra.utils.instantiate`` with its
+own keyword arguments plus the YAML entry's keys) and awaits
+``run(sampling_params, **row)``. The scaffold machinery that should outlive
+one sample (the controller, started once; the verifier pool; the engine
+adapter over ``server_manager``) is built on a loop's first run and shared
+by every loop of the worker with the same options and server manager.
+
+``run``: the row's chat (``raw_prompt``) is rendered as verl renders it
+(``ct_build_initial_tokens`` when the base class has it: same template
+kwargs, same ``prompt_length`` cap), the episode runs the configured
+controller over ``server_manager.generate`` (:mod:`scaffold_verl.engine`),
+is scored by the configured verifier (or left to verl's reward loop), and
+comes back as an ``AgentLoopOutput`` (:mod:`scaffold_verl.output`). A failed
+episode raises with its component and reason: verl has no way to drop one
+sample, and a silent zero reward is never handed to training.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+from ._episodes import EpisodeRunner, PromptTask, build_component, to_plain
+from .api import VerlAPI, rollout_lengths
+from .engine import VerlEngine, sampling_from_verl
+from .output import agent_loop_fields
+
+OPTIONS = ("controller", "verifier", "task", "trajectory", "messages_key", "reference_key", "request_timeout",
+           "episode_timeout", "verifier_timeout", "retries", "max_resumes", "resume_wait_s")
+
+
+class ScaffoldEpisodeError(RuntimeError):
+    """A scaffold episode inside a verl agent loop failed; ``component`` says which part."""
+
+    def __init__(self, message: str, *, component: str | None):
+        super().__init__(message)
+        self.component = component
+
+
+class _Shared:
+    """The per-worker machinery of one loop configuration: engine adapter and episode runner."""
+
+    def __init__(self, engine: VerlEngine, runner: EpisodeRunner, scored: bool):
+        self.engine = engine
+        self.runner = runner
+        self.scored = scored
+
+
+_SHARED: dict[tuple[Any, ...], tuple[Any, _Shared]] = {}
+
+
+async def close_shared() -> None:
+    """Close every shared runner (controller resources, verifier pools): a worker's shutdown, or a test's end."""
+    held = list(_SHARED.values())
+    _SHARED.clear()
+    for _, shared in held:
+        await shared.runner.close()
+
+
+class ScaffoldLoop:
+    """The logic of :class:`scaffold_verl.agent_loop.ScaffoldAgentLoop`; mixed into verl's ``AgentLoopBase``.
+
+    Options (keys of the agent loop's YAML entry):
+
+    * ``controller``: a scaffold controller name or ``{name: ..., options...}`` (default ``native``).
+    * ``verifier``: a scaffold verifier name or ``{name: ..., options...}``;
+      ``null`` (default) leaves the reward to verl's reward loop
+      (``reward_score`` None). Controllers that verify (``majority_vote``,
+      ``best_of_n``, ``multiturn_chat``) need one.
+    * ``task``: a scaffold task whose ``messages(row)``/``reference(row)``
+      read verl's row; by default the chat is ``messages_key``
+      (``raw_prompt``) and the gold answer ``reference_key``
+      (``reward_model.ground_truth``).
+    * ``trajectory``: a scaffold trajectory maker (``single_turn``; ``multiturn`` for multi-turn controllers).
+    * ``request_timeout``, ``episode_timeout``, ``verifier_timeout``, ``retries``: bounds, as in ``scaffold run``.
+    * ``max_resumes``, ``resume_wait_s``: how often and after how long an aborted generation is continued.
+    """
+
+    #: verl's classes; set by the concrete agent loop class (the real verl, or a test's fake).
+    verl: ClassVar[VerlAPI]
+
+    def __init__(self, *args: Any, controller: Any = "native", verifier: Any = None, task: Any = None,
+                 trajectory: Any = "single_turn", messages_key: str = "raw_prompt",
+                 reference_key: str | None = "reward_model.ground_truth", request_timeout: float = 3600.0,
+                 episode_timeout: float = 7200.0, verifier_timeout: float = 30.0, retries: int = 0,
+                 max_resumes: int = 16, resume_wait_s: float = 1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.scaffold_options = dict(
+            controller=to_plain(controller) if not _is_object(controller) else controller,
+            verifier=to_plain(verifier) if not _is_object(verifier) else verifier,
+            task=to_plain(task) if not _is_object(task) else task,
+            trajectory=to_plain(trajectory) if not _is_object(trajectory) else trajectory,
+            messages_key=messages_key, reference_key=reference_key, request_timeout=float(request_timeout),
+            episode_timeout=float(episode_timeout), verifier_timeout=float(verifier_timeout), retries=int(retries),
+            max_resumes=int(max_resumes), resume_wait_s=float(resume_wait_s))
+        self.prompt_length, self.response_length = rollout_lengths(self.rollout_config)  # type: ignore[attr-defined]
+
+    # -- shared machinery ------------------------------------------------------
+    def _key(self) -> tuple[Any, ...]:
+        parts = [id(self.server_manager), id(self.tokenizer), type(self), self.prompt_length,  # type: ignore[attr-defined]
+                 self.response_length, tuple(sorted(self.apply_chat_template_kwargs_plain().items()))]
+        for name in OPTIONS:
+            value = self.scaffold_options[name]
+            parts.append((name, id(value) if _is_object(value) else repr(value)))
+        return tuple(parts)
+
+    def apply_chat_template_kwargs_plain(self) -> dict[str, Any]:
+        return dict(to_plain(getattr(self, "apply_chat_template_kwargs", None) or {}))
+
+    def shared(self) -> _Shared:
+        """This worker's machinery for this loop's options (built on first use, then reused)."""
+        key = self._key()
+        held = _SHARED.get(key)
+        if held is not None:
+            return held[1]
+        o = self.scaffold_options
+        server_manager, tokenizer = self.server_manager, self.tokenizer  # type: ignore[attr-defined]
+        engine = VerlEngine(server_manager, tokenizer=tokenizer, prompt_length=self.prompt_length,
+                            response_length=self.response_length, max_resumes=o["max_resumes"],
+                            resume_wait_s=o["resume_wait_s"])
+        verifier = build_component("verifier", o["verifier"], path="verifier")
+        task = build_component("task", o["task"], path="task") or PromptTask(
+            o["messages_key"], o["reference_key"], self.apply_chat_template_kwargs_plain())
+        runner = EpisodeRunner(
+            engine=engine, task=task, controller=build_component("controller", o["controller"], path="controller"),
+            sampling=sampling_from_verl({}, self.response_length), verifier=verifier,
+            trajectory_maker=build_component("trajectory_maker", o["trajectory"], path="trajectory"),
+            request_timeout=o["request_timeout"], episode_timeout=o["episode_timeout"],
+            verifier_timeout=o["verifier_timeout"], retries=o["retries"])
+        shared = _Shared(engine, runner, scored=verifier is not None)
+        _SHARED[key] = (server_manager, shared)  # holds the server manager so its id stays unique
+        return shared
+
+    # -- one sample --------------------------------------------------------------
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+        """One verl sample as one scaffold episode; returns verl's ``AgentLoopOutput``."""
+        shared = self.shared()
+        row = to_plain(dict(kwargs))
+        if hasattr(self, "ct_build_initial_tokens") and isinstance(shared.runner.task, PromptTask):
+            messages = shared.runner.task.messages(row)
+            row["prompt_ids"] = list(await self.ct_build_initial_tokens(messages))
+        elif isinstance(shared.runner.task, PromptTask):
+            row["prompt_ids"] = self._rendered(shared.runner.task, row)
+        episode_id = f"{row.get('uid', row.get('index', 'sample'))}-{uuid.uuid4().hex[:12]}"
+        params = dict(to_plain(sampling_params))
+        shared.engine.begin(episode_id, params)
+        try:
+            episode = await shared.runner.run_row(row, episode_id=episode_id,
+                                                  sampling=sampling_from_verl(params, self.response_length))
+        finally:
+            log = shared.engine.end(episode_id)
+        if not episode.ok:
+            raise ScaffoldEpisodeError(f"scaffold episode {episode.episode_id} failed ({episode.error_component}): "
+                                       f"{episode.error}", component=episode.error_component)
+        fields = agent_loop_fields(episode, log, prompt_length=self.prompt_length,
+                                   response_length=self.response_length, scored=shared.scored)
+        return self.verl.AgentLoopOutput(**fields)
+
+    def _rendered(self, task: PromptTask, row: dict[str, Any]) -> list[int]:
+        """The prompt ids as verl renders them (chat template, then left-truncated to ``prompt_length``)."""
+        ids = task.build_prompt(row, self.tokenizer).ids  # type: ignore[attr-defined]
+        return ids[-self.prompt_length:] if len(ids) > self.prompt_length else ids
+
+
+def _is_object(value: Any) -> bool:
+    """A component given as an object (not a name or an options mapping)."""
+    from collections.abc import Mapping
+
+    return value is not None and not isinstance(value, (str, Mapping))
