@@ -70,3 +70,20 @@ def test_train_needs_a_trainer_section(tmp_path, test_plugins, capsys):
     assert main(["train", str(path), "-o", str(tmp_path / "run")]) == ExitCode.ERROR
     err = capsys.readouterr().err
     assert "needs a trainer section" in err and "rollout_only" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_progress_bar_counts_steps_and_shows_the_reward(tmp_path):
+    import io
+
+    import scaffold_core.testing.plugin as test_tasks
+    from scaffold_core.config import load_config
+    from scaffold_core.testing import plugin_set
+    from scaffold_core.train.session import run_training
+
+    pset = plugin_set(test_tasks)
+    config = load_config(write_config(tmp_path, steps=2, group=2), registry=pset.registry)
+    stream = io.StringIO()
+    run_training(config, tmp_path / "run", registry=pset.registry, progress=True, stream=stream)
+    text = stream.getvalue()
+    assert "training: 100%" in text and "2/2" in text and "reward=0.500" in text
+    assert "step 1/2  reward_mean=0.5" in text

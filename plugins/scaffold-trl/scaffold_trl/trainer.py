@@ -230,14 +230,22 @@ class GRPORun:
 
     def train(self) -> dict[str, Any]:
         assert self.trainer is not None and self.bridge is not None, "open() first"
+        from transformers.utils import logging as hf_logging
+
         started = time.perf_counter()
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # checkpoint writes draw bars of their own between scaffold's step lines
         with warnings.catch_warnings():
             # TRL 1.16 reads a property transformers 5 deprecated; nothing for a user to do about it
             warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                     category=FutureWarning)
-            result = self.trainer.train()
-        final = Path(self.job.output_dir) / "final"
-        self.trainer.save_model(str(final))
+            try:
+                result = self.trainer.train()
+                final = Path(self.job.output_dir) / "final"
+                self.trainer.save_model(str(final))
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
         history = self.bridge.history
         return {
             "trainer": "trl", "steps": int(self.trainer.state.global_step),
