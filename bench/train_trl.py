@@ -111,13 +111,13 @@ def throughput(run: Any, n_prompts: int, max_tokens: int, repeats: int) -> dict[
     trainer.generation_config.max_new_tokens = max_tokens
     trainer.generation_kwargs["max_new_tokens"] = max_tokens
     stats = copy.copy(run.rollouts.stats)
+    history = len(bridge.history)
     # Warm-up, not timed: the first forward pass of a process pages the weights in from disk (tens of seconds
     # on a busy machine), whichever path runs first.
     bridge(prompts[:generations], trainer)
     trainer._generate_single_turn(ids[:generations], None, {}, generations)
     times: dict[str, list[float]] = {"scaffold": [], "trl": []}
     tokens: dict[str, list[int]] = {"scaffold": [], "trl": []}
-    history = len(bridge.history)
     try:
         for i in range(repeats):
             for name in (("scaffold", "trl") if i % 2 == 0 else ("trl", "scaffold")):
