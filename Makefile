@@ -11,7 +11,7 @@ PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench clean-venv
+.PHONY: setup run test lint bench dist clean-venv
 
 setup: $(STAMP)
 
@@ -37,6 +37,12 @@ test: setup lint
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# Reproducible wheels and sdists of scaffold-core and every plugin, into dist/ (SOURCE_DATE_EPOCH defaults to the
+# last commit's time; the same sources give byte-identical files). Install from them with
+# `pip install --find-links dist scaffold-core scaffold-gsm8k`.
+dist: setup
+	$(PY) scripts/build_dist.py --outdir dist --clean
 
 clean-venv:
 	rm -rf $(VENV)

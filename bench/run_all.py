@@ -16,6 +16,7 @@ SCRIPTS = [
     ("runtime overhead", "runtime_overhead.py", []),
     ("model load", "model_load.py", []),
     ("batching efficiency", "batching_efficiency.py", []),
+    ("group prefill sharing", "group_prefill.py", []),
     ("GSM8K verifier", "gsm8k_verifier.py", []),
     ("SGLang client", "sglang_client.py", []),
     ("multi-turn drift and speed", "multiturn_drift.py", []),

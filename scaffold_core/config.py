@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import copy
 import difflib
+import sys
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ConfigError, PluginLoadError, UnknownComponentError
+from .errors import ConfigError, DuplicateComponentError, PluginLoadError, UnknownComponentError
 from .plugins import SECTION_KINDS, get_registry
 from .sampling import SamplingParams
 from .textfiles import decode_text
@@ -189,15 +192,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class Unset:
+    """``--unset KEY``: remove a key (or a whole section) from the config, so its default applies."""
+
+    key: str
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     import yaml
 
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set sampling.max_tokens=256")
     key, raw = text.split("=", 1)
-    parts = [p for p in key.strip().split(".")]
-    if not key.strip() or any(not p for p in parts):
-        raise ConfigError(f"--set {text!r}: the key must be a dotted path such as task.limit")
+    parts = _key_path(key, f"--set {text!r}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
@@ -205,21 +213,76 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def _key_path(key: str, what: str) -> list[str]:
+    parts = key.strip().split(".")
+    if not key.strip() or any(not p for p in parts):
+        raise ConfigError(f"{what}: the key must be a dotted path such as task.limit")
+    return parts
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str | Unset], *,
+                    notes: list[str] | None = None) -> dict[str, Any]:
+    """Apply ``--set KEY=VALUE`` and ``--unset KEY`` overrides in order, to a copy of ``data``.
+
+    A value of ``null`` (``--set KEY=null``) removes the key, like ``--unset KEY``, so its default
+    applies; only a key of ``sampling``, ``rollout`` or ``output`` that takes null as a value
+    (``sampling.seed``, ``rollout.progress``) is set to null instead. Setting a component section's
+    ``name`` to another component drops the options the file gave the previous one (they belong to
+    it), keeping those set by earlier overrides and the core's keys (``verifier.timeout``, ...);
+    each drop adds a line to ``notes``.
+    """
     data = copy.deepcopy(data)
-    for text in overrides:
-        parts, value = parse_override(text)
+    overridden: set[tuple[str, ...]] = set()
+    for item in overrides:
+        remove = isinstance(item, Unset)
+        if isinstance(item, Unset):
+            parts, value, what = _key_path(item.key, f"--unset {item.key!r}"), None, f"--unset {item.key!r}"
+        else:
+            (parts, value), what = parse_override(item), f"--set {item!r}"
+            remove = value is None and not _takes_null(parts)
         node = data
         for depth, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
+                if remove:
+                    break  # removing a key below a section that is not there: nothing to do
                 child = node[part] = {}
             elif not isinstance(child, dict):
                 where = ".".join(parts[: depth + 1])
-                raise ConfigError(f"--set {text!r}: {where} is {child!r}, not a section")
+                raise ConfigError(f"{what}: {where} is {child!r}, not a section")
             node = child
-        node[parts[-1]] = value
+        else:
+            if remove:
+                node.pop(parts[-1], None)
+            else:
+                if len(parts) == 2 and parts[1] == "name" and parts[0] in COMPONENT_SECTIONS:
+                    _switch_component(node, parts[0], value, overridden, notes)
+                node[parts[-1]] = value
+            overridden.add(tuple(parts))
     return data
+
+
+def _takes_null(parts: list[str]) -> bool:
+    """Whether ``parts`` is a key of a typed section whose value may be null (``sampling.seed``)."""
+    models: dict[str, type[BaseModel]] = {"sampling": SamplingConfig, "rollout": RolloutConfig,
+                                          "output": OutputConfig}
+    field = models[parts[0]].model_fields.get(parts[1]) if len(parts) == 2 and parts[0] in models else None
+    return field is not None and type(None) in typing.get_args(field.annotation)
+
+
+def _switch_component(section: dict[str, Any], name: str, new: Any, overridden: set[tuple[str, ...]],
+                      notes: list[str] | None) -> None:
+    """``--set SECTION.name=NEW`` over the file's other component: drop that component's options."""
+    old = section.get("name")
+    if old is None or old == new:
+        return
+    keep = {"name", *CORE_KEYS.get(name, ())} | {p[1] for p in overridden if len(p) == 2 and p[0] == name}
+    dropped = sorted(k for k in section if k not in keep)
+    for key in dropped:
+        del section[key]
+    if dropped and notes is not None:
+        notes.append(f"--set {name}.name={new}: dropped {', '.join(f'{name}.{k}' for k in dropped)}, the options "
+                     f"of the previous {name} {old!r}; set them again with --set if {new!r} takes them")
 
 
 def _merge_component(default: dict[str, Any] | None, user: Any) -> dict[str, Any]:
@@ -237,12 +300,20 @@ def _merge_component(default: dict[str, Any] | None, user: Any) -> dict[str, Any
     return {**default, **user}
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
-                data: dict[str, Any] | None = None, registry: Any = None) -> Config:
-    """Read, override, resolve and validate a config; raise ConfigError naming what is wrong."""
+def load_config(path: str | Path | None = None, overrides: list[str | Unset] | None = None, *,
+                data: dict[str, Any] | None = None, registry: Any = None,
+                note: Callable[[str], None] | None = None) -> Config:
+    """Read, override, resolve and validate a config; raise ConfigError naming what is wrong.
+
+    ``note`` receives what the overrides changed beyond what they name (options dropped when a
+    component is switched); by default it is printed on stderr.
+    """
     source = str(path) if path is not None else "<config>"
     raw = read_yaml(path) if path is not None else copy.deepcopy(data or {})
-    raw = apply_overrides(raw, overrides or [])
+    notes: list[str] = []
+    raw = apply_overrides(raw, overrides or [], notes=notes)
+    for line in notes:
+        (note or _print_note)(line)
     try:
         return resolve(raw, registry=registry, source=source)
     except ConfigError as exc:
@@ -250,6 +321,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not message.startswith(f"{source}:"):
             message = f"{source}: {message}"
         raise ConfigError(message) from exc.__cause__
+
+
+def _print_note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr)
 
 
 def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = None) -> Config:
@@ -343,8 +418,9 @@ def _lookup(registry: Any, kind: str, name: Any, path: str) -> Any:
     try:
         return registry.get(kind, str(name), path=path)
     except UnknownComponentError as exc:
-        raise ConfigError(str(exc)) from None
-    except PluginLoadError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
+    except (PluginLoadError, DuplicateComponentError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from .generation import GenerationTask
 from .sampling import SamplingParams, mix_seed
-from .verifier import Verdict
+from .verifier import Reference, Verdict
 
 _DATA_ATOMS: frozenset[type] = frozenset({type(None), bool, int, float, str, bytes})
 
@@ -139,7 +139,7 @@ class EpisodeContext:
     prompt_ids: list[int]
     sampling: SamplingParams
     seed: int
-    reference: str | None = None
+    reference: Reference = None
     prompt_text: str = ""
     messages: list[dict[str, Any]] | None = None
     tokenizer: Any = None
@@ -211,7 +211,7 @@ class EpisodeResult:
     episode_id: str
     index: int
     status: str
-    reference: str | None = None
+    reference: Reference = None
     prompt_text: str = ""
     samples: list[Sample] = field(default_factory=list)
     chosen: int | None = None

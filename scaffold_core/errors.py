@@ -26,17 +26,21 @@ class PluginLoadError(PluginError):
 
 
 class DuplicateComponentError(PluginError):
-    """Two plugins registered a component of the same kind under the same name.
+    """Two plugins registered a component of the same kind under the same name (a name clash).
 
     ``kind`` and ``name`` identify the component; ``plugins`` lists the
-    plugins that registered it, in registration order.
+    plugins that registered it, in registration order (``builtin`` for the
+    core's own), and ``distributions`` their distributions (``None`` for a
+    plugin registered without one).
     """
 
-    def __init__(self, message: str, *, kind: str, name: str, plugins: tuple[str, ...]):
+    def __init__(self, message: str, *, kind: str, name: str, plugins: tuple[str, ...],
+                 distributions: tuple[str | None, ...] = ()):
         super().__init__(message)
         self.kind = kind
         self.name = name
         self.plugins = plugins
+        self.distributions = distributions
 
 
 class UnknownComponentError(ScaffoldError):
@@ -109,6 +113,11 @@ class VerifierError(EpisodeError):
 
     def __init__(self, message: str):
         super().__init__(message, component="verifier")
+
+
+class InvalidVerdictError(VerifierError):
+    """A verifier returned something other than a Verdict, or a reward that is not a finite number
+    within its declared ``reward_range``: the episode fails instead of training on it."""
 
 
 class ControllerError(EpisodeError):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from .verifier import Verdict
+    from .verifier import Reference, Verdict
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -124,7 +124,7 @@ class VerificationTask:
     """Score ``response`` against ``reference`` with the run's verifier; sets ``verdict``."""
 
     response: str
-    reference: str | None
+    reference: Reference
     verdict: Verdict | None = None
 
     def need_verdict(self) -> Verdict:

@@ -8,7 +8,9 @@ A task plugin subclasses :class:`Task` (or provides the same methods):
 * ``messages(row)`` returns the chat messages of the prompt; the runtime
   renders them with the engine tokenizer's chat template. Override
   ``build_prompt`` for prompts that are not chats.
-* ``reference(row)`` returns the gold answer the verifier compares against.
+* ``reference(row)`` returns the gold answer the verifier compares against:
+  any JSON value (a string, a number, a list of acceptable answers, a dict
+  the task's verifier understands), or ``None``.
 * ``default_config`` supplies defaults for the ``sampling``, ``verifier`` and
   ``controller`` sections; the user's explicit config always wins.
 """
@@ -23,6 +25,7 @@ from typing import Any, ClassVar
 from .episode import EpisodeContext
 from .sampling import SamplingParams, derive_seed
 from .tokenizers import render_chat
+from .verifier import Reference
 
 
 @dataclass(slots=True)
@@ -48,7 +51,8 @@ class Task:
     def messages(self, row: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def reference(self, row: dict[str, Any]) -> str | None:
+    def reference(self, row: dict[str, Any]) -> Reference:
+        """The gold answer: any JSON value (see :data:`scaffold_core.verifier.Reference`), ``None`` for none."""
         return row.get("reference")
 
     def build_prompt(self, row: dict[str, Any], tokenizer: Any) -> Prompt:

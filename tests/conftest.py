@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 FIXTURE_PLUGINS = Path(__file__).parent / "fixtures" / "plugins"
+#: The fixture plugins' own tests are run by tests/test_kit_catches_broken_plugins.py (several are meant to
+#: fail), never collected as part of this suite.
+collect_ignore_glob = ["fixtures/*"]
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +28,38 @@ def fixture_site(tmp_path_factory) -> Path:
         check=True, timeout=300, cwd=build, capture_output=True,
     )
     return target
+
+
+@pytest.fixture(scope="session")
+def dist_dir(tmp_path_factory) -> Path:
+    """Wheels and sdists of scaffold-core and every plugin, built once per session by scripts/build_dist.py
+    (what `make dist` runs) into a temp folder."""
+    from scaffold_core.testing.freshenv import run_bounded
+
+    outdir = tmp_path_factory.mktemp("dist")
+    repo = Path(__file__).resolve().parents[1]
+    run_bounded([sys.executable, str(repo / "scripts" / "build_dist.py"), "--outdir", str(outdir)], timeout=900,
+                cwd=repo)
+    return outdir
+
+
+@pytest.fixture
+def uv_pip_install():
+    """``uv_pip_install(venv, args, cwd=...)``: see :func:`_uv_pip_install`."""
+    return _uv_pip_install
+
+
+def _uv_pip_install(venv, args: list[str], *, cwd: Path, timeout: float = 900) -> None:
+    """``uv pip install ARGS`` into ``venv`` (pip's arguments), offline from uv's cache when it holds every
+    dependency, else from the package index."""
+    from scaffold_core.testing.freshenv import find_uv
+
+    uv = find_uv()
+    if uv is None:
+        pytest.skip("needs uv (the test extra) to install into a fresh venv")
+    command = [uv, "pip", "install", *args, "--python", str(venv.python)]
+    if venv.run(command, cwd=cwd, timeout=timeout, check=False, UV_OFFLINE="1").returncode != 0:
+        venv.run(command, cwd=cwd, timeout=timeout)
 
 
 def scaffold_cli(*args: str, site: Path | None = None, disable: str = "", env: dict | None = None,

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from scaffold_core import hookimpl
-from scaffold_core.config import load_config
+from scaffold_core.config import Unset, load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.testing import ListTask, plugin_set
 
@@ -26,6 +26,10 @@ class Plugin:
     @hookimpl
     def register_tasks(self, registry):
         registry.add("math", MathTask)
+
+
+#: Fixture plugins that would clash with the others: enabled only where a clash is tested.
+ISOLATE = "dupe,clash"
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,61 @@ def test_set_overrides_take_yaml_typed_values(tmp_path, registry):
     assert cfg.rollout.progress is False and cfg.sampling.seed is None
 
 
+def test_null_and_unset_remove_a_key_so_its_default_applies(tmp_path, registry):
+    path = write(tmp_path, "task: {name: math, limit: 2, split: train}\nsampling: {max_tokens: 64, seed: 3}\n"
+                           "controller: {name: majority_vote, samples: 5}\nrollout: {concurrency: 3}\n")
+    cfg = load_config(path, ["task.split=null", "controller.samples=~", "sampling.max_tokens=null"], registry=registry)
+    assert cfg.task.options == {"limit": 2}  # the task's own default split applies
+    assert cfg.controller.options == {"samples": 3}  # the task's default_config applies again
+    assert cfg.sampling.max_tokens == 300  # the task's default_config applies again
+    cfg = load_config(path, [Unset("sampling.seed"), Unset("rollout"), Unset("output.dir"), Unset("nothing.here")],
+                      registry=registry)
+    assert cfg.sampling.seed == 0 and cfg.rollout.concurrency == 64 and cfg.output.dir == "runs/{task}-{time}"
+    # where null is a value of the key (no seed; progress bar on a terminal only), --set KEY=null sets it
+    cfg = load_config(path, ["sampling.seed=null", "rollout.progress=null"], registry=registry)
+    assert cfg.sampling.seed is None and cfg.rollout.progress is None
+
+
+def test_switching_a_component_by_set_drops_the_previous_ones_options_with_a_note(tmp_path, registry):
+    path = write(tmp_path, "task: {name: math}\ncontroller: {name: majority_vote, samples: 5}\n"
+                           "verifier: {name: exact_match, ignore_case: true, timeout: 7}\n")
+    notes: list[str] = []
+    cfg = load_config(path, ["controller.samples=2", "controller.name=best_of_n", "verifier.name=exact_match"],
+                      registry=registry, note=notes.append)
+    assert cfg.controller.name == "best_of_n" and cfg.controller.options == {"samples": 2}  # set by --set: kept
+    assert cfg.verifier.options == {"ignore_case": True}  # the same name: nothing dropped
+    assert notes == []
+    cfg = load_config(path, ["controller.name=native"], registry=registry, note=notes.append)
+    assert cfg.controller.name == "native" and cfg.controller.options == {}
+    assert notes == ["--set controller.name=native: dropped controller.samples, the options of the previous "
+                     "controller 'majority_vote'; set them again with --set if 'native' takes them"]
+    notes.clear()
+    write(tmp_path, "task: {name: math}\nverifier: {name: exact_match, ignore_case: true, timeout: 7}\n")
+    other = plugin_set(math=Plugin(), other=_OtherVerifier()).registry
+    cfg = load_config(path, ["verifier.name=other"], registry=other, note=notes.append)
+    assert cfg.verifier.options == {} and cfg.verifier_timeout == 7  # the core's keys stay
+    assert len(notes) == 1 and "verifier.ignore_case" in notes[0]
+
+
+class _OtherVerifier:
+    @hookimpl
+    def register_verifiers(self, registry):
+        from scaffold_core.builtins.verifiers import ExactMatchVerifier
+
+        registry.add("other", lambda: ExactMatchVerifier())
+
+
+def test_the_cli_prints_the_note_and_takes_unset(tmp_path, cli, fixture_site):
+    path = write(tmp_path, "task: {name: hello}\ncontroller: {name: majority_vote, samples: 3}\n"
+                           "sampling: {max_tokens: 20}\n")
+    proc = cli("config", str(path), "--set", "controller.name=native", "--unset", "sampling.max_tokens",
+               site=fixture_site, disable=ISOLATE)
+    assert proc.returncode == 0, proc.stderr
+    data = yaml.safe_load(proc.stdout)
+    assert data["controller"] == {"name": "native"} and data["sampling"]["max_tokens"] == 64
+    assert "note: --set controller.name=native: dropped controller.samples" in proc.stderr
+
+
 def test_resolved_config_round_trips_through_yaml(tmp_path, registry):
     cfg = load_config(write(tmp_path, "task: {name: math, limit: 2}\n"), registry=registry)
     data = yaml.safe_load(cfg.to_yaml())
@@ -90,12 +149,18 @@ def test_unknown_component_name_lists_installed_and_suggests(tmp_path, registry)
     msg = error_of(tmp_path, registry, "task: {name: math}\ncontroller: {name: majority_votes}\n")
     assert "controller.name: unknown controller 'majority_votes'" in msg
     assert "best_of_n, majority_vote, native" in msg and "Did you mean 'majority_vote'?" in msg
-    assert "pip install scaffold-majority-votes" in msg
+    assert "pip install" not in msg  # no package is guessed from a misspelt name
+    assert "install that plugin's package" in msg
 
 
 def test_known_plugin_component_gets_its_distribution_in_the_hint(tmp_path, registry):
     msg = error_of(tmp_path, registry, "task: {name: math}\nengine: {name: sglang}\n")
-    assert "pip install scaffold-sglang" in msg
+    assert "It comes from scaffold-sglang, which is not installed: pip install --find-links dist scaffold-sglang" in msg
+    assert "make dist" in msg
+    msg = error_of(tmp_path, registry, "task: {name: math}\nverifier: {name: math_verify}\n")
+    assert 'pip install --find-links dist "scaffold-gsm8k[math-verify]"' in msg
+    msg = error_of(tmp_path, registry, "task: {name: math}\ncontroller: {name: sglang}\n")
+    assert "scaffold-sglang" not in msg  # scaffold-sglang has an engine of that name, not a controller
 
 
 def test_wrong_type_names_key_value_and_allowed(tmp_path, registry):
@@ -160,7 +225,7 @@ def test_yaml_is_loaded_safely(tmp_path, registry):
 
 def test_scaffold_config_prints_the_resolved_config(tmp_path, cli, fixture_site):
     path = write(tmp_path, "task: {name: hello}\n")
-    proc = cli("config", str(path), "--set", "sampling.temperature=0", site=fixture_site, disable="dupe")
+    proc = cli("config", str(path), "--set", "sampling.temperature=0", site=fixture_site, disable=ISOLATE)
     assert proc.returncode == 0, proc.stderr
     data = yaml.safe_load(proc.stdout)
     assert data["sampling"]["temperature"] == 0 and data["sampling"]["max_tokens"] == 64

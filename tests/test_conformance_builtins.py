@@ -17,8 +17,9 @@ from scaffold_core.testing.conformance import (
 
 class TestExactMatch(VerifierConformance):
     name = "exact_match"
-    gold = [("42", "42"), ("  Paris\n", "Paris"), ("x = 1", "x = 1")]
-    wrong = [("41", "42"), ("paris", "Paris"), ("", "42")]
+    gold = [("42", "42"), ("  Paris\n", "Paris"), ("x = 1", "x = 1"), ("azure", ["blue", "azure"]), ("7", 7)]
+    wrong = [("41", "42"), ("paris", "Paris"), ("", "42"), ("green", ["blue", "azure"])]
+    list_references = True
 
 
 class TestExactMatchIgnoringCase(VerifierConformance):
@@ -26,6 +27,7 @@ class TestExactMatchIgnoringCase(VerifierConformance):
     options = {"ignore_case": True}
     gold = [("paris", "Paris"), ("STRASSE", "strasse")]
     wrong = [("Lyon", "Paris")]
+    list_references = True
 
 
 class TestArithmeticTestTask(TaskConformance):

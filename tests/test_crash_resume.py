@@ -16,7 +16,8 @@ CONFIG = ("task: {name: hello, limit: 40}\n"
 
 
 def start_run(site: Path, config: Path, out: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(site), SCAFFOLD_DISABLE_PLUGINS="dupe")
+    # "dupe" and "clash" are fixtures that clash with other plugins and built-ins
+    env = dict(os.environ, PYTHONPATH=str(site), SCAFFOLD_DISABLE_PLUGINS="dupe,clash")
     return subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "-o", str(out),
                              "--no-progress", *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)

@@ -182,9 +182,11 @@ def test_hook_on_run_end_error_is_counted_not_fatal(tmp_path, caplog):
             raise RuntimeError("boom")
 
     probe = Lifecycle()
-    metrics, _ = run_with(tmp_path, Broken(), probe)
+    metrics, out = run_with(tmp_path, Broken(), probe)
     assert metrics["episodes"] == 2 and probe.calls[-1][0] == "end"
     assert "raised in on_run_end" in caplog.text
+    assert list(metrics["hook_errors"].values()) == [1]
+    assert json.loads((out / "metrics.json").read_text())["hook_errors"] == metrics["hook_errors"]
 
 
 class Tracer:
@@ -348,3 +350,56 @@ def test_hook_register_trainers(tmp_path):
     assert json.loads((out / "train_summary.json").read_text())["samples"] == 24
     assert "step 3/3  reward_mean=0.5  loss=0  version=0  stale_dropped=0" in stream.getvalue()
     assert "trainer:" in (out / "config.yaml").read_text()
+
+
+# -- what docs/hooks.md promises about errors ------------------------------------------------
+
+
+def test_lifecycle_hook_errors_are_counted_and_other_plugins_still_called(tmp_path, caplog):
+    class Raises:
+        @hookimpl
+        def on_run_start(self, config, output_dir):
+            raise RuntimeError("start")
+
+        @hookimpl
+        def on_episode_end(self, result):
+            raise RuntimeError("episode")
+
+    probe = Lifecycle()
+    metrics, out = run_with(tmp_path, Raises(), probe)
+    assert metrics["completed"] == 2  # the run goes on
+    assert sorted(c[0] for c in probe.calls) == ["end", "episode", "episode", "start"]
+    assert list(metrics["hook_errors"].values()) == [3]  # one start, two episodes
+    assert caplog.text.count("raised in on_episode_end") == 1  # logged once, then counted
+
+
+def test_engine_request_wrapper_errors_fail_the_episode_and_engine_errors_stand(tmp_path):
+    class Raises:
+        @hookimpl(wrapper=True)
+        def engine_request(self, request, engine):
+            yield
+            raise ValueError("cannot record")
+
+    metrics, out = run_with(tmp_path, Raises())
+    assert metrics["failed"] == 2 and metrics["completed"] == 0
+    failure = json.loads((out / "failures.jsonl").read_text().splitlines()[0])
+    assert failure["error_component"].startswith("plugin:") and "raised in engine_request" in failure["error"]
+
+    class Swallows:
+        """Observes the engine's error and returns a result instead: the error still fails the request."""
+
+        def __init__(self):
+            self.seen = []
+
+        @hookimpl(wrapper=True)
+        def engine_request(self, request, engine):
+            try:
+                return (yield)
+            except Exception as exc:
+                self.seen.append(type(exc).__name__)
+                return None
+
+    swallows = Swallows()
+    metrics, out = run_with(tmp_path / "second", swallows, rollout={"request_timeout": 0.05, "retries": 0},
+                            engine={"name": "benchmark_canned", "response": "2", "delay_s": 1.0})
+    assert metrics["failed"] == 2 and swallows.seen == ["EngineError", "EngineError"]

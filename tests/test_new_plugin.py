@@ -73,11 +73,37 @@ def test_existing_folder_is_refused_and_left_untouched(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scaffold-arith"]  # no staging folder left
 
 
-def test_missing_dir_and_unknown_kind_are_refused(tmp_path):
-    with pytest.raises(NewPluginError, match="no such directory"):
-        create_plugin("arith", parent=tmp_path / "nope")
+def test_missing_dir_is_created(tmp_path):
+    target = create_plugin("arith", parent=tmp_path / "new" / "plugins")
+    assert target == tmp_path / "new" / "plugins" / "scaffold-arith"
+    assert (target / "scaffold_arith" / "task.py").is_file()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["scaffold-arith"]  # no staging folder left
+
+
+def test_an_empty_target_folder_is_filled(tmp_path):
+    (tmp_path / "scaffold-arith").mkdir()
+    target = create_plugin("arith", parent=tmp_path)
+    assert (target / "pyproject.toml").is_file()
+
+
+def test_a_file_as_dir_and_an_unknown_kind_are_refused(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NewPluginError, match="not a directory"):
+        create_plugin("arith", parent=tmp_path / "afile")
     with pytest.raises(NewPluginError, match="unknown kind 'widget'; kinds: task, verifier"):
         plan_files("arith", "widget")
+
+
+def test_a_failed_write_leaves_no_folder_it_created(tmp_path, monkeypatch):
+    from scaffold_core.cli import new_plugin
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(new_plugin.Path, "write_text", broken)
+    with pytest.raises(OSError, match="disk full"):
+        create_plugin("arith", parent=tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -102,13 +128,27 @@ def test_generated_files_are_complete(kind):
     assert meta["project"]["entry-points"]["scaffold"] == {"demo": "scaffold_demo"}
 
 
+@pytest.mark.parametrize("core, expected", [("0.1.0", ("0.1", "0.2")), ("0.3.7", ("0.3", "0.4")),
+                                            ("1.4.2", ("1.4", "2")), ("0+unknown", ("0.0", "0.1"))])
+def test_a_new_plugin_pins_the_core_series_it_is_made_for(core, expected):
+    from scaffold_core.cli.new_plugin import core_range
+
+    assert core_range(core) == expected
+    tomllib = pytest.importorskip("tomllib")
+    deps = tomllib.loads(plan_files("demo", "task")["pyproject.toml"])["project"]["dependencies"]
+    floor, ceiling = core_range(__import__("scaffold_core").__version__)
+    assert deps == [f"scaffold-core>={floor},<{ceiling}"]
+
+
 def test_cli_creates_the_plugin_and_says_what_next(tmp_path, capsys):
     assert main(["new-plugin", "arith", "--kind", "verifier", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Created" in out and "pip install -e" in out and "scaffold list-plugins" in out
     assert (tmp_path / "scaffold-arith" / "scaffold_arith" / "verifier.py").is_file()
     assert main(["new-plugin", "arith", "--dir", str(tmp_path)]) == 1
-    assert "already exists" in capsys.readouterr().err
+    assert "already exists and is not empty" in capsys.readouterr().err
+    assert main(["new-plugin", "arith", "--dir", str(tmp_path / "missing")]) == 0
+    assert (tmp_path / "missing" / "scaffold-arith" / "pyproject.toml").is_file()
 
 
 def test_generated_plugin_registers_in_process(tmp_path, monkeypatch):

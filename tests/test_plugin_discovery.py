@@ -6,7 +6,11 @@ import json
 import re
 import sys
 
-ISOLATE = "dupe"  # the duplicate-name fixture would make every lookup of 'hello' fail; enable it only where tested
+import yaml
+
+#: The fixtures that reuse other plugins' names (dupe: 'hello'; clash: the built-in 'native' and scaffold-gsm8k's
+#: 'gsm8k') make those names ambiguous; they are enabled only where clashes are tested.
+ISOLATE = "dupe,clash"
 
 
 def test_project_plugins_are_listed_ok_with_versions(list_plugins):
@@ -23,7 +27,8 @@ def test_listing_json_shape_and_builtins_only_with_all(list_plugins):
     everything = list_plugins(None, "", "--all")
     builtin = everything["builtin"]
     assert builtin["distribution"] == "scaffold-core"
-    assert set(builtin) == {"name", "distribution", "version", "status", "error", "hooks", "components"}
+    assert set(builtin) == {"name", "distribution", "version", "status", "error", "hooks", "components", "clashes"}
+    assert builtin["status"] == "ok" and builtin["clashes"] == []
     assert set(builtin["components"]) >= {"task", "controller", "verifier", "engine", "trajectory_maker"}
     assert {"native", "majority_vote", "best_of_n"} <= set(builtin["components"]["controller"])
     assert {"single_turn", "grpo"} <= set(builtin["components"]["trajectory_maker"])
@@ -66,17 +71,65 @@ def test_selecting_a_component_of_a_broken_plugin_names_it_and_its_cause(fixture
     assert "scaffold_missing_dependency_xyz" in proc.stderr
 
 
-def test_duplicate_names_error_names_both_distributions(fixture_site, tmp_path, cli, list_plugins):
-    plugins = list_plugins(fixture_site, "")
+def test_duplicate_names_are_reported_and_never_resolved_silently(fixture_site, tmp_path, cli, list_plugins):
+    plugins = list_plugins(fixture_site, "clash")
     for name in ("hello", "dupe"):
-        assert plugins[name]["status"] == "error"
-        assert "scaffold-hello" in plugins[name]["error"] and "scaffold-dupe" in plugins[name]["error"]
+        assert plugins[name]["status"] == "clash"
+        [clash] = plugins[name]["clashes"]
+        assert (clash["kind"], clash["name"]) == ("task", "hello")
+        assert sorted(p["distribution"] for p in clash["providers"]) == ["scaffold-dupe", "scaffold-hello"]
+    assert plugins["hello"]["components"]["verifier"] == ["hello_exact"]  # its other components are listed
+    listed = cli("list-plugins", site=fixture_site, disable="clash")
+    assert listed.returncode == 0
+    assert "name clash: task 'hello' is registered by 2 plugins" in listed.stderr
+    assert "scaffold-hello" in listed.stderr and "scaffold-dupe" in listed.stderr
+
     config = tmp_path / "c.yaml"
-    config.write_text("task: {name: hello}\n")
-    proc = cli("config", str(config), site=fixture_site, disable="")
+    config.write_text("task: {name: hello}\nengine: {name: benchmark_canned}\n")
+    proc = cli("config", str(config), site=fixture_site, disable="clash")
     assert proc.returncode == 1
-    assert "registered twice" in proc.stderr
-    assert "scaffold-hello" in proc.stderr and "scaffold-dupe" in proc.stderr
+    assert "task.name: task 'hello' is registered by 2 plugins" in proc.stderr
+    assert "plugin 'hello' (scaffold-hello)" in proc.stderr and "plugin 'dupe' (scaffold-dupe)" in proc.stderr
+    assert "`name: hello:hello`" in proc.stderr and "`name: scaffold-dupe:hello`" in proc.stderr
+    assert "SCAFFOLD_DISABLE_PLUGINS=dupe" in proc.stderr
+
+    # the ways out the error names all work: a qualified name (plugin or distribution), or disabling one
+    for qualified in ("hello:hello", "scaffold-hello:hello", "scaffold_hello:hello"):
+        chosen = cli("config", str(config), "--set", f"task.name={qualified}", site=fixture_site, disable="clash")
+        assert chosen.returncode == 0, chosen.stderr
+        assert yaml.safe_load(chosen.stdout)["verifier"]["name"] == "hello_exact"  # scaffold-hello's task defaults
+    assert cli("config", str(config), site=fixture_site, disable="clash,dupe").returncode == 0
+    wrong = cli("config", str(config), "--set", "task.name=nope:hello", site=fixture_site, disable="clash")
+    assert wrong.returncode == 1 and "no plugin or distribution 'nope' provides task 'hello'" in wrong.stderr
+
+
+def test_a_plugin_reusing_a_builtin_name_hides_nothing(fixture_site, tmp_path, cli, list_plugins):
+    """scaffold-clash registers controller 'native' and task 'gsm8k': neither it nor the built-in (or
+    scaffold-gsm8k) wins silently; the clash is listed; other names keep working."""
+    plugins = list_plugins(fixture_site, "dupe", "--all")
+    assert plugins["clash"]["status"] == "clash" and plugins["builtin"]["status"] == "clash"
+    clashes = {(c["kind"], c["name"]): c["providers"] for c in plugins["clash"]["clashes"]}
+    assert clashes[("controller", "native")] == [{"plugin": "builtin", "distribution": "scaffold-core"},
+                                                 {"plugin": "clash", "distribution": "scaffold-clash"}]
+    assert {"plugin": "gsm8k", "distribution": "scaffold-gsm8k"} in clashes[("task", "gsm8k")]
+    assert "native" in plugins["builtin"]["components"]["controller"]  # the built-in is still there
+    assert plugins["gsm8k"]["status"] == "clash"
+    assert plugins["gsm8k"]["components"]["verifier"] == ["gsm8k", "math_verify"]
+
+    config = tmp_path / "c.yaml"
+    config.write_text("task: {name: hello}\nengine: {name: benchmark_canned}\n")
+    proc = cli("config", str(config), site=fixture_site, disable="dupe")  # the default controller is 'native'
+    assert proc.returncode == 1
+    assert "controller.name: controller 'native' is registered by 2 plugins: the built-in (scaffold-core) and " \
+           "plugin 'clash' (scaffold-clash)" in proc.stderr
+    assert "`name: builtin:native`" in proc.stderr and "SCAFFOLD_DISABLE_PLUGINS=clash" in proc.stderr
+    ok = cli("config", str(config), "--set", "controller.name=builtin:native", site=fixture_site, disable="dupe")
+    assert ok.returncode == 0, ok.stderr
+    run = cli("run", str(config), "--set", "controller.name=clash:native", "--set", "task.limit=1", "-o",
+              str(tmp_path / "out"), "--no-progress", site=fixture_site, disable="dupe")
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "out" / "metrics.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "out"]
 
 
 def test_misspelled_hookimpl_is_caught(fixture_site, cli, list_plugins):
@@ -97,7 +150,7 @@ def test_plugin_raising_in_register_hook_is_an_error_and_registers_nothing(fixtu
 
 
 def test_disabled_plugins_are_not_imported(fixture_site, cli, list_plugins):
-    plugins = list_plugins(fixture_site, "broken,dupe")
+    plugins = list_plugins(fixture_site, "broken,dupe,clash")
     assert plugins["broken"]["status"] == "disabled"
     assert "SCAFFOLD_DISABLE_PLUGINS" in plugins["broken"]["error"]
 
@@ -111,7 +164,11 @@ def test_unknown_component_suggests_close_name_and_install_hint(fixture_site, tm
     # other installed plugins (the workspace's own, e.g. gsm8k) may list their tasks too
     assert "unknown task 'helo'" in proc.stderr and re.search(r"Installed tasks: [^.]*\bhello\b", proc.stderr)
     assert "Did you mean 'hello'?" in proc.stderr
-    assert "pip install scaffold-helo" in proc.stderr
+    assert "pip install" not in proc.stderr  # no package name is made up from a misspelt component name
+    disabled = cli("config", str(config), "--set", "task.name=gsm8k", site=fixture_site, disable=f"{ISOLATE},gsm8k")
+    assert disabled.returncode == 1
+    assert ("It comes from plugin 'gsm8k' (scaffold-gsm8k), which is installed but disabled by "
+            "SCAFFOLD_DISABLE_PLUGINS") in disabled.stderr
 
 
 def test_list_plugins_imports_no_heavy_library():

@@ -476,3 +476,138 @@ def test_the_branch_isolation_test_catches_branches_that_share_the_episodes_data
     monkeypatch.setattr(EpisodeContext, "branch", sharing_branch)
     with pytest.raises(AssertionError, match="branches saw changes that were not their own"):
         CheckNative().test_parallel_branches_see_only_their_own_changes()
+BROKEN_TOOLS = '''
+import time
+from scaffold_core.tool import Tool, ToolResult
+from scaffold_core.testing.conformance import ToolConformance
+
+class Echo(Tool):
+    name = "echo"
+    description = "Echo the text."
+    parameters = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],
+                  "additionalProperties": False}
+    async def call(self, arguments, context):
+        return ToolResult(arguments["text"])
+
+class Blocking(Echo):
+    async def call(self, arguments, context):
+        time.sleep(0.4)                     # a synchronous client inside an async call
+        return ToolResult(arguments["text"])
+
+class RemembersLast(Echo):
+    async def call(self, arguments, context):
+        import asyncio
+        self.last = arguments["text"]       # per-call state on the shared tool
+        await asyncio.sleep(0.01)
+        return ToolResult(self.last)
+
+class Counting(Echo):
+    counts: dict = {}                       # class-level state
+    async def call(self, arguments, context):
+        self.counts[context.episode_id] = self.counts.get(context.episode_id, 0) + 1
+        return ToolResult(arguments["text"])
+
+class Base(ToolConformance):
+    calls = [{"text": "alpha"}, {"text": "beta"}, {"text": "gamma"}]
+
+class TestEcho(Base):
+    def make_tool(self):
+        return Echo()
+
+class TestBlocking(Base):
+    def make_tool(self):
+        return Blocking()
+
+class TestRemembersLast(Base):
+    def make_tool(self):
+        return RemembersLast()
+
+class TestCounting(Base):
+    def make_tool(self):
+        return Counting()
+'''
+
+
+def test_tool_conformance_catches_broken_tools(pytester):
+    out = _outcomes(pytester, BROKEN_TOOLS)
+    assert not {f for f in out["failed"] if f.startswith("TestEcho::")}
+    assert "TestBlocking::test_does_not_block_the_event_loop" in out["failed"]
+    assert "TestBlocking::test_example_calls_succeed" in out["passed"]
+    assert "TestRemembersLast::test_concurrent_calls_agree_with_serial_ones" in out["failed"]
+    assert {"TestCounting::test_no_class_level_mutable_state",
+            "TestCounting::test_calls_leave_class_state_unchanged"} <= out["failed"]
+
+
+BROKEN_GAPS = '''
+import time
+from scaffold_core import Verdict
+from scaffold_core.builtins.controllers import NativeController
+from scaffold_core.testing import ListTask
+from scaffold_core.testing.conformance import ControllerConformance, TaskConformance, VerifierConformance
+
+class StrReference:
+    """Turns a list reference into text and looks for the response in it."""
+    def verify(self, response, reference):
+        ok = bool(response.strip()) and response.strip() in str(reference)
+        return Verdict(float(ok), response, None, "")
+
+class SlowInline:
+    """Runs on the event loop, and slowly on long responses."""
+    executor = "inline"
+    def verify(self, response, reference):
+        if len(response) > 1000:
+            time.sleep(0.3)
+        return Verdict(float(response.strip() == reference), response, None, "")
+
+class RaisesOnWrong:
+    """Fails loudly on anything but the right answer: wrong answers never reach training."""
+    def verify(self, response, reference):
+        if response.strip() != reference:
+            raise ValueError("cannot parse the answer")
+        return Verdict(1.0, response, None, "")
+
+class SleepyController(NativeController):
+    def process(self, ctx):
+        if ctx.index == 0:
+            time.sleep(0.4)                 # blocks every other episode
+        return (yield from super().process(ctx))
+
+class TestStrReference(VerifierConformance):
+    gold = [("42", "42"), ("Paris", "Paris")]
+    wrong = [("41", "42")]
+    huge_size = 20_000
+    def make_verifier(self):
+        return StrReference()
+
+class TestSlowInline(VerifierConformance):
+    gold = [("42", "42")]
+    wrong = [("41", "42")]
+    huge_size = 2_000
+    def make_verifier(self):
+        return SlowInline()
+
+ROWS = [{"id": i, "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+
+class TestRaisesOnWrong(TaskConformance):
+    def make_task(self):
+        return ListTask(ROWS)
+    def make_verifier(self):
+        return RaisesOnWrong()
+
+class TestSleepyController(ControllerConformance):
+    rows = ROWS[:3]
+    def make_controller(self):
+        return SleepyController()
+'''
+
+
+def test_the_kit_catches_what_would_poison_training(pytester):
+    out = _outcomes(pytester, BROKEN_GAPS)
+    assert "TestStrReference::test_structured_references_are_handled" in out["failed"]
+    assert "TestStrReference::test_gold_passes" in out["passed"]
+    assert "TestSlowInline::test_inline_verifier_does_not_block_the_event_loop" in out["failed"]
+    assert {"TestRaisesOnWrong::test_wrong_answers_are_not_rewarded",
+            "TestRaisesOnWrong::test_all_wrong_episode_is_completed_with_no_reward"} <= out["failed"]
+    assert "TestRaisesOnWrong::test_gold_answer_passes_the_verifier" in out["passed"]
+    assert "TestSleepyController::test_does_not_block_the_event_loop" in out["failed"]
+    assert "TestSleepyController::test_episodes_complete" in out["passed"]

@@ -54,11 +54,10 @@ class BlocksTheLoop(Good):
 
 
 class Base(ToolConformance):
-    good_arguments = [{"text": "hello"}]
+    calls = [{"text": "hello"}]
 
 
 class TestGood(Base):
-    slow_arguments = None
 
     def make_tool(self):
         return Good()
@@ -99,8 +98,9 @@ def test_tool_conformance_catches_broken_tools(pytester):
     failed = outcomes.get("failed", set())
     assert not {f for f in failed if f.startswith("TestGood::")}, text
     assert "TestNoDescription::test_definition_is_valid" in failed, text
-    assert "TestClassLevelLog::test_no_class_level_mutable_attributes" in failed, text
-    assert "keeps mutable values on the class" in text
-    assert "TestCountsCalls::test_episodes_share_no_state" in failed, text
+    assert "TestClassLevelLog::test_no_class_level_mutable_state" in failed, text
+    assert "class-level mutable state" in text
+    assert "TestCountsCalls::test_concurrent_calls_agree_with_serial_ones" in failed, text
+    assert "TestCountsCalls::test_a_copied_tool_answers_as_the_original" in failed, text
     assert "state leaks between episodes" in text
     assert "TestBlocksTheLoop::test_timeout_is_respected" in failed, text

@@ -148,3 +148,28 @@ def test_second_load_reads_the_converted_cache(engine):
     assert tokenizer.encode("hello world") == engine.tokenizer.encode("hello world")
     first = next(iter(engine.model.state_dict().values()))
     assert torch.equal(first, next(iter(model.state_dict().values())))
+
+
+def test_a_group_shares_one_prefill_and_matches_the_unshared_path(engine):
+    first, second = prompts(engine)[:2]
+    sampled = SamplingParams(max_tokens=6, temperature=1.0)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    reqs = ([GenerationRequest(f"v{i}", list(first), sampled, seed=40 + i) for i in range(3)]
+            + [GenerationRequest("vg", list(first), greedy), GenerationRequest("w", second, sampled, seed=50)])
+    before = engine.stats()
+    shared = generate_all(engine, reqs)
+    after = engine.stats()
+    assert after["batches"] - before["batches"] == 1  # requests arriving together share a batch
+    assert after["shared_prefills"] - before["shared_prefills"] == 1  # the four rows of the first prompt
+    assert after["prefills"] - before["prefills"] == 2
+    assert after["prefill_rows_saved"] - before["prefill_rows_saved"] == 3
+    engine.share_prefill = False
+    try:
+        unshared = generate_all(engine, reqs)
+    finally:
+        engine.share_prefill = True
+    assert engine.stats()["prefills"] - after["prefills"] == len(reqs)
+    for s, u in zip(shared, unshared):
+        assert s.output_ids == u.output_ids and s.finish_reason == u.finish_reason
+        assert max(abs(a - b) for a, b in zip(s.logprobs, u.logprobs)) <= 1e-4
+    assert len({tuple(r.output_ids) for r in shared[:3]}) > 1  # each sample drew from its own seed

@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 from ..plugins.markers import hookimpl
-from ..verifier import Verdict, Verifier
+from ..verifier import Reference, Verdict, Verifier, reference_answers
 
 
 class ExactMatchVerifier(Verifier):
-    """Reward 1.0 when the stripped response equals the stripped reference (optionally case-folded)."""
+    """Reward 1.0 when the stripped response equals the stripped reference (optionally case-folded).
+
+    The reference may be a string, a number (compared as its text) or a list of acceptable answers
+    (any one matches); a dict reference raises (the episode fails with the reason).
+    """
 
     def __init__(self, ignore_case: bool = False):
         self.ignore_case = ignore_case
 
-    def verify(self, response: str, reference: str | None) -> Verdict:
+    def _norm(self, text: str) -> str:
+        text = text.strip()
+        return text.casefold() if self.ignore_case else text
+
+    def verify(self, response: str, reference: Reference) -> Verdict:
+        answers = {self._norm(a) for a in reference_answers(reference)} - {""}
         answer = response.strip()
-        key = answer.casefold() if self.ignore_case else answer
+        key = self._norm(answer)
         if not answer:
             return Verdict(0.0, None, None, "empty response")
-        if reference is None:
+        if not answers:
             return Verdict(0.0, answer, key, "no reference")
-        ref = reference.strip().casefold() if self.ignore_case else reference.strip()
-        ok = key == ref
+        ok = key in answers
         return Verdict(1.0 if ok else 0.0, answer, key, "match" if ok else "mismatch")
 
 

@@ -31,14 +31,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print the resolved config, with every default filled in")
     p.add_argument("config", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key, e.g. --set sampling.max_tokens=256 (repeatable)")
+    _override_options(p, "sampling.max_tokens=256")
     p.set_defaults(handler=cmd_config)
 
     p = sub.add_parser("run", help="run a rollout described by a YAML config")
     p.add_argument("config", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key, e.g. --set task.limit=4 (repeatable)")
+    _override_options(p, "task.limit=4")
     p.add_argument("-o", "--output", help="output directory (overrides output.dir)")
     p.add_argument("--resume", action="store_true", help="continue a killed run in the output directory")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
@@ -71,9 +69,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", default="task",
                    choices=list(KIND_TEMPLATES),
                    help="the component the plugin adds (default: task)")
-    p.add_argument("--dir", default=".", help="the folder to create scaffold-NAME/ in (default: the current one)")
+    p.add_argument("--dir", default=".",
+                   help="the folder to create scaffold-NAME/ in, created when missing (default: the current one)")
     p.set_defaults(handler=cmd_new_plugin)
     return parser
+
+
+def _override_options(p: argparse.ArgumentParser, example: str) -> None:
+    from ..config import Unset
+
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a key, e.g. --set {example} (repeatable); KEY=null removes it. "
+                        "Setting SECTION.name to another component drops the previous one's options")
+    p.add_argument("--unset", dest="overrides", action="append", type=Unset, metavar="KEY",
+                   help="remove a key or section, so its default applies (repeatable)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,7 +115,10 @@ def cmd_list_plugins(args: argparse.Namespace) -> int:
         print(json.dumps([i.to_json() for i in infos], indent=2))
         return ExitCode.OK
     if not infos:
-        print("No plugins installed. Add one with e.g.: pip install scaffold-gsm8k")
+        from ..plugins.registry import install_command
+
+        print(f"No plugins installed. Add one, e.g. {install_command('scaffold-gsm8k')} "
+              "(wheels built by `make dist` in a scaffold checkout; see its README)")
         return ExitCode.OK
     rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS")]
     for info in infos:
@@ -118,6 +130,12 @@ def cmd_list_plugins(args: argparse.Namespace) -> int:
     for info in infos:
         if info.status == "error":
             print(f"\n{info.name}: {info.error}", file=sys.stderr)
+    reported: set[tuple[str, str]] = set()
+    for info in infos:
+        for clash in info.clashes:
+            if (clash["kind"], clash["name"]) not in reported:
+                reported.add((clash["kind"], clash["name"]))
+                print(f"\nname clash: {clash['message']}", file=sys.stderr)
     return ExitCode.OK
 
 

@@ -103,6 +103,15 @@ def builtin_names(kind: str) -> list[str]:
     return PluginSet().load(entry_points=False).registry.names(kind)
 
 
+def core_range(core_version: str) -> tuple[str, str]:
+    """The scaffold-core range a new plugin supports: this release series. ``0.1.3`` -> (``0.1``,
+    ``0.2``) (before 1.0 a minor release may break plugins); ``1.4.0`` -> (``1.4``, ``2``)."""
+    numbers = [int(n) for n in re.findall(r"\d+", core_version.split("+")[0])[:2]] + [0, 0]
+    major, minor = numbers[0], numbers[1]
+    floor = f"{major}.{minor}"
+    return floor, (f"{major}.{minor + 1}" if major == 0 else f"{major + 1}")
+
+
 def render(text: str, values: dict[str, str], source: str) -> str:
     """Fill ``{{ key }}`` placeholders; an unknown key is a bug in the template."""
 
@@ -125,7 +134,7 @@ def plan_files(name: str, kind: str) -> dict[str, str]:
         raise NewPluginError(f"unknown kind {kind!r}; kinds: {', '.join(KIND_TEMPLATES)}")
     names = PluginNames.from_name(name, kind)
     spec = KIND_TEMPLATES[kind]
-    core_floor = ".".join(version().split(".")[:2])
+    core_floor, core_ceiling = core_range(version())
     values = {
         "name": names.name,
         "distribution": names.distribution,
@@ -137,6 +146,7 @@ def plan_files(name: str, kind: str) -> dict[str, str]:
         "component_module": spec.module,
         "summary": spec.summary,
         "core_floor": core_floor,
+        "core_ceiling": core_ceiling,
     }
     values["usage"] = render(_template(kind, "usage.md.tmpl"), values, f"{kind}/usage.md.tmpl").strip()
     files: dict[str, str] = {}
@@ -148,33 +158,56 @@ def plan_files(name: str, kind: str) -> dict[str, str]:
 
 
 def create_plugin(name: str, *, kind: str = "task", parent: str | Path = ".") -> Path:
-    """Write ``scaffold-NAME/`` into ``parent`` and return its path.
+    """Write ``scaffold-NAME/`` into ``parent`` (created when missing) and return its path.
 
     Refuses names that are not valid, names the core already uses for that
-    kind, and a target folder that already exists.
+    kind, and a target folder that exists and is not empty (an empty one is
+    filled).
     """
     files = plan_files(name, kind)  # validates the name and kind first
     if name in builtin_names(kind):
         raise NewPluginError(
             f"{kind.replace('_', ' ')} {name!r} is a built-in of scaffold-core; a plugin registering it "
-            "would conflict. Pick another name")
+            "would clash with it. Pick another name")
     parent_dir = Path(parent)
-    if not parent_dir.is_dir():
-        raise NewPluginError(f"--dir {parent}: no such directory; create it first or pick another")
+    if parent_dir.exists() and not parent_dir.is_dir():
+        raise NewPluginError(f"--dir {parent}: exists and is not a directory; pick another --dir")
     target = parent_dir / f"scaffold-{name}"
-    if target.exists():
-        raise NewPluginError(f"{target} already exists; remove it, or pick another name or --dir")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise NewPluginError(f"{target} already exists and is not empty; remove it, or pick another name or --dir")
+    created = _make_dirs(parent_dir)
     staging = Path(tempfile.mkdtemp(prefix=f".scaffold-{name}-", dir=parent_dir))
     try:
         for relative, content in files.items():
             path = staging / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
+        if target.is_dir():
+            target.rmdir()  # empty (checked above): the staged package takes its place
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        for folder in reversed(created):  # leave no folder this call made behind
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise
     return target
+
+
+def _make_dirs(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return the folders created, outermost first."""
+    missing = []
+    for candidate in [folder, *folder.parents]:
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NewPluginError(f"--dir {folder}: cannot create it ({exc.strerror or exc}); pick another --dir") from None
+    return list(reversed(missing))
 
 
 def next_steps(target: Path, name: str, kind: str) -> str:

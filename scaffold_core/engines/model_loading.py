@@ -8,7 +8,10 @@ installed its GGUF file is used (the module is located with
 Converting a GGUF file to torch weights takes ~19 s on a laptop CPU, so the
 converted model and tokenizer are saved once under the user cache directory
 (``~/.cache/scaffold/models/<key>``, or ``$SCAFFOLD_CACHE_DIR``) and later
-loads read safetensors in well under a second.
+loads read safetensors in well under a second: transformers builds the model
+on the meta device and memory-maps the weights from the file, so nothing is
+initialised or copied (``bench/model_load.py`` measures it). Most of a fresh
+process's start is importing torch and transformers' model code, not the load.
 """
 
 from __future__ import annotations

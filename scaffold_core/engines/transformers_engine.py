@@ -6,6 +6,9 @@ the event loop takes up to ``max_batch_size`` of them, waiting at most
 (torch releases the GIL, so the event loop keeps running). Every sampling
 parameter is applied per row, so requests with different parameters share a
 batch. Rows that finish are dropped from the batch (and its KV cache) at once.
+Rows of a batch with the same prompt (the samples of one group) share one
+prefill: the prompt's KV cache is computed once and copied to each of them
+(``prefill.py``; ``share_prefill: false`` turns it off).
 
 Sampling is reproducible per request: each row draws its randomness from its
 own generator seeded with the request's seed (Gumbel-max sampling), so a
@@ -41,6 +44,7 @@ from ..errors import EngineError
 from ..generation import GenerationRequest, GenerationResult
 from ..tokenizers import eos_token_ids
 from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
+from .prefill import Prefill, prefill
 
 
 @dataclass(eq=False)
@@ -86,6 +90,7 @@ class TransformersEngine(Engine):
         threads: int | None = None,
         cache_converted: bool = True,
         trust_remote_code: bool = False,
+        share_prefill: bool = True,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -105,6 +110,7 @@ class TransformersEngine(Engine):
         self.threads = threads
         self.cache_converted = cache_converted
         self.trust_remote_code = trust_remote_code
+        self.share_prefill = share_prefill
         self.model: Any = None
         self.tokenizer: Any = None
         self.load_info: dict[str, Any] = {}
@@ -114,6 +120,7 @@ class TransformersEngine(Engine):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = threading.Event()
         self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0}
+        self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0, "prefill_s": 0.0}
         self._lent: tuple[Any, Any] | None = None  # (model, tokenizer) the caller owns: see wrap()
 
     # -- lifecycle --------------------------------------------------------
@@ -240,6 +247,7 @@ class TransformersEngine(Engine):
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self._stats)
         s["mean_batch"] = round(s["rows"] / s["batches"], 2) if s["batches"] else 0.0
+        s.update(self._prefill_stats, prefill_s=round(self._prefill_stats["prefill_s"], 3))
         s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
         return s
 
@@ -336,23 +344,12 @@ class TransformersEngine(Engine):
         torch = self._torch
         model = self.model
         device = next(model.parameters()).device
-        prompts = [r.pending.request.prompt_ids for r in rows]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: the last column is every row's newest token
-            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention[i, width - len(p):] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
+        pre = prefill(torch, model, [r.pending.request.prompt_ids for r in rows], pad_id=self.pad_id, device=device,
+                      cache_arg=self._cache_arg, share=self.share_prefill)
+        self._count_prefill(pre)
+        cache, attention, next_pos, logits = pre.cache, pre.attention, pre.next_pos, pre.logits
         active = list(range(len(rows)))
         kv = {self._cache_arg: cache}
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                       use_cache=True, logits_to_keep=1, **kv).logits[:, -1, :]
-        next_pos = positions[:, -1:] + 1
         while True:
             self._stats["decode_steps"] += 1
             tokens = self._sample([rows[i] for i in active], logits.float())
@@ -382,6 +379,14 @@ class TransformersEngine(Engine):
             logits = model(input_ids=last, attention_mask=attention, position_ids=next_pos,
                            use_cache=True, **kv).logits[:, -1, :]
             next_pos = next_pos + 1
+
+    def _count_prefill(self, pre: Prefill) -> None:
+        """``prefills``: prompts pre-filled; ``shared_prefills``: those that served several rows of one group."""
+        stats = self._prefill_stats
+        stats["prefills"] += pre.prompts
+        stats["shared_prefills"] += pre.shared
+        stats["prefill_rows_saved"] += pre.rows_saved
+        stats["prefill_s"] += pre.seconds
 
     def _hit_stop_string(self, row: _Row) -> bool:
         text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..episode import EpisodeResult
 from ..errors import ConfigError, RunDirError
+from ..plugins.registry import bare_name
 from .files import (
     atomic_write_text,
     dir_mode,
@@ -57,7 +58,8 @@ EPISODE_FILES = (LEDGER, "samples.jsonl", "failures.jsonl")
 def expand_output_dir(config: Any) -> Path:
     """``output.dir`` with ``{task}``, ``{controller}`` and ``{time}`` filled in."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    text = config.output.dir.format(task=config.task.name, controller=config.controller.name, time=stamp)
+    text = config.output.dir.format(task=bare_name(config.task.name), controller=bare_name(config.controller.name),
+                                   time=stamp)
     return Path(text)
 
 

@@ -17,11 +17,15 @@ There are two families of hooks:
   ``registry.add(name, factory)``. The core calls every implementation once per
   process, when the registry is first built. A plugin that raises here is
   listed with status ``error`` and its components are unavailable; every other
-  plugin keeps working.
+  plugin keeps working. A name another plugin (or a built-in) also registers
+  for the same kind is a clash: neither wins, and configs must choose one
+  with ``plugin:name``.
 * **Lifecycle hooks** let several plugins take part in one step at once:
   observing finished episodes, wrapping engine requests for tracing and
-  metrics, and seeing a run start and end. An exception raised by one of these
-  is reported with the plugin's name and never corrupts another plugin's work.
+  metrics, and seeing a run start and end. An exception raised by an observer
+  is logged with the plugin's name and counted (``hook_errors``) and never
+  corrupts another plugin's work; an ``engine_request`` wrapper that raises
+  fails its request's episode.
 """
 
 from __future__ import annotations
@@ -189,11 +193,15 @@ def register_trainers(registry: ComponentRegistry) -> None:
 
 @hookspec
 def on_run_start(config: Any, output_dir: str | None) -> None:
-    """Called once per worker process before the first episode starts.
+    """Called once per process that runs episodes, before its first episode and before the engine
+    starts (in a multi-worker, torchrun or Ray run: in every worker).
 
     :param config: the resolved :class:`scaffold_core.config.Config`.
-    :param output_dir: where this run writes its files, or ``None`` when the
-        runtime is used as a library without an output directory.
+    :param output_dir: the directory the run writes its files to (``scaffold run``
+        always passes one).
+
+    An exception is logged with the plugin's name and counted in the run's
+    ``metrics.json`` (``hook_errors``); the run goes on.
     """
 
 
@@ -205,18 +213,25 @@ def on_episode_end(result: EpisodeResult) -> None:
         status (``"ok"`` or ``"failed"``), error, samples with rewards, the
         episode's answer. Treat it as read-only.
 
-    Keep implementations fast (they run on the event loop). An exception is
-    reported with the plugin's name and counted in the run's metrics; it does
+    Called after the episode's retries, also for an episode that failed before
+    it ran (a row whose prompt could not be built). Keep implementations fast
+    (they run on the event loop). An exception is logged with the plugin's
+    name and counted in the run's ``metrics.json`` (``hook_errors``); it does
     not fail the episode or stop other observers.
     """
 
 
 @hookspec
 def on_run_end(metrics: dict, output_dir: str | None) -> None:
-    """Called once per worker process after the last episode, before exit.
+    """Called once per run, after the last episode, when every output file and ``metrics.json`` are
+    written: in the process of a one-process run, in the launcher (after merging the workers'
+    results) of a multi-worker or Ray run, on rank 0 under torchrun.
 
     :param metrics: the run's metrics dict (what ``metrics.json`` holds).
-    :param output_dir: the run's output directory, or ``None``.
+    :param output_dir: the run's output directory.
+
+    An exception is logged with the plugin's name, counted in ``hook_errors``, and
+    ``metrics.json`` is written again with the count.
     """
 
 
@@ -230,8 +245,10 @@ def engine_request(  # type: ignore[empty-body]  # a spec: pluggy never runs its
     with exactly one ``yield``. The code before ``yield`` runs when the request
     is sent; ``yield`` returns the engine's :class:`GenerationResult` once it
     arrives (the request is awaited in between, so this works for async
-    engines); return the result, or a replacement. If the engine fails,
-    ``yield`` raises the error, which the wrapper may observe and re-raise::
+    engines, bounded by ``rollout.request_timeout``); return the result, or a
+    replacement (``None`` keeps the result). If the engine fails or times out,
+    ``yield`` raises the error, which the wrapper may observe; the error fails
+    the request whatever the wrapper does::
 
         @hookimpl(wrapper=True)
         def engine_request(request, engine):
@@ -242,8 +259,9 @@ def engine_request(  # type: ignore[empty-body]  # a spec: pluggy never runs its
 
     :param request: the :class:`GenerationRequest` (prompt ids, sampling
         parameters, request and episode ids). Treat it as read-only.
-    :param engine: the engine's registered name.
+    :param engine: the engine's registered name (without a ``plugin:`` qualifier).
 
-    A wrapper that raises fails that request's episode with an error naming
-    the plugin.
+    A wrapper that raises (before or after its ``yield``) fails that request's
+    episode with component ``plugin:NAME`` and an error naming the plugin; it is
+    not retried.
     """

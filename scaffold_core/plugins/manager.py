@@ -7,9 +7,12 @@ Failure policy (all of it lives here):
   is listed with status ``error`` and its reason. Everything else keeps
   working. Selecting one of its components raises :class:`PluginLoadError`
   chained from the original cause.
-* Two plugins registering the same name for one kind raise
-  :class:`DuplicateComponentError` naming both distributions when a component
-  is looked up (``scaffold list-plugins`` still lists, and marks both).
+* Two plugins registering the same name for one kind (a built-in's name
+  included) is a *clash*: neither wins. Selecting the bare name raises
+  :class:`DuplicateComponentError` listing both providers and how to choose
+  (``plugin:name`` or ``distribution:name`` in the config, or disabling one);
+  ``scaffold list-plugins`` marks both plugins with status ``clash`` and names
+  the clash. Every other component keeps working.
 * ``SCAFFOLD_DISABLE_PLUGINS=a,b`` skips plugins by entry-point name before
   they are imported.
 * ``SCAFFOLD_EXTRA_PLUGINS=pkg.module,pkg.other:obj`` registers plugins that
@@ -33,14 +36,14 @@ from typing import Any
 import pluggy
 
 from .._meta import CORE_DISTRIBUTION, ENTRY_POINT_GROUP, PROJECT_NAME, version
-from ..errors import PluginError
+from ..errors import DuplicateComponentError, PluginError
 from . import hookspecs
 from .kinds import KINDS
-from .registry import BUILDING, BUILDING_PATH, BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
+from .registry import BUILDING, BUILDING_PATH, BUILTIN_PLUGIN, BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
 
 DISABLE_ENV = "SCAFFOLD_DISABLE_PLUGINS"
 EXTRA_ENV = "SCAFFOLD_EXTRA_PLUGINS"
-BUILTIN = "builtin"
+BUILTIN = BUILTIN_PLUGIN
 
 #: Built-in plugin modules, registered exactly like third-party plugins.
 DEFAULT_PLUGINS: tuple[str, ...] = (
@@ -61,11 +64,13 @@ class PluginInfo:
     name: str
     distribution: str | None
     version: str | None
-    status: str  # "ok" | "error" | "disabled"
+    status: str  # "ok" | "error" | "disabled" | "clash"
     error: str | None = None
     hooks: list[str] = field(default_factory=list)
     components: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
     builtin: bool = False
+    #: Names this plugin registered that another plugin registered too: kind, name and every provider.
+    clashes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +81,7 @@ class PluginInfo:
             "error": self.error,
             "hooks": self.hooks,
             "components": self.components,
+            "clashes": self.clashes,
         }
 
 
@@ -127,6 +133,7 @@ class PluginSet:
                 dist_name, version = self.dist_of(ep.name)
                 self.infos[ep.name] = PluginInfo(ep.name, dist_name, version, "disabled",
                                                  error=f"disabled by {DISABLE_ENV}")
+                self.registry.disabled[ep.name] = dist_name
             elif ep.name not in names:
                 names.append(ep.name)
         failures: dict[str, BaseException] = {}
@@ -191,27 +198,30 @@ class PluginSet:
 
     def _register_components(self) -> None:
         """Call every ``register_*`` hook, staging each plugin's components; a plugin that raises
-        adds none of them. Then add the staged components plugin by plugin and mark conflicts."""
+        adds none of them. Then add the staged components plugin by plugin and mark clashes."""
         staged: dict[str, list[ComponentInfo]] = {}
         for kind in KINDS.values():
             hook = getattr(self.pm.hook, kind.hook)
-            for impl in reversed(hook.get_hookimpls()):  # registration order
+            for impl in hook.get_hookimpls():  # registration order: built-ins first
                 if impl.plugin_name not in self.registry.broken:
                     self._call_register_hook(kind.name, kind.hook, impl, staged)
-        for owner, infos in staged.items():
-            if owner not in self.registry.broken:
-                self.registry.add_all(infos)
-        for conflict in self.registry.conflicts:
-            for plugin in conflict.plugins:
-                if plugin in self.infos:
-                    self.infos[plugin].status = "error"
-                    self.infos[plugin].error = str(conflict)
+        order = list(dict.fromkeys(self._owner(name) for name, _ in self.pm.list_name_plugin()))
+        for owner in sorted(staged, key=lambda o: order.index(o) if o in order else len(order)):
+            if owner not in self.registry.broken:  # in registration order: built-ins first
+                self.registry.add_all(staged[owner])
+        for clash in self.registry.clashes():
+            for plugin in clash.plugins:
+                info = self.infos.get(plugin)
+                if info is not None and info.status in ("ok", "clash"):
+                    info.status = "clash"
+                    info.clashes.append(clash_record(clash))
+                    info.error = "; ".join(c["message"] for c in info.clashes)
 
     def _call_register_hook(self, kind: str, hook_name: str, impl: Any,
                             staged: dict[str, list[ComponentInfo]]) -> None:
         plugin_name = impl.plugin_name
         owner = self._owner(plugin_name)
-        dist = None if owner == BUILTIN else self.dist_of(owner)[0]
+        dist = CORE_DISTRIBUTION if owner == BUILTIN else self.dist_of(owner)[0]
         sink = staged.setdefault(owner, [])
         view = ComponentRegistry(kind, owner, dist, sink)
         before = len(sink)
@@ -263,7 +273,7 @@ class PluginSet:
             plugin = self.pm.get_plugin(name)
             if plugin is not None:
                 info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
-            if info.status != "error":
+            if info.status not in ("error", "disabled"):
                 info.components = self.registry.by_plugin(name)
             out.append(info)
         if include_builtin:
@@ -271,9 +281,17 @@ class PluginSet:
             for name, plugin in self.pm.list_name_plugin():
                 if name.startswith(f"{BUILTIN}:") and plugin is not None:
                     hooks.update(h.name for h in self.pm.get_hookcallers(plugin) or [])
-            out.insert(0, PluginInfo(BUILTIN, CORE_DISTRIBUTION, version(), "ok", hooks=sorted(hooks),
-                                     components=self.registry.by_plugin(BUILTIN), builtin=True))
+            clashes = [clash_record(c) for c in self.registry.clashes() if BUILTIN in c.plugins]
+            out.insert(0, PluginInfo(BUILTIN, CORE_DISTRIBUTION, version(), "clash" if clashes else "ok",
+                                     error="; ".join(c["message"] for c in clashes) or None, hooks=sorted(hooks),
+                                     components=self.registry.by_plugin(BUILTIN), builtin=True, clashes=clashes))
         return out
+
+
+def clash_record(clash: DuplicateComponentError) -> dict[str, Any]:
+    """A clash as ``list-plugins --json`` shows it: kind, name, message and every provider."""
+    return {"kind": clash.kind, "name": clash.name, "message": str(clash),
+            "providers": [{"plugin": p, "distribution": d} for p, d in zip(clash.plugins, clash.distributions)]}
 
 
 def _hook_names() -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,22 +45,50 @@ def __getattr__(name: str) -> Any:  # names that moved to another module stay im
     return moved_name(__name__, name)
 
 
-#: Which distribution adds a well-known component name (for install hints).
-KNOWN_PROVIDERS: dict[str, str] = {
-    "gsm8k": "scaffold-gsm8k",
-    "multiturn_gsm8k": "scaffold-multiturn",
-    "multiturn_chat": "scaffold-multiturn",
-    "multiturn": "scaffold-multiturn",
-    "sglang": "scaffold-sglang",
-    "math_verify": 'scaffold-gsm8k[math-verify]',
-    "calculator": "scaffold-tools",
-    "python": "scaffold-tools",
-    "search": "scaffold-tools",
-    "agent": "scaffold-multiturn",
-    "gsm8k_calculator": "scaffold-multiturn",
-    "hermes": "scaffold-multiturn",
-    "trl": "scaffold-trl",
+#: The plugin name the core's own components are registered under.
+BUILTIN_PLUGIN = "builtin"
+
+#: Which distribution of this project adds a well-known component, by (kind, name), for install hints.
+KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
+    ("task", "gsm8k"): "scaffold-gsm8k",
+    ("verifier", "gsm8k"): "scaffold-gsm8k",
+    ("verifier", "math_verify"): "scaffold-gsm8k[math-verify]",
+    ("task", "multiturn_gsm8k"): "scaffold-multiturn",
+    ("task", "gsm8k_calculator"): "scaffold-multiturn",
+    ("controller", "multiturn_chat"): "scaffold-multiturn",
+    ("controller", "agent"): "scaffold-multiturn",
+    ("trajectory_maker", "multiturn"): "scaffold-multiturn",
+    ("environment", "verifier_feedback"): "scaffold-multiturn",
+    ("environment", "simulated_user"): "scaffold-multiturn",
+    ("tool_format", "hermes"): "scaffold-multiturn",
+    ("tool_format", "native"): "scaffold-multiturn",
+    ("engine", "sglang"): "scaffold-sglang",
+    ("tool", "calculator"): "scaffold-tools",
+    ("tool", "python"): "scaffold-tools",
+    ("tool", "search"): "scaffold-tools",
+    ("trainer", "trl"): "scaffold-trl",
 }
+
+
+def install_command(requirement: str) -> str:
+    """How to install one of this project's distributions: its packages are built from a checkout
+    (``make dist``), not published on a package index."""
+    return f"pip install --find-links dist {_shell_quote(requirement)}"
+
+
+def split_name(name: str) -> tuple[str | None, str]:
+    """``"scaffold-dupe:hello"`` -> ``("scaffold-dupe", "hello")``; ``"hello"`` -> ``(None, "hello")``.
+
+    A component name may be qualified by the plugin (entry-point name, ``builtin`` for the core's
+    own) or the distribution that provides it, to choose between providers of one name.
+    """
+    qualifier, sep, bare = name.rpartition(":")
+    return (qualifier or None) if sep else None, bare
+
+
+def bare_name(name: str) -> str:
+    """The component name without a ``plugin:`` or ``dist:`` qualifier."""
+    return split_name(name)[1]
 
 
 @dataclass(frozen=True)
@@ -72,6 +101,13 @@ class ComponentInfo:
     plugin: str
     distribution: str | None = None
     description: str = ""
+
+    @property
+    def provider(self) -> str:
+        """Who registered it, for messages: ``plugin 'dupe' (scaffold-dupe)`` or ``the built-in (scaffold-core)``."""
+        if self.plugin == BUILTIN_PLUGIN:
+            return f"the built-in ({self.distribution or 'scaffold-core'})"
+        return f"plugin {self.plugin!r} ({self.distribution or 'no distribution'})"
 
     def create(self, options: dict[str, Any] | None = None, *, path: str | None = None) -> Any:
         """Validate ``options`` against the factory's signature and build the component."""
@@ -122,57 +158,113 @@ def _first_line(doc: str | None) -> str:
 
 
 class Registry:
-    """All registered components, plus what failed to load, for one process."""
+    """All registered components, plus what failed to load, for one process.
+
+    A name registered for one kind by more than one plugin is a *clash*: it
+    never resolves silently to one of them. Looking it up raises
+    :class:`DuplicateComponentError` listing the providers and how to choose
+    (a qualified ``plugin:name`` or ``distribution:name``, or disabling one);
+    every other name keeps working.
+    """
 
     def __init__(self) -> None:
-        self._components: dict[str, dict[str, ComponentInfo]] = {kind: {} for kind in KINDS}
+        self._components: dict[str, dict[str, list[ComponentInfo]]] = {kind: {} for kind in KINDS}
         self.broken: dict[str, BrokenPlugin] = {}
-        self.conflicts: list[DuplicateComponentError] = []
+        #: Entry-point plugins skipped by SCAFFOLD_DISABLE_PLUGINS: name -> distribution (for hints).
+        self.disabled: dict[str, str | None] = {}
 
     # -- filling ---------------------------------------------------------
     def add_all(self, infos: list[ComponentInfo]) -> None:
+        """Add components; a name that another plugin already registered becomes a clash."""
         for info in infos:
-            existing = self._components[info.kind].get(info.name)
-            if existing is not None and existing.factory is not info.factory:
-                self.conflicts.append(DuplicateComponentError(
-                    f"{info.kind} {info.name!r} is registered twice: by plugin {existing.plugin!r} "
-                    f"(distribution {existing.distribution or 'builtin'}) and by plugin {info.plugin!r} "
-                    f"(distribution {info.distribution or 'builtin'}). Uninstall one of them, or disable "
-                    f"one with SCAFFOLD_DISABLE_PLUGINS={info.plugin}",
-                    kind=info.kind, name=info.name, plugins=(existing.plugin, info.plugin)))
-                continue
-            self._components[info.kind][info.name] = info
+            providers = self._components[info.kind].setdefault(info.name, [])
+            if any(p.factory is info.factory for p in providers):
+                continue  # the same factory again (a plugin re-exporting another's): one provider
+            providers.append(info)
+
+    # -- clashes ---------------------------------------------------------
+    def providers(self, kind: str, name: str) -> list[ComponentInfo]:
+        """Every component registered as ``name`` for ``kind``, in registration order."""
+        return list(self._components[kind].get(name, []))
+
+    def clashes(self) -> list[DuplicateComponentError]:
+        """One error per (kind, name) that more than one plugin registered."""
+        return [self._clash(kind, name, providers)
+                for kind, table in self._components.items()
+                for name, providers in sorted(table.items()) if len(providers) > 1]
+
+    @property
+    def conflicts(self) -> list[DuplicateComponentError]:
+        """The clashes (the earlier name of :meth:`clashes`)."""
+        return self.clashes()
 
     def check(self) -> None:
-        """Raise the first duplicate-name conflict, if any."""
-        if self.conflicts:
-            raise self.conflicts[0]
+        """Raise the first clash, if any (for callers that want none at all)."""
+        clashes = self.clashes()
+        if clashes:
+            raise clashes[0]
+
+    def _clash(self, kind: str, name: str, providers: list[ComponentInfo]) -> DuplicateComponentError:
+        listed = " and ".join(p.provider for p in providers)
+        choices = " or ".join(f"`name: {p.plugin}:{name}`" for p in providers)
+        by_dist = [f"`name: {p.distribution}:{name}`" for p in providers if p.distribution]
+        message = (f"{kind} {name!r} is registered by {len(providers)} plugins: {listed}. scaffold will not "
+                   f"pick one for you: select one in the config with a qualified name, {choices}")
+        if by_dist:
+            message += f" (or by distribution, {' or '.join(by_dist)})"
+        disable = [p.plugin for p in providers if p.plugin != BUILTIN_PLUGIN and p.distribution]
+        if disable:
+            message += (f"; or disable one plugin with "
+                        f"{' or '.join(f'SCAFFOLD_DISABLE_PLUGINS={d}' for d in disable)}")
+        if any(p.plugin == BUILTIN_PLUGIN for p in providers):
+            message += "; built-ins cannot be disabled: a plugin should not reuse a built-in's name"
+        return DuplicateComponentError(
+            message + ".", kind=kind, name=name, plugins=tuple(p.plugin for p in providers),
+            distributions=tuple(p.distribution for p in providers))
 
     # -- lookup ----------------------------------------------------------
     def names(self, kind: str) -> list[str]:
         return sorted(self._components[kind])
 
     def components(self, kind: str) -> list[ComponentInfo]:
-        return [self._components[kind][n] for n in self.names(kind)]
+        """Every registered component of ``kind`` (a clashing name once per provider), sorted by name."""
+        return [info for name in self.names(kind) for info in self._components[kind][name]]
 
     def by_plugin(self, plugin: str) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {kind: [] for kind in KINDS}
         for kind, table in self._components.items():
-            out[kind] = sorted(n for n, info in table.items() if info.plugin == plugin)
+            out[kind] = sorted(n for n, infos in table.items() if any(i.plugin == plugin for i in infos))
         return out
 
     def get(self, kind: str, name: str, *, path: str | None = None) -> ComponentInfo:
-        """Return the component, or raise an error that says how to get it."""
+        """Return the component, or raise an error that says how to get it.
+
+        ``name`` may be qualified, ``plugin:name`` or ``distribution:name``,
+        to choose between plugins that registered the same name.
+        """
         if kind not in KINDS:
             raise ValueError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
-        self.check()
-        info = self._components[kind].get(name)
-        if info is not None:
-            return info
+        qualifier, bare = split_name(name)
+        providers = self._components[kind].get(bare, [])
+        if qualifier is not None:
+            chosen = [p for p in providers if _same_name(qualifier, p.plugin) or
+                      (p.distribution is not None and _same_name(qualifier, p.distribution))]
+            if len(chosen) == 1:
+                return chosen[0]
+            if providers:
+                where = f"{path}: " if path else ""
+                raise UnknownComponentError(
+                    f"{where}{kind} {name!r}: no plugin or distribution {qualifier!r} provides {kind} {bare!r}; "
+                    f"it is provided by {' and '.join(p.provider for p in providers)}: write "
+                    f"{' or '.join(repr(f'{p.plugin}:{bare}') for p in providers)}")
+        elif len(providers) == 1:
+            return providers[0]
+        elif providers:
+            raise self._clash(kind, bare, providers)
         for broken in self.broken.values():
-            if name in broken.components.get(kind, []) or broken.name == name:
+            if bare in broken.components.get(kind, []) or broken.name == bare:
                 raise PluginLoadError(
-                    f"{kind} {name!r} comes from plugin {broken.name!r} "
+                    f"{kind} {bare!r} comes from plugin {broken.name!r} "
                     f"({broken.distribution or 'unknown distribution'}), which failed to load: "
                     f"{type(broken.error).__name__}: {broken.error}"
                 ) from broken.error
@@ -182,22 +274,47 @@ class Registry:
         installed = self.names(kind)
         where = f"{path}: " if path else ""
         msg = f"{where}unknown {kind} {name!r}. Installed {kind}s: {', '.join(installed) or '(none)'}."
-        close = difflib.get_close_matches(str(name), installed, n=1, cutoff=0.6)
+        bare = bare_name(str(name))
+        close = difflib.get_close_matches(bare, installed, n=1, cutoff=0.6)
         if close:
             msg += f" Did you mean {close[0]!r}?"
-        provider = KNOWN_PROVIDERS.get(str(name))
-        hint = provider or f"scaffold-{str(name).replace('_', '-')}"
-        msg += f" If it comes from a plugin that is not installed: pip install {_shell_quote(hint)}"
+        provider = KNOWN_PROVIDERS.get((kind, bare))
+        if provider is None and not close:  # a misspelling of a name this project's plugins provide
+            known = [n for k, n in KNOWN_PROVIDERS if k == kind]
+            guess = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
+            if guess:
+                msg += f" Did you mean {guess[0]!r}?"
+                provider = KNOWN_PROVIDERS[(kind, guess[0])]
+        disabled = {dist: plugin for plugin, dist in self.disabled.items() if dist}
+        if provider is not None and provider.split("[")[0] in disabled:
+            plugin = disabled[provider.split("[")[0]]
+            msg += (f" It comes from plugin {plugin!r} ({provider.split('[')[0]}), which is installed but "
+                    f"disabled by SCAFFOLD_DISABLE_PLUGINS: remove {plugin!r} from that variable")
+        elif provider is not None:
+            msg += (f" It comes from {provider}, which is not installed: {install_command(provider)} "
+                    "(wheels built by `make dist` in a scaffold checkout; see the README)")
+        else:
+            msg += " If it comes from a plugin that is not installed, install that plugin's package"
+        if self.disabled and provider is None:
+            msg += f". Disabled by SCAFFOLD_DISABLE_PLUGINS: {', '.join(sorted(self.disabled))}"
         if self.broken:
             failed = ", ".join(f"{b.name} ({type(b.error).__name__})" for b in self.broken.values())
-            msg += f". Plugins that failed to load: {failed}; see `scaffold list-plugins`."
-        return msg
+            msg += f". Plugins that failed to load: {failed}; see `scaffold list-plugins`"
+        return msg + "."
 
     def create(self, kind: str, name: str, options: dict[str, Any] | None = None, *, path: str | None = None) -> Any:
         """Validate ``options`` and build the component (raises ConfigError naming ``path``)."""
         info = self.get(kind, name, path=path)
         with building(self, path or kind):
             return info.create(options, path=path or kind)
+
+
+def _same_name(a: str, b: str) -> bool:
+    """Distribution and plugin names compare as packaging does: case-insensitive, ``-``/``_``/``.`` alike."""
+    def norm(text: str) -> str:
+        return re.sub(r"[-_.]+", "-", text).lower()
+
+    return norm(a) == norm(b)
 
 
 def _shell_quote(spec: str) -> str:

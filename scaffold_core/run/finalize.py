@@ -6,6 +6,7 @@ ended; needs no components, only the output directory and the ledgers in it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,5 +44,10 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     write_derived(directory, records, save_dataset=save_dataset, private=private)
     metrics["output_dir"] = str(directory)
     write_metrics(directory, metrics, private=private)
-    hooks.run_end(metrics, str(directory))
+    before = Counter(hooks.errors)
+    hooks.run_end(metrics, str(directory))  # after metrics.json exists: a hook may read or upload it
+    raised = Counter(hooks.errors) - before
+    if raised:  # count on_run_end's errors too, like every lifecycle hook's
+        metrics["hook_errors"] = dict(Counter(metrics.get("hook_errors") or {}) + raised)
+        write_metrics(directory, metrics, private=private)
     return metrics

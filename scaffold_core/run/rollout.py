@@ -22,6 +22,7 @@ from ..errors import DataError
 from ..output import LEDGER, RunOutput, expand_output_dir
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
+from ..plugins.registry import bare_name
 from ..task import episode_context, episode_id_of
 from .finalize import finalize_run_dir
 from .metrics import RunMetrics
@@ -184,7 +185,7 @@ class Rollout:
         cfg, comps = self.config, self.components
         return Runtime(
             engine=comps.engine, controller=comps.controller, verifier=pool,
-            trajectory_maker=comps.trajectory_maker, hooks=self.hooks, engine_name=cfg.engine.name,
+            trajectory_maker=comps.trajectory_maker, hooks=self.hooks, engine_name=bare_name(cfg.engine.name),
             concurrency=cfg.rollout.concurrency, request_timeout=cfg.rollout.request_timeout,
             episode_timeout=cfg.rollout.episode_timeout, retries=cfg.rollout.retries,
         )

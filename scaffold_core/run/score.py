@@ -21,6 +21,8 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
                options: list[str] | None = None, *, timeout: float = 30.0) -> dict[str, Any]:
     """Score every line of ``input_path`` (fields ``response`` and ``answer``; others are kept).
 
+    ``answer`` is the reference, any JSON value (a string, a number, a list of acceptable answers,
+    a dict the verifier understands, or null), passed to the verifier as it is.
     A line the verifier cannot score (a gold answer it cannot use, a verifier error or timeout) does not
     stop the others: it is listed in ``unscored`` with its line number and error, and written to the
     output with ``reward: null`` and that ``error``. A line that is not UTF-8, not JSON or lacks a field
@@ -86,13 +88,12 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
 async def _score(verifier: Any, name: str, rows: list[dict[str, Any]], timeout: float) -> list[Any]:
     """A Verdict per row, or the error that kept that row from being scored."""
     pool = VerifierPool(verifier, timeout=timeout, workers=2, name=name)
-    out: list[Any] = [_gold_problem(r["answer"]) for r in rows]
-    todo = [i for i, problem in enumerate(out) if problem is None]
+    out: list[Any] = [None] * len(rows)
+    todo = list(range(len(rows)))
     try:
         for start in range(0, len(todo), CHUNK):
             chunk = todo[start:start + CHUNK]
-            items = [(str(rows[i]["response"]), None if rows[i]["answer"] is None else str(rows[i]["answer"]))
-                     for i in chunk]
+            items = [(str(rows[i]["response"]), rows[i]["answer"]) for i in chunk]
             try:
                 verdicts: list[Any] = await pool.verify_many(items)
             except VerifierError:  # some row of the chunk cannot be scored: score them one by one
@@ -107,11 +108,3 @@ async def _score(verifier: Any, name: str, rows: list[dict[str, Any]], timeout: 
         return out
     finally:
         pool.close()
-
-
-def _gold_problem(answer: Any) -> Exception | None:
-    """Why a gold answer cannot be scored at all (a list, a mapping), else None."""
-    if answer is None or (isinstance(answer, (str, int, float)) and not isinstance(answer, bool)):
-        return None
-    return ValueError(f"'answer' must be a string or a number (or null), got {type(answer).__name__} {answer!r}; "
-                      "fix that line of the input")

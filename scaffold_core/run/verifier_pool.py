@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from ..errors import VerifierError
-from ..verifier import EXECUTORS, Verdict, verify_all
+from ..verifier import EXECUTORS, Reference, Verdict, verify_all
 from .verifier_processes import ProcessVerifierPool
 
 
@@ -60,7 +60,7 @@ class VerifierPool:
             except RuntimeError:  # loop closed: nobody is waiting any more
                 pass
 
-    async def verify_many(self, items: list[tuple[str, str | None]]) -> list[Verdict]:
+    async def verify_many(self, items: list[tuple[str, Reference]]) -> list[Verdict]:
         """Verify (response, reference) pairs; raises VerifierError on error or timeout."""
         if self._closed:
             raise VerifierError(f"verifier {self.name!r} pool is closed")

@@ -68,7 +68,7 @@ class ProcessVerifierPool:
         self._all.append(worker)
         return worker
 
-    async def verify_many(self, items: list[tuple[str, str | None]], timeout: float) -> list[Any]:
+    async def verify_many(self, items: list[tuple[str, Any]], timeout: float) -> list[Any]:
         if self._idle is None:
             self._idle = asyncio.Queue()
             for _ in range(self._size):

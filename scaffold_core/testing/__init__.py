@@ -9,6 +9,8 @@
   the results; :func:`run_one_episode` runs one task row end to end.
 * :class:`LiveEngine` starts an engine on a background event loop so
   synchronous tests can share it (the ``smollm2_engine`` fixture is one).
+* :class:`LoopLagMonitor` measures the longest time something held the
+  event loop without yielding.
 * :mod:`scaffold_core.testing.conformance` holds the conformance base classes
   a plugin's tests subclass (imported on demand: it needs pytest).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from .engines import ScriptedEngine
 from .helpers import ListTask, make_contexts, plugin_set, run_episodes, run_one_episode
-from .live import BackgroundLoop, LiveEngine
+from .live import BackgroundLoop, LiveEngine, LoopLagMonitor
 
 __all__ = ["ScriptedEngine", "ListTask", "plugin_set", "make_contexts", "run_episodes", "run_one_episode",
-           "BackgroundLoop", "LiveEngine"]
+           "BackgroundLoop", "LiveEngine", "LoopLagMonitor"]

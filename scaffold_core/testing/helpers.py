@@ -13,6 +13,7 @@ from ..run.runtime import Runtime
 from ..run.verifier_pool import VerifierPool
 from ..sampling import SamplingParams
 from ..task import Task, episode_context
+from ..verifier import Reference
 
 
 def plugin_set(*plugins: Any, entry_points: bool = False, **named: Any) -> PluginSet:
@@ -37,7 +38,7 @@ class ListTask(Task):
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return msgs + [{"role": "user", "content": str(row["question"])}]
 
-    def reference(self, row: dict[str, Any]) -> str | None:
+    def reference(self, row: dict[str, Any]) -> Reference:
         answer = row.get("answer")
         return None if answer is None else str(answer)
 
@@ -49,8 +50,11 @@ def make_contexts(task: Task, tokenizer: Any, sampling: SamplingParams | None = 
 
 def run_episodes(contexts: list[EpisodeContext], *, engine: Any, controller: Any, verifier: Any = None,
                  trajectory_maker: Any = None, timeout: float = 120.0, verifier_timeout: float = 10.0,
-                 **runtime_options: Any) -> list[EpisodeResult]:
+                 monitor: Any = None, **runtime_options: Any) -> list[EpisodeResult]:
     """Run ``contexts`` and return results in context order (the whole call is bounded by ``timeout``).
+
+    ``monitor`` (a :class:`~scaffold_core.testing.live.LoopLagMonitor`) watches the event loop the
+    episodes run on, while they run.
 
     ``engine`` is an unstarted engine (started and closed here, on a fresh
     event loop) or a :class:`~scaffold_core.testing.LiveEngine` (used on its
@@ -72,7 +76,11 @@ def run_episodes(contexts: list[EpisodeContext], *, engine: Any, controller: Any
             await start_controller(controller)
             runtime = Runtime(engine=raw_engine, controller=controller, verifier=pool,
                               trajectory_maker=trajectory_maker, **runtime_options)
-            await asyncio.wait_for(runtime.run(contexts, results.append), timeout)
+            if monitor is None:
+                await asyncio.wait_for(runtime.run(contexts, results.append), timeout)
+            else:
+                async with monitor:
+                    await asyncio.wait_for(runtime.run(contexts, results.append), timeout)
         finally:
             if pool is not None:
                 pool.close()
@@ -136,7 +144,7 @@ class _OneRowTask(Task):
     def messages(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         return self.task.messages(row)
 
-    def reference(self, row: dict[str, Any]) -> str | None:
+    def reference(self, row: dict[str, Any]) -> Reference:
         return self.task.reference(row)
 
     def build_prompt(self, row: dict[str, Any], tokenizer: Any) -> Any:

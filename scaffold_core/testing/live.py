@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 from collections.abc import Awaitable, Sequence
 from typing import Any
@@ -68,6 +69,59 @@ class BackgroundLoop:
             self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+class LoopLagMonitor:
+    """Measures how long the running event loop goes without running other work.
+
+    Use it on the loop under test (``async with LoopLagMonitor() as lag: ...``):
+    a heartbeat coroutine sleeps ``interval`` seconds at a time, and
+    :attr:`max_block` is the longest it was held up beyond that, i.e. the
+    longest time something on the loop ran without yielding (a blocking call
+    inside a coroutine, CPU work in a controller's ``process``).
+
+    With ``quiet_gc`` (default) the process's objects are collected and frozen
+    before the heartbeat starts and the collector is off while it runs, so a
+    garbage collection of a large heap (a loaded model) is not mistaken for
+    the code under test blocking the loop.
+    """
+
+    def __init__(self, interval: float = 0.005, *, quiet_gc: bool = True) -> None:
+        self.interval = interval
+        self.quiet_gc = quiet_gc
+        self.max_block = 0.0
+        self._task: asyncio.Task | None = None
+        self._gc_was_enabled = False
+
+    async def _beat(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(self.interval)
+            now = loop.time()
+            self.max_block = max(self.max_block, now - last - self.interval)
+            last = now
+
+    async def __aenter__(self) -> LoopLagMonitor:
+        if self.quiet_gc:
+            self._gc_was_enabled = gc.isenabled()
+            gc.collect()
+            gc.freeze()  # what lives now is never scanned again while monitoring
+            gc.disable()
+        self._task = asyncio.ensure_future(self._beat())
+        await asyncio.sleep(0)  # let the heartbeat take its first time stamp
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._task is not None:
+            await asyncio.sleep(0)  # a block that ended just now is still measured
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self.quiet_gc:
+            gc.unfreeze()
+            if self._gc_was_enabled:
+                gc.enable()
 
 
 class LiveEngine:

@@ -34,11 +34,11 @@ import threading
 from typing import Any, ClassVar
 
 from scaffold_core.errors import MissingDependencyError
-from scaffold_core.verifier import Verdict, Verifier
+from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answers
 
 from .answers import GLUED_UNITS, VALUE_WORDS, AnswerError, answer_number, extract_answer, gold_answer, strip_emphasis
 
-INSTALL_HINT = 'pip install "scaffold-gsm8k[math-verify]"'
+INSTALL_HINT = 'pip install "math-verify>=0.7" (what the math-verify extra of scaffold-gsm8k adds)'
 
 # \text{...} and its kin hold words: their content is read as plain text.
 _TEXT_GROUP = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox)\s*\{([^{}]*)\}")
@@ -246,12 +246,13 @@ class MathVerifyVerifier(Verifier):
             raise ValueError(f"reference answer {gold_text[:80]!r} cannot be parsed by math-verify")
         return gold
 
-    def verify(self, response: str, reference: str | None) -> Verdict:
+    def verify(self, response: str, reference: Reference) -> Verdict:
         mv = _math_verify()
-        if reference is None:
+        answers = reference_answers(reference)  # one answer or a list of acceptable ones; raises for dicts
+        if not answers:
             raise ValueError("no reference answer: the math_verify verifier needs the gold answer")
         timeout = self._timeout()
-        gold = self._gold(str(reference), timeout)
+        golds = [self._gold(answer, timeout) for answer in answers]
         found = extract_answer(response or "")
         if not found.text:
             problem = found.problem or "no answer"
@@ -270,6 +271,7 @@ class MathVerifyVerifier(Verifier):
         if not parsed:
             return Verdict(0.0, found.text, None, f"no answer: math-verify cannot parse the {found.source} answer")
         key = found.key if found.key is not None else str(parsed[0])  # canonical numbers vote together
-        ok = mv.verify(gold, parsed, float_rounding=self.float_rounding, timeout_seconds=timeout)
+        ok = any(mv.verify(gold, parsed, float_rounding=self.float_rounding, timeout_seconds=timeout)
+                 for gold in golds)
         return Verdict(1.0 if ok else 0.0, found.text, key,
                        f"correct ({found.source})" if ok else f"wrong answer ({found.source}): got {key[:40]}")

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from scaffold_core.verifier import Verdict, Verifier
+from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answers
 
 from .answers import AnswerError, canonical_number, extract_answer, gold_answer
 
 #: Keys longer than this are shortened in ``reason`` texts (``extracted`` and ``key`` stay whole).
 _REASON_CHARS = 40
+
+
+def reference_keys(reference: Reference) -> list[str]:
+    """The canonical gold numbers of ``reference``: one answer (a string or a number), or a list of
+    acceptable ones. Raises ValueError naming the problem when there is none or it is unusable."""
+    answers = reference_answers(reference)  # raises for dicts and other shapes
+    if not answers:
+        raise ValueError("no reference answer: the gsm8k verifier needs the gold number (e.g. '18')")
+    return [reference_key(answer) for answer in answers]
 
 
 def reference_key(reference: str | None) -> str:
@@ -38,8 +47,10 @@ class GSM8KVerifier(Verifier):
     ``\\boxed{}`` answer; ``mode: flexible`` then falls back to the last
     number in the response. Numbers compare exactly as rationals. Reward is
     1.0 or 0.0; ``key`` is the canonical number, so "18.00" and "18" vote
-    together. A reference without a number raises (the episode fails with the
-    reason) instead of silently scoring 0.
+    together. The reference is a number, a string holding one (or a worked
+    solution ending in ``#### <number>``), or a list of acceptable ones. A
+    reference without a number raises (the episode fails with the reason)
+    instead of silently scoring 0.
     """
 
     def __init__(self, mode: Literal["strict", "flexible"] = "strict"):
@@ -47,15 +58,16 @@ class GSM8KVerifier(Verifier):
             raise ValueError(f"mode must be 'strict' or 'flexible', got {mode!r}")
         self.mode = mode
 
-    def verify(self, response: str, reference: str | None) -> Verdict:
-        gold = reference_key(reference)
+    def verify(self, response: str, reference: Reference) -> Verdict:
+        golds = reference_keys(reference)
         found = extract_answer(response or "", flexible=self.mode == "flexible")
         if found.key is None:
             return Verdict(0.0, found.text, None, f"no answer: {found.problem}")
-        if found.key == gold:
+        if found.key in golds:
             return Verdict(1.0, found.text, found.key, f"correct ({found.source})")
+        expected = " or ".join(_short(g) for g in golds)
         return Verdict(0.0, found.text, found.key,
-                       f"wrong answer ({found.source}): got {_short(found.key)}, expected {_short(gold)}")
+                       f"wrong answer ({found.source}): got {_short(found.key)}, expected {expected}")
 
     def __repr__(self) -> str:
         return f"GSM8KVerifier(mode={self.mode!r})"

@@ -29,8 +29,9 @@ class TestGSM8KVerifierConformance(VerifierConformance):
     plugin = scaffold_gsm8k
     name = "gsm8k"
     gold = [("She has 48 - 15 = 33 left.\n#### 33", "33"), ("#### 1,234", "1234"), ("\\boxed{18.00}", "18"),
-            ("The answer is #### -7", "-7")]
-    wrong = [("#### 34", "33"), ("She has 33 left.", "33"), ("#### 33.5", "33")]
+            ("The answer is #### -7", "-7"), ("#### 12", ["12", "12.0"]), ("#### 5", 5)]
+    wrong = [("#### 34", "33"), ("She has 33 left.", "33"), ("#### 33.5", "33"), ("#### 13", ["12", 14])]
+    list_references = True
 
 
 class TestGSM8KFlexibleVerifierConformance(VerifierConformance):
@@ -39,6 +40,7 @@ class TestGSM8KFlexibleVerifierConformance(VerifierConformance):
     options = {"mode": "flexible"}
     gold = [("She has 33 left.", "33"), ("#### 33", "33")]
     wrong = [("She has 34 left.", "33"), ("no number here", "33")]
+    list_references = True
 
 
 @pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
@@ -49,3 +51,4 @@ class TestMathVerifyVerifierConformance(VerifierConformance):
     gold = [("#### 33", "33"), ("\\boxed{\\frac{1}{2}}", "0.5")]
     wrong = [("#### 34", "33")]
     time_limit = 30.0
+    list_references = True

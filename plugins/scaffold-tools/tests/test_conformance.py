@@ -1,4 +1,4 @@
-"""The built-in tools pass the tool conformance kit, as every tool plugin's should."""
+"""scaffold-tools against scaffold's conformance kit: each tool keeps the tool contract."""
 
 from __future__ import annotations
 
@@ -6,22 +6,21 @@ import scaffold_tools
 from scaffold_core.testing.conformance import ToolConformance
 
 
-class TestCalculator(ToolConformance):
+class TestCalculatorConformance(ToolConformance):
     plugin = scaffold_tools
     name = "calculator"
-    good_arguments = [{"expression": "(48 / 2) * 3 + sqrt(16)"}, {"expression": "2 ** 10"}]
+    calls = [{"expression": "(48 / 2) * 3"}, {"expression": "sqrt(2) ** 2"}, {"expression": "2 ** 10 - 24"}]
 
 
-class TestPython(ToolConformance):
+class TestPythonConformance(ToolConformance):
     plugin = scaffold_tools
     name = "python"
-    options = {"timeout": 5.0}
-    good_arguments = [{"code": "print(sum(range(10)))"}]
+    calls = [{"code": "print(sum(range(10)))"}, {"code": "import math\nprint(math.factorial(6))"}]
     slow_arguments = {"code": "import time\ntime.sleep(60)"}
     timeout_probe = 1.0
 
 
-class TestSearch(ToolConformance):
+class TestSearchConformance(ToolConformance):
     plugin = scaffold_tools
     name = "search"
-    good_arguments = [{"query": "how many feet in a mile"}, {"query": "boiling point of water"}]
+    calls = [{"query": "capital of France"}, {"query": "photosynthesis in plants"}]

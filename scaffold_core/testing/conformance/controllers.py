@@ -86,8 +86,10 @@ class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
 
         return ScriptedEngine(self.respond, delay=(0.0, self.max_delay), **options)
 
-    def run(self, controller: Any = None, *, concurrency: int = 8, engine: Any = None, seed: int = 0) -> list[Any]:
-        """Run every row through the runtime; returns the EpisodeResults in row order."""
+    def run(self, controller: Any = None, *, concurrency: int = 8, engine: Any = None, seed: int = 0,
+            **options: Any) -> list[Any]:
+        """Run every row through the runtime; returns the EpisodeResults in row order (``options`` go to
+        :func:`~scaffold_core.testing.run_episodes`: runtime timeouts, a loop ``monitor``)."""
         from ...builtins.trajectories import SingleTurnTrajectoryMaker
         from ..helpers import make_contexts, run_episodes
 
@@ -95,7 +97,7 @@ class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
         contexts = make_contexts(self.make_task(), engine.tokenizer, self.sampling)
         return run_episodes(contexts, engine=engine, controller=controller or self.make_controller(),
                             verifier=self.make_verifier(), trajectory_maker=SingleTurnTrajectoryMaker(),
-                            timeout=self.timeout, concurrency=concurrency)
+                            **{"timeout": self.timeout, **options}, concurrency=concurrency)
 
     # -- tests -----------------------------------------------------------
     def test_clone_is_a_new_controller(self) -> None:
@@ -170,6 +172,49 @@ class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
         for result in self.run(engine=engine):
             assert result.status == "failed", f"episode {result.episode_id} is {result.status} after engine errors"
             assert result.error_component == "engine", result.error
+
+
+    # -- what the built-ins guarantee: no class-level state, a free event loop, bounded waits ------------
+    def test_episodes_leave_class_state_unchanged(self) -> None:
+        """Running episodes changes no class-level container of the controller's classes (shared by every
+        instance and clone, such state would carry data between episodes and runs)."""
+        prototype = self.make_controller()
+        self.assert_class_state_unchanged(prototype, lambda: self.run(prototype), "running episodes")
+
+    def test_does_not_block_the_event_loop(self) -> None:
+        """``process`` never holds the event loop for more than ``max_loop_block`` seconds at a time (every
+        episode of a run shares that loop)."""
+        from ..live import LoopLagMonitor
+        from ._common import least_block
+
+        def measure() -> float:
+            monitor = LoopLagMonitor()
+            self.run(monitor=monitor)
+            return monitor.max_block
+
+        blocked = least_block(measure, self.max_loop_block)
+        assert blocked <= self.max_loop_block, (
+            f"the controller held the event loop for {blocked:.3f} s at once (bound: max_loop_block = "
+            f"{self.max_loop_block:g} s), stalling every other episode. Do not sleep or do heavy work in "
+            "process(): yield GenerationTask/VerificationTask/AwaitTask and let the runtime wait")
+
+    def test_hung_engine_fails_episodes_within_the_timeouts(self) -> None:
+        """With an engine that never answers, every episode ends within ``rollout.episode_timeout`` (plus a
+        margin), failed with component ``engine`` or ``timeout``: timeouts are never swallowed."""
+        import time
+
+        engine = self.make_engine(hang=lambda prompt: True)
+        started = time.monotonic()
+        results = self.run(engine=engine, request_timeout=0.2, episode_timeout=3.0, timeout=60.0)
+        elapsed = time.monotonic() - started
+        assert elapsed < 3.0 * 2 + 10.0, f"episodes against a hung engine took {elapsed:.1f} s"
+        for result in results:
+            if self.handles_engine_errors and result.ok:
+                continue
+            assert result.status == "failed" and result.error_component in ("engine", "timeout"), (
+                f"episode {result.episode_id} is {result.status} ({result.error_component}: {result.error}) with a "
+                "hung engine: a controller must let request timeouts fail the episode (or set "
+                "handles_engine_errors when it recovers on purpose)")
 
 
 def _summary(result: Any) -> Any:

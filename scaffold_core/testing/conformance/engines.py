@@ -11,7 +11,7 @@ import pytest
 
 from ...generation import GenerationResult
 from ...sampling import SamplingParams
-from ._common import ComponentConformance
+from ._common import ComponentConformance, least_block
 
 #: Finish reasons of a request that was served (``abort`` means the engine failed it).
 SERVED = ("stop", "length")
@@ -60,6 +60,8 @@ class EngineConformance(ComponentConformance):
     batch_invariant: ClassVar[bool] = True
     #: Whether a seeded sampled request (temperature > 0) is reproducible.
     seeded_sampling: ClassVar[bool] = True
+    #: Seconds a cancelled request (a timeout) may take to let go.
+    cancel_timeout: ClassVar[float] = 10.0
 
     def make_engine(self) -> Any:
         """A new, unstarted engine (default: built by ``name`` through the registry)."""
@@ -204,6 +206,56 @@ class EngineConformance(ComponentConformance):
             await asyncio.wait_for(engine.close(), 60)
 
         asyncio.run(close_twice())
+
+
+    # -- what the built-ins guarantee: a free event loop, cancellable requests, no class-level state ------
+    def test_does_not_block_the_event_loop(self, live_engine: Any) -> None:
+        """While requests are served, the event loop is never held more than ``max_loop_block`` seconds at a
+        time: the engine shares the loop with every episode, the runtime's timeouts and the other requests."""
+        from ..live import LoopLagMonitor
+
+        sampling = self.greedy()
+
+        async def serve() -> float:
+            async with LoopLagMonitor() as lag:
+                await asyncio.gather(*(live_engine.engine.generate(live_engine.request(p, sampling))
+                                       for p in self.prompts))
+                await live_engine.engine.generate(live_engine.request(self.prompts[0], sampling))
+            return lag.max_block
+
+        blocked = least_block(lambda: live_engine.run(serve()), self.max_loop_block)
+        assert blocked <= self.max_loop_block, (
+            f"the engine held the event loop for {blocked:.3f} s at once while generating (bound: max_loop_block = "
+            f"{self.max_loop_block:g} s): every episode, timeout and other request waits meanwhile. Run blocking "
+            "work off the loop (await asyncio.to_thread(...), a thread pool, an async HTTP client) and never call "
+            "time.sleep or a synchronous client inside async methods")
+
+    def test_cancelled_request_lets_go_promptly(self, live_engine: Any) -> None:
+        """A request cancelled mid-way (a timeout does that) ends within ``cancel_timeout`` seconds, and the
+        engine then serves the next request normally."""
+        sampling = self.greedy(max_tokens=max(self.max_tokens, 8))
+
+        async def cancel_one() -> tuple[bool, float]:
+            loop = asyncio.get_running_loop()
+            task = asyncio.ensure_future(live_engine.engine.generate(live_engine.request(self.prompts[-1], sampling)))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            started = loop.time()
+            await asyncio.wait({task}, timeout=self.cancel_timeout)
+            return task.done(), loop.time() - started
+
+        done, took = live_engine.run(cancel_one(), timeout=self.cancel_timeout + 30)
+        assert done, (f"a cancelled request was still running after {self.cancel_timeout:g} s: request timeouts "
+                      "cannot free it. Let asyncio.CancelledError propagate out of generate() (never swallow it)")
+        result = live_engine.generate(live_engine.request(self.prompts[0], self.greedy()))
+        self.check_result(result, self.greedy())
+
+    def test_generation_leaves_class_state_unchanged(self, live_engine: Any) -> None:
+        """Generating changes no class-level container of the engine's classes."""
+        sampling = self.greedy()
+        self.assert_class_state_unchanged(
+            live_engine.engine, lambda: live_engine.generate(live_engine.request(self.prompts[0], sampling)),
+            "generate()")
 
 
 def _pick_stop_string(text: str) -> str | None:

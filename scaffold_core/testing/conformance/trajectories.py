@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ._common import ComponentConformance
+from ._common import ComponentConformance, finite_number
 
 #: Keys every training sample carries (``TrainingSample.to_dict()``).
 REQUIRED_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "reward", "advantage", "episode_id",
@@ -27,7 +27,8 @@ def _sample(prompt: list[int], output: list[int], mask: list[int], reward: float
 
 
 def example_episodes() -> list[Any]:
-    """Finished episodes covering what makers meet: a group of 4, a lone sample, environment tokens."""
+    """Finished episodes covering what makers meet: a group of 4, a lone sample, environment tokens, and
+    groups whose samples are all wrong or all right (equal rewards: a zero spread to normalise by)."""
     from ...episode import EpisodeResult
 
     prompt = [11, 12, 13, 14, 15]
@@ -36,10 +37,14 @@ def example_episodes() -> list[Any]:
     lone = [_sample([7, 8, 9], [30, 31], [1, 1], 1.0, 0, version=None)]
     # multi-turn: generated [40, 41], environment [50, 51, 52] (mask 0), generated [42, 43]
     turns = [_sample([1, 2, 3, 4], [40, 41, 50, 51, 52, 42, 43], [1, 1, 0, 0, 0, 1, 1], 0.5, 0)]
+    all_wrong = [_sample(prompt, [60 + k, 61], [1, 1], 0.0, k) for k in range(4)]
+    all_right = [_sample(prompt, [70 + k, 71, 72], [1, 1, 1], 1.0, k) for k in range(3)]
     return [
         EpisodeResult(episode_id="group", index=0, status="ok", reference="1", samples=group),
         EpisodeResult(episode_id="lone", index=1, status="ok", reference="1", samples=lone),
         EpisodeResult(episode_id="turns", index=2, status="ok", reference="1", samples=turns),
+        EpisodeResult(episode_id="all-wrong", index=3, status="ok", reference="1", samples=all_wrong),
+        EpisodeResult(episode_id="all-right", index=4, status="ok", reference="1", samples=all_right),
     ]
 
 
@@ -136,6 +141,25 @@ class TrajectoryMakerConformance(ComponentConformance):
                 row = item.to_dict()
                 for key in ("reward", "advantage"):
                     assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), f"{key} = {row[key]!r}"
+
+    def test_equal_rewards_give_finite_advantages(self) -> None:
+        """A group whose samples all got the same reward (all wrong, all right) gets finite advantages, all
+        equal: nothing to prefer, and no division by a zero spread."""
+        maker = self.make_trajectory_maker()
+        for episode in self.make_episodes():
+            rewards = {s.reward for s in episode.samples}
+            if len(episode.samples) < 2 or len(rewards) != 1:
+                continue
+            advantages = [t.to_dict()["advantage"] for t in maker.make(episode)]
+            assert all(finite_number(a) for a in advantages), (
+                f"episode {episode.episode_id!r} (every reward {rewards.pop()!r}) got advantages {advantages}: "
+                "normalise by (std + eps), or give 0 when the spread is 0")
+            assert len(set(advantages)) <= 1, f"equal rewards got different advantages {advantages}"
+
+    def test_make_leaves_class_state_unchanged(self) -> None:
+        """``make()`` changes no class-level container of the maker's classes."""
+        maker = self.make_trajectory_maker()
+        self.assert_class_state_unchanged(maker, lambda: [maker.make(e) for e in self.make_episodes()], "make()")
 
     def test_json_serialisable(self) -> None:
         """Training samples serialise to JSON (they are written to ``episodes.jsonl``)."""

@@ -1,0 +1,148 @@
+"""The release path: `make dist` builds reproducible wheels and sdists of the core and every plugin, each plugin
+pins the core series it supports, and the README's install lines work in a fresh venv, offline.
+
+The files are built once per session (``dist_dir``) by ``scripts/build_dist.py``, the script `make dist` runs.
+The README's install block runs with uv's pip interface (``uv pip install`` takes pip's arguments) in a venv
+holding nothing else, offline from uv's cache when it has every dependency (else from the package index,
+while our own packages come from ``dist/`` only: none of them is on an index).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from scaffold_core.testing.freshenv import FreshVenv, run_bounded
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = REPO / "scripts" / "build_dist.py"
+PLUGINS = sorted(p for p in (REPO / "plugins").glob("scaffold-*") if (p / "pyproject.toml").is_file())
+INSTALL_MARKER = "<!-- doc-test: run-by: tests/test_dist.py::test_the_readme_install_lines_work_in_a_fresh_venv -->"
+
+
+def tomllib():
+    return pytest.importorskip("tomllib")
+
+
+def build(outdir: Path, only: str = "") -> dict[str, str]:
+    run_bounded([sys.executable, str(BUILD), "--outdir", str(outdir), *(["--only", only] if only else [])],
+                timeout=900, cwd=REPO)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in outdir.iterdir() if p.suffix in (".whl", ".gz")}
+
+
+def test_make_dist_runs_the_build_script():
+    recipe = re.search(r"^dist:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), flags=re.M)
+    assert recipe and "scripts/build_dist.py --outdir dist" in recipe.group(1)
+
+
+def test_every_plugin_pins_the_core_series_it_supports():
+    from packaging.requirements import Requirement
+
+    import scaffold_core
+
+    core = scaffold_core.__version__
+    major, minor = (int(n) for n in core.split(".")[:2])
+    next_series = f"{major}.{minor + 1}" if major == 0 else f"{major + 1}"
+    for plugin in PLUGINS:
+        meta = tomllib().loads((plugin / "pyproject.toml").read_text())["project"]
+        deps = [Requirement(d) for d in meta["dependencies"]]
+        core_req = [r for r in deps if r.name == "scaffold-core"]
+        assert core_req, f"{plugin.name} does not depend on scaffold-core"
+        spec = core_req[0].specifier
+        assert spec.contains(core), f"{plugin.name}: {spec} excludes the core it ships with ({core})"
+        assert not spec.contains(next_series) and any(s.operator == "<" for s in spec), (
+            f"{plugin.name}: {spec} has no upper bound below {next_series}: a future core may break it")
+
+
+def test_dist_holds_a_wheel_and_an_sdist_of_each_distribution(dist_dir):
+    names = sorted(p.name for p in dist_dir.iterdir())
+    for project in [REPO, *PLUGINS]:
+        meta = tomllib().loads((project / "pyproject.toml").read_text())["project"]
+        stem = f"{meta['name'].replace('-', '_')}-{meta['version']}"
+        assert f"{stem}-py3-none-any.whl" in names and f"{stem}.tar.gz" in names, (stem, names)
+    sums = (dist_dir / "SHA256SUMS").read_text()
+    assert all(name in sums for name in names if name != "SHA256SUMS")
+    with zipfile.ZipFile(next(dist_dir.glob("scaffold_core-*.whl"))) as wheel:
+        files = wheel.namelist()
+        metadata = wheel.read(next(n for n in files if n.endswith("METADATA"))).decode()
+    assert any(n.endswith("templates/task/component.py.tmpl") for n in files)  # package data is in
+    assert not any(n.startswith(("tests/", "docs/", "plugins/")) for n in files)
+    assert "Requires-Dist: torch" in metadata and not re.search(r"^Requires-Dist: torch[^;]*$", metadata, re.M), (
+        "torch must only come with the transformers extra")
+    with zipfile.ZipFile(next(dist_dir.glob("scaffold_gsm8k-*.whl"))) as wheel:
+        metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith("METADATA"))).decode()
+    assert "Requires-Dist: scaffold-core<0.2,>=0.1" in metadata
+
+
+def test_two_builds_are_byte_identical(dist_dir, tmp_path):
+    again = build(tmp_path / "again", only="scaffold-core,scaffold-gsm8k")
+    first = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dist_dir.iterdir() if p.name in again}
+    assert len(again) == 4 and again == first
+
+
+def readme_install_lines() -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    at = text.index(INSTALL_MARKER)
+    block = re.search(r"```bash\n(.*?)```", text[at:], flags=re.S)
+    assert block, "the README's install block is missing"
+    return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.split("#")[0].strip()]
+
+
+@pytest.mark.slow
+def test_the_readme_install_lines_work_in_a_fresh_venv(dist_dir, tmp_path, uv_pip_install):
+    """`make dist` (the session's build), a new venv, the README's `pip install` lines, `scaffold list-plugins`;
+    then a one-episode run on the canned engine, and no torch anywhere."""
+    lines = readme_install_lines()
+    assert lines[0] == "make dist" and lines[1].startswith("python -m venv ")
+    installs = [shlex.split(line) for line in lines[2:] if line.startswith("pip install ")]
+    commands = [shlex.split(line) for line in lines[2:] if not line.startswith("pip install ")]
+    assert installs and all("--find-links" in args and "dist" in args for args in installs)
+    work = tmp_path / "checkout"
+    work.mkdir()
+    (work / "dist").symlink_to(dist_dir)  # the README's lines run as written, from a checkout with dist/ built
+    with FreshVenv.create(timeout=120) as venv:
+        for args in installs:
+            uv_pip_install(venv, args[2:], cwd=work)  # `pip install ARGS`, run as `uv pip install ARGS`
+        for args in commands:
+            done = venv.run(args, cwd=work, timeout=120, check=False)
+            assert done.returncode == 0, f"{' '.join(args)}: {done.stderr[-3000:]}"
+        torch = venv.run(["python", "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
+                         timeout=60)
+        assert torch.stdout.strip() == "True", "installing the core and a plugin pulled in torch"
+        listed = json.loads(venv.run(["scaffold", "list-plugins", "--json"], cwd=work, timeout=120).stdout)
+        gsm8k = {p["name"]: p for p in listed}["gsm8k"]
+        assert gsm8k["status"] == "ok" and gsm8k["distribution"] == "scaffold-gsm8k"
+        assert gsm8k["components"]["task"] == ["gsm8k"]
+        where = venv.run(["python", "-c", "import scaffold_core, scaffold_gsm8k; print(scaffold_core.__file__, "
+                          "scaffold_gsm8k.__file__)"], cwd=tmp_path, timeout=60).stdout
+        assert str(REPO) not in where and str(venv.path) in where  # installed from the wheels, not the checkout
+        config = work / "one.yaml"
+        config.write_text("task: {name: gsm8k, source: sample, limit: 1}\n"
+                          "engine: {name: benchmark_canned, response: \"#### 33\"}\n")
+        ran = venv.run(["scaffold", "run", str(config), "-o", str(work / "run"), "--no-progress"], cwd=work,
+                       timeout=300, check=False, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                       HF_DATASETS_CACHE=str(tmp_path / "hf"), SCAFFOLD_CACHE_DIR=str(tmp_path / "cache"))
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        metrics = json.loads((work / "run" / "metrics.json").read_text())
+        assert metrics["episodes"] == 1 and metrics["completed"] == 1
+
+
+def test_the_release_workflow_builds_with_the_same_script_and_publishes_only_on_a_tag():
+    workflow = (REPO / ".github" / "workflows" / "release.yml").read_text()
+    assert "scripts/build_dist.py" in workflow
+    assert re.search(r"on:\s*\n\s*push:\s*\n\s*tags:", workflow), "the workflow must run on version tags only"
+    assert "pypa/gh-action-pypi-publish" in workflow and "id-token: write" in workflow
+
+
+def test_build_script_refuses_an_unknown_project(tmp_path):
+    proc = subprocess.run([sys.executable, str(BUILD), "--outdir", str(tmp_path), "--only", "scaffold-nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown project(s) scaffold-nope" in proc.stderr
