@@ -26,6 +26,7 @@ SCRIPTS = [
     ("scaffold run end to end", "run_end_to_end.py", ["--sizes", "10000", "100000"]),
     ("task loading with a limit", "task_loading.py", []),
     ("port contention", "ports.py", []),
+    ("GRPO with TRL on scaffold rollouts", "train_trl.py", []),
 ]
 
 

@@ -56,6 +56,10 @@ _LAZY = {
     "current_registry": "plugins",
     "Runtime": "run.runtime",
     "to_padded_tensor_dict": "train.padding",
+    "Trainer": "trainer",
+    "TrainJob": "trainer",
+    "TrainStep": "trainer",
+    "TrainingRollouts": "train.rollouts",
 }
 
 __all__ = ["hookimpl", "__version__", *_LAZY]

@@ -2,8 +2,8 @@
 
 Resolution order (later wins): built-in defaults < the task's
 ``default_config`` < the YAML file < ``--set`` overrides. Component sections
-(``task``, ``controller``, ``engine``, ``verifier``, ``trajectory``) select a
-component by ``name``; their other keys are that component's options,
+(``task``, ``controller``, ``engine``, ``verifier``, ``trajectory``, and the
+optional ``trainer``) select a component by ``name``; their other keys are that component's options,
 validated against its factory's signature. Everything is validated before any
 model loads; every error names the file, the key path, the bad value and what
 is allowed.
@@ -28,7 +28,9 @@ from .sampling import SamplingParams
 from .textfiles import decode_text
 
 #: Every top-level section, in the order they are resolved and written.
-SECTIONS = ("task", "controller", "engine", "sampling", "verifier", "trajectory", "rollout", "output")
+SECTIONS = ("task", "controller", "engine", "sampling", "verifier", "trajectory", "rollout", "output", "trainer")
+#: Component sections a config may leave out (``trainer`` is needed by ``scaffold train`` only).
+OPTIONAL_SECTIONS = ("trainer",)
 #: Section -> component kind, for the sections that select a component (from the one table of kinds).
 COMPONENT_SECTIONS: dict[str, str] = {section: SECTION_KINDS[section] for section in SECTIONS
                                       if section in SECTION_KINDS}
@@ -89,6 +91,11 @@ class RolloutConfig(BaseModel):
         "skip", description="'skip' (skip and count unusable dataset rows) or 'fail' (stop before any model loads)")
     max_failed_fraction: float = Field(
         0.5, ge=0, le=1, description="number in [0, 1]: above this fraction of failed episodes the run exits non-zero")
+    max_staleness: int | None = Field(
+        None, ge=0, description="integer >= 0 or null (training: drop or regenerate samples more than this many "
+        "weight versions old; null = keep all)")
+    on_stale: Literal["drop", "regenerate"] = Field(
+        "drop", description="'drop' (drop stale samples) or 'regenerate' (run their group again on current weights)")
 
 
 class OutputConfig(BaseModel):
@@ -124,6 +131,7 @@ class Config:
     sampling: SamplingConfig
     rollout: RolloutConfig
     output: OutputConfig
+    trainer: ComponentConfig | None = None
     source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,6 +144,7 @@ class Config:
             "trajectory": self.trajectory.to_dict(),
             "rollout": self.rollout.model_dump(),
             "output": self.output.model_dump(),
+            **({"trainer": self.trainer.to_dict()} if self.trainer is not None else {}),
         }
 
     def to_yaml(self) -> str:
@@ -326,13 +335,15 @@ def resolve(raw: dict[str, Any], *, registry: Any = None, source: str | None = N
     _check_sections(raw)
     merged = _merge_defaults(raw, _task_defaults(raw, registry))
     components = {section: _component(registry, section, kind, merged.get(section) or {})
-                  for section, kind in COMPONENT_SECTIONS.items()}
+                  for section, kind in COMPONENT_SECTIONS.items()
+                  if section not in OPTIONAL_SECTIONS or merged.get(section)}
     _check_verifier_core(components["verifier"].core)
     return Config(task=components["task"], controller=components["controller"], engine=components["engine"],
                   verifier=components["verifier"], trajectory=components["trajectory"],
                   sampling=_section(merged, "sampling", SamplingConfig),
                   rollout=_section(merged, "rollout", RolloutConfig),
-                  output=_section(merged, "output", OutputConfig), source=source)
+                  output=_section(merged, "output", OutputConfig), trainer=components.get("trainer"),
+                  source=source)
 
 
 def _section(merged: dict[str, Any], section: str, model: type[_M]) -> _M:

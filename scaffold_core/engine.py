@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import EngineError
 from .generation import GenerationRequest, GenerationResult
 
 
@@ -41,6 +42,9 @@ class Engine:
     tokenizer: Any = None
     context_length: int | None = None
     run_info: RunInfo | None = None
+    #: The version of the weights new requests are generated with: 0 at start, changed only by
+    #: :meth:`update_weights`. Each result reports the version that produced it.
+    weight_version: int = 0
 
     def attach_run(self, info: RunInfo) -> None:
         """Called by the rollout before ``start()``: output dir, rank and this worker's port slice."""
@@ -62,6 +66,37 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def update_weights(self, source: Any = None, *, version: int | None = None) -> int:
+        """Serve new policy weights; return the new :attr:`weight_version`.
+
+        ``source`` says where the weights come from; what an engine accepts is
+        its own (the embedded engine: a state dict, a checkpoint directory, or
+        ``None`` when the caller changed the weights of the model object it
+        lent the engine; SGLang: a checkpoint directory). ``version`` sets the
+        new version (it may not go backwards); by default it is the current
+        one plus 1.
+
+        In-flight requests: a request runs on one set of weights. Requests
+        already generating when the update is called finish on the old
+        weights and report the old version; every request that starts after
+        the call returns runs on the new weights and reports the new version.
+        Raises :class:`~scaffold_core.errors.EngineError` when the engine
+        cannot load the weights (it then keeps serving the old ones and the
+        old version).
+        """
+        raise EngineError(f"the {type(self).__name__} engine cannot update its weights", retryable=False)
+
+    def next_weight_version(self, version: int | None) -> int:
+        """The version an update moves to: ``version`` (never below the current one) or current + 1."""
+        if version is None:
+            return self.weight_version + 1
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise EngineError(f"weight version must be an integer, got {version!r}", retryable=False)
+        if version < self.weight_version:
+            raise EngineError(f"weight version {version} is older than the engine's current version "
+                              f"{self.weight_version}; versions never go backwards", retryable=False)
+        return version
 
     def stats(self) -> dict[str, Any]:
         """Engine-specific counters for metrics.json (batches, mean batch size, ...)."""

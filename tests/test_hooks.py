@@ -297,6 +297,61 @@ def test_hook_register_tool_formats():
     assert [(r.ok, r.error) for r in results] == [(True, None), (False, "unknown_tool"), (False, "bad_arguments")]
     rendered = fmt.result_messages(calls, results)[0]["content"].splitlines()
     assert rendered[0] == "RESULT: a" and rendered[1].startswith("RESULT: Error (unknown_tool): unknown tool 'nope'")
+
+
+class Trainers:
+    """A trainer plugin in a few lines: each step runs one group per row and reports its mean reward."""
+
+    @hookimpl
+    def register_trainers(self, registry):
+        import asyncio
+
+        from scaffold_core.train.rollouts import TrainingRollouts
+        from scaffold_core.trainer import Trainer, TrainStep
+
+        class MeanReward(Trainer):
+            def __init__(self, steps: int = 2, group: int = 2):
+                self.steps, self.group = steps, group
+
+            def train(self, job):
+                async def loop():
+                    async with TrainingRollouts.from_config(job.config, registry=job.registry) as rollouts:
+                        for step in range(1, self.steps + 1):
+                            groups = await rollouts.run_groups(rollouts.rows(), samples=self.group)
+                            rewards = [r for g in groups for r in g.rewards]
+                            job.report(TrainStep(step, self.steps, {
+                                "reward_mean": sum(rewards) / len(rewards), "loss": 0.0,
+                                "version": rollouts.weight_version, "stale_dropped": rollouts.stats.stale_dropped,
+                                "samples": len(rewards)}))
+                        return rollouts.stats.to_dict()
+
+                return asyncio.run(loop())
+
+        registry.add("mean_reward", MeanReward)
+
+
+def test_hook_register_trainers(tmp_path):
+    import io
+
+    from scaffold_core.train.session import run_training
+
+    pset = plugin_set(test_tasks, Trainers())
+    data = {"task": {"name": "list", "rows": ROWS}, "engine": {"name": "benchmark_canned", "response": "2"},
+            "trainer": {"name": "mean_reward", "steps": 3, "group": 4}}
+    config = load_config(data=data, registry=pset.registry)
+    assert config.trainer.name == "mean_reward" and config.to_dict()["trainer"]["steps"] == 3
+    out = tmp_path / "train"
+    stream = io.StringIO()
+    summary = run_training(config, out, registry=pset.registry, progress=False, stream=stream)
+    steps = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(s["reward_mean"] == 0.5 and s["samples"] == 8 for s in steps)  # "2" is right for row a only
+    assert summary["groups"] == 6 and summary["samples"] == 24 and summary["steps"] == 3
+    assert json.loads((out / "train_summary.json").read_text())["samples"] == 24
+    assert "step 3/3  reward_mean=0.5  loss=0  version=0  stale_dropped=0" in stream.getvalue()
+    assert "trainer:" in (out / "config.yaml").read_text()
+
+
 # -- what docs/hooks.md promises about errors ------------------------------------------------
 
 

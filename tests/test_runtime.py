@@ -304,7 +304,7 @@ def test_padded_tensor_dict_matches_areal_keys():
     assert batch["input_ids"].tolist() == [[5, 6, 7], [5, 8, 2]]
     assert batch["attention_mask"].tolist() == [[True, True, True], [True, True, False]]
     assert batch["loss_mask"].tolist() == [[0, 1, 1], [0, 1, 0]]
-    assert batch["versions"].tolist() == [[-1, 3, 3], [-1, 3, -1]]
+    assert batch["versions"].tolist() == [[-1, 3, 3], [-1, 3, 0]]  # padding is 0, as AReaL pads
     assert batch["rewards"].tolist() == [1.0, 0.0] and batch["rewards"].dtype == torch.float32
     assert batch["logprobs"][0].tolist() == [0.0, -0.5, -0.25]
 

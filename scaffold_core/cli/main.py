@@ -47,6 +47,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(handler=cmd_run)
 
+    p = sub.add_parser("train", help="train a policy on scaffold's rollouts with the configured trainer plugin")
+    p.add_argument("config", help="YAML config file with a trainer section (e.g. trainer: {name: trl})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, e.g. --set trainer.max_steps=10 (repeatable)")
+    p.add_argument("-o", "--output", help="output directory for checkpoints and metrics (overrides output.dir)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous training run in the directory")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(handler=cmd_train)
+
     p = sub.add_parser("score", help="re-score saved responses with a verifier")
     p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
     p.add_argument("--input", required=True, help="JSONL file; each line has 'response' and 'answer'")
@@ -167,6 +176,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if reason:
         print(reason, file=sys.stderr)
     return code
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..plugins import get_registry
+    from ..train.session import require_trainer, run_training, train_output_dir
+
+    config = load_config(args.config, args.overrides)  # validates the trainer section before anything loads
+    require_trainer(config, get_registry())
+    output_dir = train_output_dir(config, args.output)
+    print(f"scaffold: training into {output_dir}", file=sys.stderr)
+    summary = run_training(config, output_dir, progress=False if args.no_progress else None,
+                           overwrite=args.overwrite or config.output.overwrite)
+    print(json.dumps(summary, indent=2, default=str))
+    return ExitCode.OK
 
 
 def cmd_score(args: argparse.Namespace) -> int:

@@ -20,13 +20,22 @@ convention as SGLang, so both engines' trajectories mean the same thing).
 With ``logprobs: processed`` they are taken after truncation and
 renormalisation instead, i.e. from the exact distribution sampled. Greedy
 requests (temperature 0) report the model's untempered log-probabilities.
+
+Live weights: :meth:`TransformersEngine.wrap` serves a model object the
+caller owns (a trainer's policy; nothing is copied), and
+:meth:`TransformersEngine.update_weights` loads a state dict or a checkpoint
+directory into the served model, or records that the owner changed it in
+place. Updates run on the engine's worker thread between batches, so a batch
+always decodes on one set of weights and reports their version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +121,7 @@ class TransformersEngine(Engine):
         self._closing = threading.Event()
         self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0}
         self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0, "prefill_s": 0.0}
+        self._lent: tuple[Any, Any] | None = None  # (model, tokenizer) the caller owns: see wrap()
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -132,10 +142,15 @@ class TransformersEngine(Engine):
             local_rank = self.run_info.local_rank if self.run_info is not None else 0
             device = auto_device(torch.cuda.is_available(), torch.cuda.device_count(), local_rank)
         self.device = device
-        self.model, self.tokenizer, self.load_info = load_model_and_tokenizer(
-            self.source, dtype=self.dtype, device=device, use_cache=self.cache_converted,
-            trust_remote_code=self.trust_remote_code,
-        )
+        if self._lent is not None:
+            self.model, self.tokenizer = self._lent
+            self.device = str(next(self.model.parameters()).device)
+            self.load_info = {"source": "wrapped model", "cached": False}
+        else:
+            self.model, self.tokenizer, self.load_info = load_model_and_tokenizer(
+                self.source, dtype=self.dtype, device=device, use_cache=self.cache_converted,
+                trust_remote_code=self.trust_remote_code,
+            )
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
         eos = eos_token_ids(self.tokenizer)
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
@@ -170,6 +185,64 @@ class TransformersEngine(Engine):
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+
+    # -- live weights -----------------------------------------------------
+    @classmethod
+    def wrap(cls, model: Any, tokenizer: Any, **options: Any) -> TransformersEngine:
+        """An engine serving ``model``, an object the caller owns (e.g. a trainer's policy).
+
+        Nothing is copied or moved: the engine decodes with ``model`` as it is
+        (its device and dtype) and sees every change the owner makes to its
+        weights. ``start()`` loads nothing; ``close()`` leaves the model alone.
+        While a batch decodes, the model is put in eval mode (no dropout) and
+        its previous mode is restored afterwards; the owner should not step
+        its optimizer while requests run. ``options`` are the engine's other
+        options (``max_batch_size``, ``batch_wait_ms``, ``logprobs``,
+        ``threads``).
+        """
+        for name in ("model", "dtype", "device", "cache_converted", "trust_remote_code"):
+            if name in options:
+                raise ValueError(f"{name!r} does not apply to a wrapped model")
+        engine = cls(**options)
+        engine._lent = (model, tokenizer)
+        return engine
+
+    async def update_weights(self, source: Any = None, *, version: int | None = None) -> int:
+        """Serve new weights; return the new ``weight_version`` (see :meth:`Engine.update_weights`).
+
+        ``source``: a state dict (name -> tensor) or a checkpoint directory
+        (``save_pretrained`` output), copied into the served model; or
+        ``None`` when the owner of a wrapped model changed its weights in
+        place (only the version moves). The update runs on the engine's worker
+        thread after the batch that is decoding, so that batch finishes on the
+        old weights with the old version, and later batches use the new ones.
+        """
+        if self._executor is None or self.model is None:
+            raise EngineError("the transformers engine is not started: await engine.start() first", retryable=False)
+        new_version = self.next_weight_version(version)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._swap_weights, source, new_version)
+        return new_version
+
+    def _swap_weights(self, source: Any, version: int) -> None:
+        if source is not None:
+            from .weights import load_weights
+
+            load_weights(self.model, source)
+        self.weight_version = version
+        self._stats["weight_updates"] = self._stats.get("weight_updates", 0) + 1
+
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """Eval mode while a batch decodes (a trainer's model may be in train mode); restored afterwards."""
+        training = bool(getattr(self.model, "training", False))
+        if training:
+            self.model.eval()
+        try:
+            yield
+        finally:
+            if training:
+                self.model.train()
 
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self._stats)
@@ -253,7 +326,8 @@ class TransformersEngine(Engine):
         self._stats["rows"] += len(batch)
         self._stats["max_batch"] = max(self._stats["max_batch"], len(batch))
         rows = [self._make_row(p) for p in batch]
-        with torch.inference_mode():
+        version = self.weight_version  # updates run on this thread too: the batch's weights cannot change
+        with torch.inference_mode(), self._eval_mode():
             self._decode(rows)
         out: list[Any] = []
         for row in rows:
@@ -263,7 +337,7 @@ class TransformersEngine(Engine):
             text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
             if row.stop_at is not None:
                 text = text[: row.stop_at]
-            out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, self.weight_version))
+            out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, version))
         return out
 
     def _decode(self, rows: list[_Row]) -> None:
@@ -337,11 +411,20 @@ class TransformersEngine(Engine):
         scaled = logits / temps[:, None]
         filtered = self._truncate(rows, scaled)
         report = torch.log_softmax(filtered if self.logprobs_mode == "processed" else scaled, dim=-1)
-        choice = torch.argmax(logits, dim=-1)  # kept for greedy rows
+        # Gumbel-max, each row's noise drawn from its request's own generator (batch-independent
+        # sampling); the elementwise work is done once for the whole batch: a loop of small per-row ops
+        # costs more than the arithmetic on a busy CPU.
+        noise = torch.full((len(rows), vocab), 0.5, dtype=torch.float32)
         for i, row in enumerate(rows):
-            if not greedy[i]:  # Gumbel-max with this request's own generator: batch-independent sampling
-                u = torch.rand(vocab, generator=row.generator).clamp_(min=1e-20).to(logits.device)
-                choice[i] = torch.argmax(filtered[i] - torch.log(-torch.log(u)))
+            if not greedy[i]:
+                torch.rand(vocab, generator=row.generator, out=noise[i])
+        gumbel = torch.log(-torch.log(noise.clamp_(min=1e-20))).to(device=logits.device, dtype=filtered.dtype)
+        sampled = torch.argmax(filtered - gumbel, dim=-1)
+        choice = torch.argmax(logits, dim=-1)  # kept for greedy rows
+        if any(greedy):
+            choice = torch.where(torch.tensor(greedy, device=logits.device), choice, sampled)
+        else:
+            choice = sampled
         if any(greedy):  # greedy rows report the untempered distribution
             plain = torch.log_softmax(logits, dim=-1)
             mask = torch.tensor(greedy, device=logits.device)[:, None]

@@ -169,6 +169,23 @@ def register_tool_formats(registry: ComponentRegistry) -> None:
     """
 
 
+@hookspec
+def register_trainers(registry: ComponentRegistry) -> None:
+    """Register trainers: what ``scaffold train`` runs (an RL trainer consuming scaffold's rollouts).
+
+    :param registry: the trainer registry; ``registry.add(name, factory)``
+        where ``factory(**options)`` returns a :class:`scaffold_core.trainer.Trainer`
+        (``train(job) -> summary``). ``options`` are the keys of the config's
+        ``trainer:`` section other than ``name``.
+
+    Factories must be cheap (the config builds one to validate its options):
+    import the training library inside ``train``. The trainer builds its
+    rollouts from ``job.config``, usually with
+    :class:`scaffold_core.train.rollouts.TrainingRollouts`, and reports each
+    optimizer step with ``job.report(TrainStep(...))``.
+    """
+
+
 # --------------------------------------------------------------------------
 # Lifecycle hooks: several plugins may implement each; all are called.
 # --------------------------------------------------------------------------

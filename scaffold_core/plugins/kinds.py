@@ -31,6 +31,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("environment", "register_environments", None),
     Kind("tool", "register_tools", None),
     Kind("tool_format", "register_tool_formats", None),
+    Kind("trainer", "register_trainers", "trainer"),
 )}
 
 #: Config section -> the kind it selects, for the sections that select a component.

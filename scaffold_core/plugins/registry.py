@@ -66,6 +66,7 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("tool", "calculator"): "scaffold-tools",
     ("tool", "python"): "scaffold-tools",
     ("tool", "search"): "scaffold-tools",
+    ("trainer", "trl"): "scaffold-trl",
 }
 
 

@@ -11,6 +11,9 @@ inherit the variable) or ``plugin_set(scaffold_core.testing.plugin)``.
 * ``flaky_list``: ``list`` whose worker of rank ``crash_rank`` (from
   ``$RANK``) fails while loading: ``crash: exit`` (exit code 3), ``raise``
   or ``hang``. For testing launchers.
+* trainer ``rollout_only``: ``steps`` rounds of rollouts (``group`` samples
+  per row) with no weight updates, each reported as a step. For testing
+  ``scaffold train`` and rollout set-ups without a training library.
 """
 
 from __future__ import annotations
@@ -82,3 +85,36 @@ def register_tasks(registry: Any) -> None:
     registry.add("list", ConfiguredListTask)
     registry.add("arithmetic", ArithmeticTask)
     registry.add("flaky_list", FlakyListTask)
+
+
+class RolloutOnlyTrainer:
+    """``rollout_only``: ``steps`` rounds of one group per task row each; reports mean reward; never trains."""
+
+    def __init__(self, steps: int = 2, group: int = 2):
+        if steps < 1 or group < 1:
+            raise ValueError(f"steps and group must be >= 1, got {steps} and {group}")
+        self.steps = steps
+        self.group = group
+
+    def train(self, job: Any) -> dict[str, Any]:
+        import asyncio
+
+        from ..train.rollouts import TrainingRollouts
+        from ..trainer import TrainStep
+
+        async def loop() -> dict[str, Any]:
+            async with TrainingRollouts.from_config(job.config, registry=job.registry) as rollouts:
+                for step in range(1, self.steps + 1):
+                    groups = await rollouts.run_groups(rollouts.rows(), samples=self.group)
+                    rewards = [r for g in groups for r in g.rewards]
+                    job.report(TrainStep(step, self.steps, {
+                        "reward_mean": sum(rewards) / max(1, len(rewards)), "version": rollouts.weight_version,
+                        "stale_dropped": rollouts.stats.stale_dropped, "samples": len(rewards)}))
+                return {"rollouts": rollouts.stats.to_dict()}
+
+        return asyncio.run(loop())
+
+
+@hookimpl
+def register_trainers(registry: Any) -> None:
+    registry.add("rollout_only", RolloutOnlyTrainer)

@@ -316,6 +316,26 @@ class SGLangEngine(Engine):
         return await self._need_client().call_all("POST", "/update_weights_from_disk", payload,
                                                   timeout=timeout or self.setup_timeout, expect_success=True)
 
+    async def update_weights(self, source: Any = None, *, version: int | None = None) -> int:
+        """The engine contract's weight update (:meth:`scaffold_core.engine.Engine.update_weights`).
+
+        ``source`` is a checkpoint directory every server can read (a
+        ``save_pretrained`` folder); it is loaded with
+        :meth:`update_weights_from_disk`, labelled with the new version, which
+        the servers then report on every response. Requests already running
+        finish on the old weights (each server waits for them) and report
+        the old version; requests after the call report the new one. On
+        failure the old weights and version stay.
+        """
+        if not isinstance(source, (str, os.PathLike)):
+            raise EngineError("the sglang engine loads new weights from a checkpoint directory the servers can "
+                              f"read: update_weights('/path/to/checkpoint'); got {type(source).__name__}",
+                              retryable=False)
+        new_version = self.next_weight_version(version)
+        await self.update_weights_from_disk(os.fspath(source), weight_version=new_version)
+        self.weight_version = new_version
+        return new_version
+
     async def pause_generation(self, mode: str = "retract") -> None:
         """Pause every server (``abort``: in-flight requests end as aborted and are retried by the runtime;
         ``retract``/``in_place``: they resume after :meth:`continue_generation`). New requests wait in the

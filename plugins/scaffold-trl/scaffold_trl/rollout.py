@@ -1,0 +1,180 @@
+"""TRL's ``rollout_func`` backed by scaffold: prompts in, scaffold's training samples out in TRL's shape.
+
+TRL (1.16) calls ``rollout_func(prompts, trainer)`` once per generation
+batch with every prompt already repeated ``num_generations`` times, back to
+back, and expects one completion per entry, in order: ``prompt_ids``,
+``completion_ids`` (never empty) and ``logprobs`` (one per completion token;
+TRL does not check), plus any extra keys, which reach the reward functions.
+Each prompt here is the key of one task row (see :class:`PromptIndex`); each
+group of copies becomes one :meth:`TrainingRollouts.run_group` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+
+log = logging.getLogger("scaffold.trl")
+
+#: Extra keys handed to the reward function (prefixed: TRL merges them into the dataset rows).
+REWARD_KEY = "scaffold_reward"
+GROUP_KEY = "scaffold_group"
+
+
+class PromptIndex:
+    """Task rows keyed by their rendered prompt text (what TRL's dataset holds and hands back)."""
+
+    def __init__(self, rollouts: TrainingRollouts):
+        from scaffold_core.task import episode_id_of
+
+        self.rows: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.duplicates = 0
+        self.unusable: dict[str, str] = {}
+        tokenizer = rollouts.engine.tokenizer
+        for index, row in enumerate(rollouts.rows()):
+            try:
+                text = rollouts.task.build_prompt(row, tokenizer).text
+            except Exception as exc:  # counted and reported, not fatal
+                self.unusable[episode_id_of(row, index)] = f"{type(exc).__name__}: {exc}"
+                continue
+            if text in self.rows:
+                self.duplicates += 1  # the same prompt twice: TRL could not tell the copies apart
+                continue
+            self.rows[text] = (index, row)
+        if self.duplicates:
+            log.warning("%d task rows repeat an earlier row's prompt; each prompt is trained once", self.duplicates)
+
+    @property
+    def prompts(self) -> list[str]:
+        return list(self.rows)
+
+    def lookup(self, prompt: Any) -> tuple[int, dict[str, Any]]:
+        if not isinstance(prompt, str) or prompt not in self.rows:
+            shown = prompt if isinstance(prompt, str) else type(prompt).__name__
+            raise RuntimeError(f"rollout_func got a prompt that is not one of the task's rows: {str(shown)[:80]!r}")
+        return self.rows[prompt]
+
+
+@dataclass
+class RolloutRecord:
+    """What one ``rollout_func`` call produced (kept for metrics and for tests)."""
+
+    step: int
+    version: int
+    groups: list[RolloutGroup]
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> list[Any]:
+        return [s for g in self.groups for s in g.samples]
+
+
+def split_groups(prompts: list[Any], group_size: int) -> list[Any]:
+    """The distinct prompts of TRL's batch, checking it is each prompt ``group_size`` times, back to back."""
+    if group_size < 1 or len(prompts) % group_size:
+        raise RuntimeError(f"rollout_func got {len(prompts)} prompts, not a multiple of num_generations "
+                           f"({group_size}); TRL repeats each prompt num_generations times")
+    heads = prompts[::group_size]
+    for g, head in enumerate(heads):
+        if any(p != head for p in prompts[g * group_size:(g + 1) * group_size]):
+            raise RuntimeError("rollout_func expected each prompt repeated num_generations times back to back "
+                               f"(TRL's RepeatSampler); group {g} mixes prompts")
+    return heads
+
+
+def to_trl_output(groups: list[RolloutGroup], group_size: int) -> dict[str, Any]:
+    """TRL's rollout dict, checked: one completion per entry, none empty, one logprob per completion token."""
+    out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+                                 REWARD_KEY: [], GROUP_KEY: []}
+    for group in groups:
+        if len(group.samples) != group_size:
+            reasons = "; ".join(f"{e.error_component}: {e.error}" for e in group.failed[:3]) or (
+                f"{group.stale_dropped} stale samples dropped" if group.stale_dropped else "the controller made fewer")
+            raise RuntimeError(f"prompt group {group.group_id} produced {len(group.samples)} of {group_size} "
+                               f"samples ({reasons}); TRL needs exactly num_generations per prompt "
+                               "(raise rollout.retries for flaky engines)")
+        for s in group.samples:
+            n = s.prompt_len
+            completion = s.input_ids[n:]
+            if not completion:
+                raise RuntimeError(f"sample {s.episode_id}/{s.sample_index} has no completion tokens; "
+                                   "TRL needs at least one")
+            logprobs = s.logprobs[n:]
+            if len(logprobs) != len(completion):
+                raise RuntimeError(f"sample {s.episode_id}/{s.sample_index}: {len(logprobs)} logprobs for "
+                                   f"{len(completion)} completion tokens")
+            out["prompt_ids"].append(s.input_ids[:n])
+            out["completion_ids"].append(completion)
+            out["logprobs"].append(logprobs)
+            out["env_mask"].append(s.loss_mask[n:])
+            out[REWARD_KEY].append(float(s.reward))
+            out[GROUP_KEY].append(group.group_id)
+    return out
+
+
+def scaffold(completions: list[Any], scaffold_reward: list[float], **_: Any) -> list[float | None]:
+    """TRL reward function: the verifier's reward of each sample, as scaffold computed it (metric
+    ``rewards/scaffold/mean``)."""
+    return [float(r) for r in scaffold_reward]
+
+
+class RolloutBridge:
+    """The ``rollout_func`` given to GRPOTrainer: runs scaffold's rollouts on the live weights.
+
+    After each optimizer step (:meth:`sync_weights`, called from a trainer
+    callback, and again before generating if a step was missed) the engine is
+    told which weights it serves: the trainer's step number becomes the
+    engine's weight version, so every token records the policy that sampled
+    it. ``sync`` decides how the weights get there: ``None`` when the engine
+    wraps the trainer's model (it already sees them, only the version moves);
+    otherwise a callable returning the source (a checkpoint directory) for
+    ``engine.update_weights``.
+    """
+
+    def __init__(self, rollouts: TrainingRollouts, index: PromptIndex, loop: Any, *, sync: Any = None,
+                 timeout: float = 3600.0):
+        self.rollouts = rollouts
+        self.index = index
+        self.loop = loop
+        self.sync = sync
+        self.timeout = timeout
+        self.history: list[RolloutRecord] = []
+
+    def sync_weights(self, trainer: Any) -> None:
+        """Make the engine serve the trainer's current weights as version ``global_step`` (no-op if it does)."""
+        step = int(trainer.state.global_step)
+        engine = self.rollouts.engine
+        if step != engine.weight_version:
+            source = self.sync(trainer) if self.sync is not None else None
+            self.loop.run(engine.update_weights(source, version=step), self.timeout)
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        group_size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+        heads = split_groups(prompts, group_size)
+        rows = [self.index.lookup(p) for p in heads]
+        step = int(trainer.state.global_step)
+        started = time.perf_counter()
+        engine = self.rollouts.engine
+        self.sync_weights(trainer)
+
+        coros = [self.rollouts.run_group(row, samples=group_size, index=i) for i, row in rows]
+        groups = self.loop.run(_gather(coros), self.timeout)
+        output = to_trl_output(groups, group_size)
+        rewards = output[REWARD_KEY]
+        record = RolloutRecord(step=step, version=engine.weight_version, groups=groups,
+                               seconds=time.perf_counter() - started)
+        record.metrics = {"reward_mean": sum(rewards) / len(rewards), "rollout_s": round(record.seconds, 3),
+                          "completions": len(rewards),
+                          "generated_tokens": sum(sum(m) for m in output["env_mask"])}
+        self.history.append(record)
+        return output
+
+
+async def _gather(coros: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*coros))

@@ -1,0 +1,137 @@
+"""The rollout_func contract with TRL, checked without a model: TRL's repeated prompts map to scaffold's
+groups, the output has one non-empty completion per entry with one logprob per token, and what TRL
+would accept silently (wrong lengths, missing samples) fails here with a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import scaffold_core.testing.plugin as test_tasks
+from scaffold_core.builtins.controllers import NativeController
+from scaffold_core.builtins.verifiers import ExactMatchVerifier
+from scaffold_core.config import load_config
+from scaffold_core.sampling import SamplingParams
+from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
+from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+from scaffold_core.trajectory import TrainingSample
+from scaffold_trl.loop_thread import LoopThread
+from scaffold_trl.rollout import REWARD_KEY, PromptIndex, RolloutBridge, scaffold, split_groups, to_trl_output
+
+ROWS = [{"id": "a", "question": "1 + 1?", "answer": "2"}, {"id": "b", "question": "2 + 2?", "answer": "4"},
+        {"id": "c", "question": "1 + 1?", "answer": "2"}]  # c repeats a's prompt
+
+
+class FakeState:
+    global_step = 0
+
+
+class FakeTrainer:
+    """What rollout_func reads from GRPOTrainer."""
+
+    num_generations = 3
+    num_generations_eval = 3
+    state = FakeState()
+
+    class model:  # noqa: N801 - mimics trainer.model.training
+        training = True
+
+
+def test_prompts_repeated_back_to_back_become_groups():
+    assert split_groups(["x", "x", "y", "y"], 2) == ["x", "y"]
+    with pytest.raises(RuntimeError, match="not a multiple of num_generations"):
+        split_groups(["x", "x", "y"], 2)
+    with pytest.raises(RuntimeError, match="group 1 mixes prompts"):
+        split_groups(["x", "x", "y", "x"], 2)
+
+
+def sample(prompt_len=2, completion=(5, 6), logprobs=(-0.5, -0.25), reward=1.0):
+    ids = list(range(prompt_len)) + list(completion)
+    n = len(completion)
+    return TrainingSample(ids, [0] * prompt_len + [1] * n, [0.0] * prompt_len + list(logprobs),
+                          [-1] * prompt_len + [0] * n, reward, 0.0, "e", 0, "g", prompt_len, "stop")
+
+
+def group(*samples, failed=()):
+    g = RolloutGroup(group_id="g@0", index=0, row={})
+    g.samples = list(samples)
+    g.episodes = list(failed)
+    return g
+
+
+def test_output_is_checked_where_trl_would_not():
+    out = to_trl_output([group(sample(), sample(reward=0.0))], 2)
+    assert out["prompt_ids"] == [[0, 1], [0, 1]] and out["completion_ids"] == [[5, 6], [5, 6]]
+    assert out["logprobs"] == [[-0.5, -0.25]] * 2 and out["env_mask"] == [[1, 1]] * 2
+    assert out[REWARD_KEY] == [1.0, 0.0] and scaffold(["a", "b"], out[REWARD_KEY]) == [1.0, 0.0]
+    with pytest.raises(RuntimeError, match="produced 1 of 2 samples"):
+        to_trl_output([group(sample())], 2)
+    with pytest.raises(RuntimeError, match="no completion tokens"):
+        to_trl_output([group(sample(completion=(), logprobs=()))], 1)
+    bad = sample()
+    bad.logprobs = bad.logprobs[:-1]
+    with pytest.raises(RuntimeError, match="1 logprobs for 2 completion tokens"):
+        to_trl_output([group(bad)], 1)
+
+
+def test_the_bridge_answers_trl_with_one_completion_per_entry_in_order():
+    engine = ScriptedEngine(lambda prompt, request: "2" if "1 + 1" in prompt else "5")
+    engine.weight_version = 0
+    rollouts = TrainingRollouts(task=ListTask(ROWS), controller=NativeController(), engine=engine,
+                                verifier=ExactMatchVerifier(), sampling=SamplingParams(max_tokens=8))
+    loop = LoopThread()
+    try:
+        loop.run(rollouts.start(), 30)
+        index = PromptIndex(rollouts)
+        assert index.duplicates == 1 and len(index.prompts) == 2
+        bridge = RolloutBridge(rollouts, index, loop)
+        b, a = index.prompts[1], index.prompts[0]
+        out = bridge([b, b, b, a, a, a], FakeTrainer())
+        with pytest.raises(RuntimeError, match="not one of the task's rows"):
+            bridge(["other"] * 3, FakeTrainer())
+    finally:
+        loop.run(rollouts.close(), 30)
+        loop.stop()
+    assert out[REWARD_KEY] == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert all(len(c) == len(lp) > 0 for c, lp in zip(out["completion_ids"], out["logprobs"]))
+    record = bridge.history[0]
+    assert record.version == 0 and record.metrics["completions"] == 6 and record.metrics["reward_mean"] == 0.5
+    assert len({s.episode_id for s in record.samples}) == 6  # six episodes, six seeds
+
+
+def test_loop_thread_bounds_every_wait():
+    loop = LoopThread()
+    try:
+        with pytest.raises(TimeoutError, match="did not finish within 0.05 s"):
+            loop.run(asyncio.sleep(5), 0.05)
+        assert loop.run(asyncio.sleep(0, result=7), 5) == 7
+    finally:
+        loop.stop()
+    assert loop.loop.is_closed() and not loop.thread.is_alive()
+
+
+def test_trainer_options_are_validated_before_anything_loads():
+    import scaffold_trl
+
+    pset = plugin_set(test_tasks, scaffold_trl)
+    base = {"task": {"name": "list", "rows": ROWS[:2]}}
+    for trainer, message in (({"num_generations": 1}, "num_generations must be >= 2"),
+                             ({"prompts_per_step": 3, "micro_batch_size": 5}, "micro_batch_size must divide"),
+                             ({"grpo": {"temperature": 0.5}}, "come from scaffold's config"),
+                             ({"loss_type": "ppo"}, "trainer.loss_type")):
+        with pytest.raises(Exception, match=message):
+            load_config(data={**base, "trainer": {"name": "trl", **trainer}}, registry=pset.registry)
+    config = load_config(data={**base, "trainer": {"name": "trl", "max_steps": 3}}, registry=pset.registry)
+    assert config.trainer.options == {"max_steps": 3}
+
+
+def test_example_configs_resolve():
+    from scaffold_core.plugins import get_registry
+
+    examples = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*trl*.yaml"))
+    assert examples
+    for path in examples:
+        config = load_config(path, registry=get_registry())
+        assert config.trainer is not None and config.trainer.name == "trl"

@@ -1,0 +1,318 @@
+"""Rollouts for trainers: run one prompt group through any controller on an engine, get training samples.
+
+This is the one shape every trainer adapter uses (TRL, AReaL, verl, or your
+own)::
+
+    rollouts = TrainingRollouts.from_config(config, engine=engine)   # or from components
+    async with rollouts:                                             # starts engine, controller, verifier
+        group = await rollouts.run_group(row, samples=8)              # one prompt, 8 samples
+        group.samples    # [TrainingSample]: tokens exactly as sampled, behaviour logprobs, per-token versions
+
+A group is every sample of one task row: the controller's episode, run as
+many times as needed to reach ``samples`` (a ``native`` controller with
+``samples: 1`` runs 8 episodes; ``best_of_n`` with ``samples: 4`` runs 2).
+Each episode gets its own id and seed, and a row's seeds change from one call
+to the next, so a trainer that sees a prompt again gets fresh samples. Every
+sample's ``group_id`` names its group.
+
+Staleness (``max_staleness``): when a group is handed over, a sample whose
+oldest generated token is more than ``max_staleness`` weight versions behind
+the engine's current :attr:`~scaffold_core.engine.Engine.weight_version` is
+stale; ``on_stale: drop`` removes it, ``on_stale: regenerate`` runs the whole
+group again on the current weights (up to ``max_regenerations`` times, then
+drops what is still stale). Both are counted in :class:`RolloutStats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..controller import close_controller, start_controller
+from ..episode import EpisodeContext, EpisodeResult
+from ..sampling import SamplingParams, derive_seed
+from ..task import episode_context, episode_id_of
+from ..trajectory import TrainingSample
+from .staleness import check_policy, is_stale
+
+
+@dataclass
+class RolloutGroup:
+    """The samples of one prompt, ready for a trainer.
+
+    ``samples``: the training samples, in episode order (at most the number
+    asked for). ``episodes``: every episode that ran for the group, failed
+    ones included (``failed`` lists those, with their ``error``).
+    ``stale_dropped``: samples dropped as stale; ``regenerations``: times the
+    group was run again because a sample was stale.
+    """
+
+    group_id: str
+    index: int
+    row: dict[str, Any]
+    samples: list[TrainingSample] = field(default_factory=list)
+    episodes: list[EpisodeResult] = field(default_factory=list)
+    stale_dropped: int = 0
+    regenerations: int = 0
+
+    @property
+    def failed(self) -> list[EpisodeResult]:
+        return [e for e in self.episodes if not e.ok]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt's token ids (every sample of the group shares them)."""
+        return self.samples[0].input_ids[: self.samples[0].prompt_len] if self.samples else []
+
+
+@dataclass
+class RolloutStats:
+    """Counters over every group a :class:`TrainingRollouts` ran (``to_dict()`` for metrics)."""
+
+    groups: int = 0
+    episodes: int = 0
+    failed_episodes: int = 0
+    samples: int = 0
+    generated_tokens: int = 0
+    stale_dropped: int = 0
+    stale_regenerated: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class TrainingRollouts:
+    """Runs prompt groups through a controller on an engine and returns :class:`TrainingSample` lists.
+
+    Built from components (``task``, ``controller``, ``engine``, ``verifier``,
+    ``trajectory_maker``, ``sampling``) or with :meth:`from_config`. Use it as
+    an async context manager, or call :meth:`start` and :meth:`close`; with
+    ``manage_engine=False`` the engine's lifecycle stays the caller's; ``run_info``
+    (a :class:`~scaffold_core.engine.RunInfo`) is attached to a managed engine before it starts.
+    Every wait is bounded like ``scaffold run``'s (``request_timeout``,
+    ``episode_timeout``, ``verifier_timeout``); failed episodes are retried
+    ``retries`` times and reported in :attr:`RolloutGroup.episodes`.
+    """
+
+    def __init__(self, *, task: Any, controller: Any, engine: Any, sampling: SamplingParams,
+                 verifier: Any = None, trajectory_maker: Any = None, max_staleness: int | None = None,
+                 on_stale: str = "drop", max_regenerations: int = 2, concurrency: int = 64,
+                 request_timeout: float = 3600.0, episode_timeout: float = 7200.0, retries: int = 0,
+                 verifier_timeout: float = 30.0, verifier_workers: int = 2, engine_name: str = "engine",
+                 manage_engine: bool = True, hooks: Any = None, run_info: Any = None):
+        check_policy(max_staleness, on_stale)
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if max_regenerations < 0:
+            raise ValueError(f"max_regenerations must be >= 0, got {max_regenerations}")
+        if trajectory_maker is None:
+            from ..builtins.trajectories import SingleTurnTrajectoryMaker
+
+            trajectory_maker = SingleTurnTrajectoryMaker()
+        self.task = task
+        self.controller = controller
+        self.engine = engine
+        self.verifier = verifier
+        self.trajectory_maker = trajectory_maker
+        self.sampling = sampling
+        self.max_staleness = max_staleness
+        self.on_stale = on_stale
+        self.max_regenerations = max_regenerations
+        self.concurrency = concurrency
+        self.request_timeout = request_timeout
+        self.episode_timeout = episode_timeout
+        self.retries = retries
+        self.verifier_timeout = verifier_timeout
+        self.verifier_workers = verifier_workers
+        self.engine_name = engine_name
+        self.manage_engine = manage_engine
+        self.hooks = hooks
+        self.run_info = run_info
+        self.stats = RolloutStats()
+        self._calls = itertools.count()
+        self._runtime: Any = None
+        self._pool: Any = None
+        self._slots: asyncio.Semaphore | None = None
+        self._started: list[str] = []
+
+    @classmethod
+    def from_config(cls, config: Any, *, engine: Any = None, registry: Any = None, **options: Any) -> TrainingRollouts:
+        """Build from a resolved :class:`~scaffold_core.config.Config`: its task, controller, verifier,
+        trajectory maker, sampling, the ``rollout`` limits and staleness policy, and its engine unless
+        ``engine`` is given. ``options`` override constructor arguments."""
+        from ..plugins import get_registry
+
+        registry = registry or get_registry()
+
+        def make(section: str, kind: str) -> Any:
+            comp = getattr(config, section)
+            return registry.create(kind, comp.name, comp.options, path=section)
+
+        r = config.rollout
+        kwargs: dict[str, Any] = dict(
+            task=make("task", "task"), controller=make("controller", "controller"),
+            engine=engine if engine is not None else make("engine", "engine"),
+            verifier=make("verifier", "verifier"), trajectory_maker=make("trajectory", "trajectory_maker"),
+            sampling=config.sampling.params(), max_staleness=r.max_staleness, on_stale=r.on_stale,
+            concurrency=r.concurrency, request_timeout=r.request_timeout, episode_timeout=r.episode_timeout,
+            retries=r.retries, verifier_timeout=config.verifier_timeout, verifier_workers=config.verifier_workers,
+            engine_name=config.engine.name,
+        )
+        kwargs.update(options)
+        return cls(**kwargs)
+
+    # -- lifecycle ----------------------------------------------------------
+    async def start(self) -> None:
+        """Start the engine (when managed), the controller and the verifier pool."""
+        from ..run.runtime import Runtime
+        from ..run.verifier_pool import VerifierPool
+
+        if self._runtime is not None:
+            return
+        try:
+            if self.manage_engine:
+                if self.run_info is not None and hasattr(self.engine, "attach_run"):
+                    self.engine.attach_run(self.run_info)  # where an engine that starts servers logs, its ports
+                self._started.append("engine")
+                await self.engine.start()
+            self._started.append("controller")
+            await start_controller(self.controller)
+            if self.verifier is not None:
+                self._pool = VerifierPool(self.verifier, timeout=self.verifier_timeout,
+                                          workers=self.verifier_workers, name=type(self.verifier).__name__)
+        except BaseException:
+            await self.close()
+            raise
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._runtime = Runtime(
+            engine=self.engine, controller=self.controller, verifier=self._pool,
+            trajectory_maker=self.trajectory_maker, hooks=self.hooks, engine_name=self.engine_name,
+            concurrency=self.concurrency, request_timeout=self.request_timeout,
+            episode_timeout=self.episode_timeout, retries=self.retries,
+        )
+
+    async def close(self) -> None:
+        """Release what :meth:`start` acquired (safe twice; the engine only when managed)."""
+        self._runtime = None
+        try:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+            if "controller" in self._started:
+                await close_controller(self.controller)
+        finally:
+            if "engine" in self._started:
+                await self.engine.close()
+            self._started = []
+
+    async def __aenter__(self) -> TrainingRollouts:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- rows -----------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """The task's rows (``task.load()``), in order."""
+        return list(self.task.load())
+
+    @property
+    def weight_version(self) -> int:
+        """The engine's current weight version (0 for engines that do not track one)."""
+        version = getattr(self.engine, "weight_version", 0)
+        return version if isinstance(version, int) and not isinstance(version, bool) else 0
+
+    # -- groups ---------------------------------------------------------------
+    async def run_groups(self, rows: Iterable[dict[str, Any]], *, samples: int | None = None,
+                         start_index: int = 0) -> list[RolloutGroup]:
+        """:meth:`run_group` for each row, concurrently; groups come back in row order."""
+        coros = [self.run_group(row, samples=samples, index=start_index + i) for i, row in enumerate(rows)]
+        return list(await asyncio.gather(*coros))
+
+    async def run_group(self, row: dict[str, Any], *, samples: int | None = None, index: int = 0) -> RolloutGroup:
+        """Run ``row`` through the controller until the group holds ``samples`` training samples.
+
+        ``samples=None`` runs one episode and keeps whatever it produces.
+        Fewer samples come back only when episodes fail (see
+        ``group.failed``) or stale samples are dropped.
+        """
+        if self._runtime is None:
+            raise RuntimeError("TrainingRollouts is not started: use `async with rollouts:` or await start()")
+        if samples is not None and samples < 1:
+            raise ValueError(f"samples must be >= 1 or None, got {samples}")
+        call = next(self._calls)
+        base = episode_id_of(row, index)
+        group = RolloutGroup(group_id=f"{base}@{call}", index=index, row=row)
+        attempt = 0
+        while True:
+            group.samples = await self._fill(group, samples, attempt)
+            stale = [s for s in group.samples if is_stale(s, self.weight_version, self.max_staleness)]
+            if not stale:
+                break
+            if self.on_stale == "regenerate" and attempt < self.max_regenerations:
+                attempt += 1
+                group.regenerations += 1
+                self.stats.stale_regenerated += 1
+                continue
+            group.samples = [s for s in group.samples if not any(s is x for x in stale)]
+            group.stale_dropped += len(stale)
+            self.stats.stale_dropped += len(stale)
+            break
+        self.stats.groups += 1
+        self.stats.samples += len(group.samples)
+        self.stats.generated_tokens += sum(sum(s.loss_mask) for s in group.samples)
+        return group
+
+    async def _fill(self, group: RolloutGroup, samples: int | None, attempt: int) -> list[TrainingSample]:
+        """Run waves of episodes until ``samples`` samples are in hand (or a wave yields nothing)."""
+        per_episode = getattr(self.controller, "samples", 1)
+        per_episode = per_episode if isinstance(per_episode, int) and per_episode >= 1 else 1
+        out: list[TrainingSample] = []
+        try:
+            ctx = episode_context(self.task, group.index, group.row, self.engine.tokenizer, self.sampling)
+        except Exception as exc:  # an unusable row fails its group, never the trainer's process
+            failed = EpisodeResult(episode_id=group.group_id, index=group.index, status="failed", row=group.row,
+                                   reference=self.task.reference(group.row), error_component="task",
+                                   error=f"building the prompt failed: {type(exc).__name__}: {exc}")
+            group.episodes.append(failed)
+            self.stats.episodes += 1
+            self.stats.failed_episodes += 1
+            return out
+        serial = 0
+        for _wave in range(3):
+            needed = 1 if samples is None else math.ceil((samples - len(out)) / per_episode)
+            results = await asyncio.gather(*(self._episode(ctx, group, attempt, serial + k) for k in range(needed)))
+            serial += needed
+            produced = 0
+            for result in results:
+                group.episodes.append(result)
+                self.stats.episodes += 1
+                if not result.ok:
+                    self.stats.failed_episodes += 1
+                    continue
+                for t in result.trajectories:
+                    t.group_id = group.group_id
+                    out.append(t)
+                    produced += 1
+            if samples is None or len(out) >= samples or produced == 0:
+                break
+        return out if samples is None else out[:samples]
+
+    async def _episode(self, prototype: EpisodeContext, group: RolloutGroup, attempt: int,
+                       serial: int) -> EpisodeResult:
+        assert self._runtime is not None and self._slots is not None
+        episode_id = f"{group.group_id}/{serial}" + (f"r{attempt}" if attempt else "")
+        ctx = dataclasses.replace(prototype, episode_id=episode_id, seed=derive_seed(self.sampling.seed, episode_id),
+                                  state={})
+        async with self._slots:
+            return await self._runtime.run_episode(ctx)

@@ -1,0 +1,89 @@
+"""``scaffold train``: runs the configured trainer with per-step metrics and files, and fails in one line
+on a bad trainer section (before any model loads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from scaffold_core.cli import main
+from scaffold_core.plugins import set_plugins
+from scaffold_core.run.summary import ExitCode
+
+ROWS = [{"id": "a", "question": "1 + 1?", "answer": "2"}, {"id": "b", "question": "2 + 2?", "answer": "4"}]
+
+
+@pytest.fixture
+def test_plugins(monkeypatch):
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
+    previous = set_plugins(None)
+    yield
+    set_plugins(previous)
+
+
+def write_config(tmp_path, **trainer):
+    data = {"task": {"name": "list", "rows": ROWS}, "engine": {"name": "benchmark_canned", "response": "2"},
+            "sampling": {"max_tokens": 8}, "trainer": {"name": "rollout_only", **trainer}}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_train_runs_the_trainer_and_writes_metrics_per_step(tmp_path, test_plugins, capsys):
+    out = tmp_path / "run"
+    code = main(["train", str(write_config(tmp_path, steps=3, group=2)), "-o", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == ExitCode.OK
+    steps = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2, 3] and all(s["reward_mean"] == 0.5 for s in steps)
+    assert all(s["version"] == 0 and s["stale_dropped"] == 0 and s["wall_s"] >= 0 for s in steps)
+    assert "step 2/3  reward_mean=0.5  version=0  stale_dropped=0" in captured.err
+    summary = json.loads(captured.out)
+    assert summary["steps"] == 3 and summary["rollouts"]["samples"] == 12
+    assert json.loads((out / "train_summary.json").read_text())["rollouts"]["groups"] == 6
+    assert (out / "config.yaml").is_file()
+    # a second run into the same directory is refused unless asked to overwrite
+    assert main(["train", str(write_config(tmp_path)), "-o", str(out), "--no-progress"]) == ExitCode.ERROR
+    assert "already holds a training run" in capsys.readouterr().err
+    assert main(["train", str(write_config(tmp_path)), "-o", str(out), "--no-progress", "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("trainer, expected", [
+    ({"name": "rollout_onyl"}, "trainer.name: unknown trainer 'rollout_onyl'"),
+    ({"name": "rollout_only", "stepz": 2}, "trainer.stepz"),
+    ({"name": "rollout_only", "steps": 0}, "steps and group must be >= 1"),
+])
+def test_a_bad_trainer_section_fails_in_one_line(tmp_path, test_plugins, capsys, trainer, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"task": {"name": "list", "rows": ROWS}, "trainer": trainer}))
+    assert main(["train", str(path), "-o", str(tmp_path / "run")]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_needs_a_trainer_section(tmp_path, test_plugins, capsys):
+    path = tmp_path / "no_trainer.yaml"
+    path.write_text(yaml.safe_dump({"task": {"name": "list", "rows": ROWS}}))
+    assert main(["train", str(path), "-o", str(tmp_path / "run")]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "needs a trainer section" in err and "rollout_only" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_progress_bar_counts_steps_and_shows_the_reward(tmp_path):
+    import io
+
+    import scaffold_core.testing.plugin as test_tasks
+    from scaffold_core.config import load_config
+    from scaffold_core.testing import plugin_set
+    from scaffold_core.train.session import run_training
+
+    pset = plugin_set(test_tasks)
+    config = load_config(write_config(tmp_path, steps=2, group=2), registry=pset.registry)
+    stream = io.StringIO()
+    run_training(config, tmp_path / "run", registry=pset.registry, progress=True, stream=stream)
+    text = stream.getvalue()
+    assert "training: 100%" in text and "2/2" in text and "reward=0.500" in text
+    assert "step 1/2  reward_mean=0.5" in text
