@@ -44,6 +44,7 @@ from scaffold_core.tokenizers import encode
 from scaffold_core.tool import Tool, ToolContext, ToolResult, check_tool
 from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, call_timeout, run_tool_call, unrunnable
 
+from .controller import samples_in_parallel
 from .conversation import Conversation, DriftReport
 from .template import render_text
 
@@ -219,13 +220,7 @@ class AgentController(Controller):
         if self.samples == 1:
             sample, metrics = yield from self.run_agent(ctx)
             return Outcome(samples=[sample], chosen=0, metrics=metrics)
-        single = copy.copy(self)
-        single.samples = 1
-        outcomes = yield self.parallel(single, [ctx.branch(i) for i in range(self.samples)])
-        samples = [s for outcome in outcomes for s in outcome.samples]
-        names = sorted({k for outcome in outcomes for k in outcome.metrics})
-        metrics = {k: sum(o.metrics.get(k, 0.0) for o in outcomes) / len(outcomes) for k in names}
-        return Outcome(samples=samples, metrics=metrics)
+        return (yield from samples_in_parallel(self, ctx))
 
     def run_agent(self, ctx: EpisodeContext):
         """One agent episode; returns (its Sample, its metrics)."""

@@ -46,6 +46,18 @@ def discounted(reward: float, turns: int, turn_discount: float) -> float:
     return float(reward) * turn_discount ** max(0, turns - 1)
 
 
+def samples_in_parallel(controller: Any, ctx: EpisodeContext):
+    """``controller.samples`` conversations as parallel branches of a one-sample copy of ``controller``
+    (each branch on its own clone, with its own copy of the episode's data); their metrics averaged."""
+    single = controller.clone()
+    single.samples = 1
+    outcomes = yield controller.parallel(single, [ctx.branch(i) for i in range(controller.samples)])
+    samples = [s for outcome in outcomes for s in outcome.samples]
+    names = sorted({k for outcome in outcomes for k in outcome.metrics})
+    metrics = {k: sum(o.metrics.get(k, 0.0) for o in outcomes) / len(outcomes) for k in names}
+    return Outcome(samples=samples, metrics=metrics)
+
+
 class MultiTurnChatController(Controller):
     """A conversation loop: the model speaks, the environment answers, until it says done or ``max_turns``.
 
@@ -113,13 +125,7 @@ class MultiTurnChatController(Controller):
         if self.samples == 1:
             sample, metrics = yield from self.converse(ctx)
             return Outcome(samples=[sample], chosen=0, metrics=metrics)
-        single = self.clone()
-        single.samples = 1
-        outcomes = yield self.parallel(single, [ctx.branch(i) for i in range(self.samples)])
-        samples = [s for outcome in outcomes for s in outcome.samples]
-        names = sorted({k for outcome in outcomes for k in outcome.metrics})
-        metrics = {k: sum(o.metrics.get(k, 0.0) for o in outcomes) / len(outcomes) for k in names}
-        return Outcome(samples=samples, metrics=metrics)
+        return (yield from samples_in_parallel(self, ctx))
 
     def converse(self, ctx: EpisodeContext):
         """One conversation; returns (its Sample, its metrics)."""
