@@ -257,6 +257,22 @@ def test_samples_older_than_max_staleness_are_dropped(be):
     assert out["versions"][0].max().item() == 5
 
 
+def test_on_stale_regenerate_runs_a_stale_episode_again_on_the_current_weights(be):
+    eng = engine(be, answers("#### 42"), updates={2: 5})
+    wf = workflow(be, max_staleness=2, on_stale="regenerate")
+    out = run(wf, eng)
+    prompt = prompt_ids()
+    output = TOKENIZER.encode("#### 42") + [EOS]
+    n, m = len(prompt), len(output)
+    assert [s.version for s in eng.segments] == [0, 5, 5]  # interrupted at v0, resumed at v5; then the rerun
+    check_contract(be, out, 1, n + m)
+    assert out["input_ids"][0].tolist() == prompt + output
+    assert out["versions"][0].tolist() == [-1] * n + [5] * m
+    assert torch.equal(out["logprobs"][0], f32([0.0] * n + logprobs_of(output, n, [5] * m)))
+    assert wf.stats["regenerated_stale"] == 1 and wf.stats["dropped_stale"] == 0
+    assert len({req.rid for req in eng.requests}) == 2  # the rerun is an episode of its own
+
+
 def test_turn_ids_can_be_chosen_for_the_areal_release(be):
     out = run(workflow(be, turn_ids=False), engine(be, answers("#### 42")))
     assert list(out) == [k for k in RLVR_KEYS if k != "turn_ids"]
@@ -276,6 +292,8 @@ def test_a_prompt_longer_than_max_tokens_fails_the_episode_clearly(be, caplog):
     (dict(verifier=None), "needs a verifier"),
     (dict(controller="majority_vot"), "majority_vote"),
     (dict(samples="best"), "samples must be one of"),
+    (dict(max_staleness=-1), "max_staleness must be an integer >= 0"),
+    (dict(on_stale="keep"), "on_stale must be one of drop, regenerate"),
 ])
 def test_bad_options_fail_when_the_workflow_is_built(be, options, message):
     with pytest.raises(Exception, match=message):
