@@ -18,9 +18,7 @@ from verl_helpers import (
     RESPONSE_LENGTH,
     SAMPLING,
     TOKENIZER,
-    answers,
     backend,
-    by_turn,
     logprobs_of,
     padded,
     prompt_ids,
@@ -31,6 +29,7 @@ from verl_helpers import (
 from scaffold_core.controller import Controller
 from scaffold_core.episode import Outcome, Sample
 from scaffold_core.generation import VerificationTask
+from scaffold_core.testing.replies import answers, by_turn
 
 
 @pytest.fixture(params=["fake", "real"])
