@@ -91,6 +91,60 @@ def test_seeds_differ_between_episodes_and_between_calls_and_repeat_across_runs(
     assert seeds() == first  # reproducible
 
 
+def test_a_call_can_bring_its_own_sampling_and_group_id():
+    """A trainer that sets sampling per request (verl) passes it per call; ids it names prefix every episode."""
+    engine = VersionedEngine("2")
+    r = rollouts(engine)
+    hot = SamplingParams(max_tokens=6, temperature=0.5, top_p=0.9, top_k=7, seed=11)
+
+    async def calls(r):
+        first = await r.run_group(ROWS[0], samples=2, sampling=hot, group_id="worker-3:a")
+        again = await r.run_group(ROWS[0], samples=2, sampling=hot, group_id="worker-3:a")
+        other = await r.run_group(ROWS[0], samples=2, sampling=hot.replace(seed=12), group_id="worker-3:a")
+        plain = await r.run_group(ROWS[0])
+        return first, again, other, plain
+
+    first, again, other, plain = run(r, calls)
+    assert [q.sampling for q in engine.requests] == [hot] * 4 + [hot.replace(seed=12)] * 2 + [r.sampling]
+    assert first.group_id == "worker-3:a" and {s.group_id for s in first.samples} == {"worker-3:a"}
+    assert sorted(e.episode_id for e in first.episodes) == ["worker-3:a/0", "worker-3:a/1"]
+    seeds = [q.seed for q in engine.requests]
+    assert sorted(seeds[0:2]) == sorted(seeds[2:4])  # seeds follow the call's sampling.seed and the ids
+    assert set(seeds[4:6]).isdisjoint(seeds[0:2])
+    assert plain.group_id == "a@3" and first.rewards == [1.0, 1.0]
+    with pytest.raises(ValueError, match="group_id"):
+        run(rollouts(), lambda r: r.run_group(ROWS[0], group_id=""))
+    with pytest.raises(TypeError, match="SamplingParams"):
+        run(rollouts(), lambda r: r.run_group(ROWS[0], sampling={"temperature": 0.5}))
+
+
+def test_concurrent_first_starts_start_everything_once():
+    """A trainer's first episodes arrive together, each making sure the rollouts are started."""
+    starts = []
+
+    class Counting(NativeController):
+        async def start(self):
+            starts.append("controller")
+            await asyncio.sleep(0.01)
+
+    engine = VersionedEngine("2")
+    r = rollouts(engine, controller=Counting(), manage_engine=False)
+
+    async def main():
+        async def one(row):
+            await r.start()
+            return await r.run_group(row)
+
+        try:
+            return await asyncio.gather(*(one(row) for row in ROWS * 3))
+        finally:
+            await r.close()
+
+    groups = asyncio.run(main())
+    assert starts == ["controller"] and [len(g.samples) for g in groups] == [1] * 6
+    assert not engine.started and not engine.closed  # the caller's engine: never started or closed here
+
+
 def test_controllers_with_several_samples_run_fewer_episodes_and_extra_samples_are_cut():
     r = rollouts(controller=BestOfNController(samples=2))
     group = run(r, lambda r: r.run_group(ROWS[0], samples=5))

@@ -13,6 +13,9 @@
   event loop without yielding.
 * :mod:`scaffold_core.testing.conformance` holds the conformance base classes
   a plugin's tests subclass (imported on demand: it needs pytest).
+* :mod:`scaffold_core.testing.replies` scripts a fake inference server's
+  answers (token ids in, token ids out); :mod:`scaffold_core.testing.installed`
+  checks a plugin's installation (listed, light to load, dependencies faked).
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ many times as needed to reach ``samples`` (a ``native`` controller with
 ``samples: 1`` runs 8 episodes; ``best_of_n`` with ``samples: 4`` runs 2).
 Each episode gets its own id and seed, and a row's seeds change from one call
 to the next, so a trainer that sees a prompt again gets fresh samples. Every
-sample's ``group_id`` names its group.
+sample's ``group_id`` names its group. A call may bring its own sampling
+parameters (``run_group(row, sampling=...)``: a trainer that sets them per
+request, as verl does) and its own ``group_id`` (ids unique beyond this
+process, for servers that key requests by id).
 
 Staleness (``max_staleness``): when a group is handed over, a sample whose
 oldest generated token is more than ``max_staleness`` weight versions behind
@@ -142,6 +145,7 @@ class TrainingRollouts:
         self._runtime: Any = None
         self._pool: Any = None
         self._slots: asyncio.Semaphore | None = None
+        self._starting: asyncio.Lock | None = None
         self._started: list[str] = []
 
     @classmethod
@@ -172,12 +176,23 @@ class TrainingRollouts:
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> None:
-        """Start the engine (when managed), the controller and the verifier pool."""
+        """Start the engine (when managed), the controller and the verifier pool.
+
+        Once: later calls return at once, and concurrent first calls (a
+        trainer's first episodes, all starting together) wait for one start.
+        """
+        if self._runtime is not None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._runtime is None:
+                await self._start()
+
+    async def _start(self) -> None:
         from ..run.runtime import Runtime
         from ..run.verifier_pool import VerifierPool
 
-        if self._runtime is not None:
-            return
         try:
             if self.manage_engine:
                 if self.run_info is not None and hasattr(self.engine, "attach_run"):
@@ -203,6 +218,7 @@ class TrainingRollouts:
     async def close(self) -> None:
         """Release what :meth:`start` acquired (safe twice; the engine only when managed)."""
         self._runtime = None
+        self._starting = None  # a later start may run on another event loop
         try:
             if self._pool is not None:
                 self._pool.close()
@@ -234,28 +250,39 @@ class TrainingRollouts:
 
     # -- groups ---------------------------------------------------------------
     async def run_groups(self, rows: Iterable[dict[str, Any]], *, samples: int | None = None,
-                         start_index: int = 0) -> list[RolloutGroup]:
+                         start_index: int = 0, sampling: SamplingParams | None = None) -> list[RolloutGroup]:
         """:meth:`run_group` for each row, concurrently; groups come back in row order."""
-        coros = [self.run_group(row, samples=samples, index=start_index + i) for i, row in enumerate(rows)]
+        coros = [self.run_group(row, samples=samples, index=start_index + i, sampling=sampling)
+                 for i, row in enumerate(rows)]
         return list(await asyncio.gather(*coros))
 
-    async def run_group(self, row: dict[str, Any], *, samples: int | None = None, index: int = 0) -> RolloutGroup:
+    async def run_group(self, row: dict[str, Any], *, samples: int | None = None, index: int = 0,
+                        sampling: SamplingParams | None = None, group_id: str | None = None) -> RolloutGroup:
         """Run ``row`` through the controller until the group holds ``samples`` training samples.
 
         ``samples=None`` runs one episode and keeps whatever it produces.
         Fewer samples come back only when episodes fail (see
-        ``group.failed``) or stale samples are dropped.
+        ``group.failed``) or stale samples are dropped. ``sampling``: this
+        call's sampling parameters (default: the rollouts' ``sampling``); the
+        controller sees them as ``ctx.sampling`` and episode seeds derive
+        from their ``seed``. ``group_id``: the group's id, which prefixes
+        every episode id (``<group_id>/<n>``); by default ``<row id>@<call
+        number>``, which repeats across runs so that seeds do.
         """
         if self._runtime is None:
             raise RuntimeError("TrainingRollouts is not started: use `async with rollouts:` or await start()")
         if samples is not None and samples < 1:
             raise ValueError(f"samples must be >= 1 or None, got {samples}")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
         call = next(self._calls)
-        base = episode_id_of(row, index)
-        group = RolloutGroup(group_id=f"{base}@{call}", index=index, row=row)
+        group = RolloutGroup(group_id=group_id or f"{episode_id_of(row, index)}@{call}", index=index, row=row)
+        sampling = sampling or self.sampling
         attempt = 0
         while True:
-            group.samples = await self._fill(group, samples, attempt)
+            group.samples = await self._fill(group, samples, attempt, sampling)
             stale = [s for s in group.samples if is_stale(s, self.weight_version, self.max_staleness)]
             if not stale:
                 break
@@ -273,13 +300,14 @@ class TrainingRollouts:
         self.stats.generated_tokens += sum(sum(s.loss_mask) for s in group.samples)
         return group
 
-    async def _fill(self, group: RolloutGroup, samples: int | None, attempt: int) -> list[TrainingSample]:
+    async def _fill(self, group: RolloutGroup, samples: int | None, attempt: int,
+                    sampling: SamplingParams) -> list[TrainingSample]:
         """Run waves of episodes until ``samples`` samples are in hand (or a wave yields nothing)."""
         per_episode = getattr(self.controller, "samples", 1)
         per_episode = per_episode if isinstance(per_episode, int) and per_episode >= 1 else 1
         out: list[TrainingSample] = []
         try:
-            ctx = episode_context(self.task, group.index, group.row, self.engine.tokenizer, self.sampling)
+            ctx = episode_context(self.task, group.index, group.row, self.engine.tokenizer, sampling)
         except Exception as exc:  # an unusable row fails its group, never the trainer's process
             failed = EpisodeResult(episode_id=group.group_id, index=group.index, status="failed", row=group.row,
                                    reference=self.task.reference(group.row), error_component="task",
@@ -312,7 +340,7 @@ class TrainingRollouts:
                        serial: int) -> EpisodeResult:
         assert self._runtime is not None and self._slots is not None
         episode_id = f"{group.group_id}/{serial}" + (f"r{attempt}" if attempt else "")
-        ctx = dataclasses.replace(prototype, episode_id=episode_id, seed=derive_seed(self.sampling.seed, episode_id),
-                                  state={})
+        ctx = dataclasses.replace(prototype, episode_id=episode_id,
+                                  seed=derive_seed(prototype.sampling.seed, episode_id), state={})
         async with self._slots:
             return await self._runtime.run_episode(ctx)

@@ -32,6 +32,7 @@ from scaffold_core.engine import Engine
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.sampling import SamplingParams
+from scaffold_core.train.adapters import response_text
 
 from .versions import VersionLedger
 
@@ -123,18 +124,11 @@ class ArealEngine(Engine):
         if request.episode_id is not None:
             self.ledger.record(request.episode_id, prompt, tokens, versions)
         return GenerationResult(
-            output_ids=tokens, logprobs=logprobs, finish_reason=finish, text=self._text(tokens, request.sampling.stop),
+            output_ids=tokens, logprobs=logprobs, finish_reason=finish,
+            text=response_text(self.tokenizer, tokens, request.sampling.stop),
             weight_version=versions[0] if versions else self.weight_version,
             meta={"versions": versions, "stop_reason": response.stop_reason},
         )
-
-    def _text(self, ids: list[int], stops: tuple[str, ...]) -> str:
-        """The response text: ids decoded without special tokens, cut at the first stop string."""
-        if not ids:
-            return ""
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-        return text[:cut] if cut >= 0 else text
 
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "resumed_responses": self.resumed_responses}

@@ -2,10 +2,13 @@
 
 ``arun_episode(engine, data)``: ``data`` (one dataset row) runs as one
 scaffold episode of the configured controller on ``engine`` (through
-:class:`~scaffold_areal.engine.ArealEngine`), is scored by the configured
-verifier, and comes back as AReaL's tensor dict
-(:mod:`scaffold_areal.tensors`) with the behaviour logprobs AReaL returned and
-the weight version of every token, or ``None`` when it is rejected.
+:class:`~scaffold_areal.engine.ArealEngine`), with the core's
+:class:`~scaffold_core.train.rollouts.TrainingRollouts` (the trainer owns the
+engine: ``manage_engine=False``); it is scored by the configured verifier,
+and comes back as AReaL's tensor dict
+(:func:`scaffold_core.train.padding.to_padded_tensor_dict`) with the
+behaviour logprobs AReaL returned and the weight version of every token
+(:mod:`scaffold_areal.samples`), or ``None`` when it is rejected.
 
 Rejection policy (``None`` excludes the episode from training, as AReaL
 documents; every rejection is logged with its reason and counted in
@@ -16,8 +19,10 @@ documents; every rejection is logged with its reason and counted in
   reward;
 * ``reject_truncated=True`` drops samples cut by ``max_new_tokens``
   (finish reason ``length``);
-* ``max_staleness=N`` drops samples whose oldest generated token is more
-  than N weight versions behind the engine's version at hand-over;
+* ``max_staleness=N`` applies the core's staleness policy when the episode
+  ends: samples whose oldest generated token is more than N weight versions
+  behind the engine are dropped (``on_stale="drop"``), or the episode runs
+  again on the current weights (``on_stale="regenerate"``, at most twice);
 * an episode left with no sample is rejected.
 
 An episode with several samples (``majority_vote``, ``best_of_n``,
@@ -28,31 +33,25 @@ An episode with several samples (``majority_vote``, ``best_of_n``,
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
 from typing import Any, ClassVar
 
-from scaffold_core.episode import EpisodeResult
+from scaffold_core.train.adapters import PromptTask, build_component, to_plain
+from scaffold_core.train.padding import to_padded_tensor_dict
+from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+from scaffold_core.train.staleness import check_policy
+from scaffold_core.trajectory import TrainingSample
 
-from ._episodes import EpisodeRunner, PromptTask, build_component, to_plain
 from .api import ArealAPI, as_gconfig
 from .engine import ArealEngine, sampling_from_gconfig
-from .tensors import TokenRow, tensor_dict
-from .versions import EpisodeVersions, VersionLedger
+from .samples import SAMPLES, ArealSamples
+from .versions import VersionLedger
 
 log = logging.getLogger("scaffold_areal")
 
-SAMPLES = ("all", "chosen")
-
-
-def chosen_index(episode: EpisodeResult) -> int:
-    """The episode's answer among its samples: ``chosen``, else the first sample carrying the voted answer, else 0."""
-    if episode.chosen is not None:
-        return episode.chosen
-    if episode.answer is not None:
-        for i, sample in enumerate(episode.samples):
-            if sample.verdict is not None and episode.answer in (sample.verdict.extracted, sample.verdict.key):
-                return i
-    return 0
+#: Episodes in flight are AReaL's to bound (``max_concurrent_rollouts``), not scaffold's.
+UNBOUNDED = 1 << 30
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
@@ -97,7 +96,9 @@ class ScaffoldRollout:
       ``multiturn`` for multi-turn controllers; it supplies each sample's
       reward).
     * ``samples``: ``"all"`` (default) or ``"chosen"``.
-    * ``reject_truncated``, ``max_staleness``: the rejection policy above.
+    * ``reject_truncated``, ``max_staleness``, ``on_stale``: the rejection
+      policy above (``max_staleness``/``on_stale`` are the core's
+      ``rollout.max_staleness``/``rollout.on_stale``).
     * ``turn_ids``: emit the ``turn_ids`` key (default: when the installed
       AReaL builds it, i.e. from 2.0 on).
     * ``request_timeout``, ``episode_timeout``, ``verifier_timeout``,
@@ -111,15 +112,15 @@ class ScaffoldRollout:
                  tokenizer: Any = None, task: Any = None, messages_key: str = "messages",
                  reference_key: str | None = "answer", chat_template_kwargs: dict[str, Any] | None = None,
                  trajectory: Any = "single_turn", samples: str = "all", reject_truncated: bool = False,
-                 max_staleness: int | None = None, turn_ids: bool | None = None, request_timeout: float = 3600.0,
-                 episode_timeout: float = 7200.0, verifier_timeout: float = 30.0, retries: int = 0):
+                 max_staleness: int | None = None, on_stale: str = "drop", turn_ids: bool | None = None,
+                 request_timeout: float = 3600.0, episode_timeout: float = 7200.0, verifier_timeout: float = 30.0,
+                 retries: int = 0):
         if verifier is None:
             raise ValueError("ScaffoldWorkflow needs a verifier (a scaffold verifier name such as 'gsm8k', or "
                              "{name: ..., options...}): AReaL trains on its rewards")
         if samples not in SAMPLES:
             raise ValueError(f"samples must be one of {SAMPLES}, got {samples!r}")
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        check_policy(max_staleness, on_stale)
         self.gconfig = as_gconfig(self.areal, gconfig)
         self.tokenizer = load_tokenizer(tokenizer)
         if hasattr(self.gconfig, "new_with_stop_and_pad_token_ids"):  # as AReaL's RLVR workflow does
@@ -127,78 +128,74 @@ class ScaffoldRollout:
         self.sampling = sampling_from_gconfig(self.gconfig)
         self.controller = build_component("controller", controller, path="controller")
         self.verifier = build_component("verifier", verifier, path="verifier")
-        self.trajectory_maker = build_component("trajectory_maker", trajectory, path="trajectory")
         self.task = build_component("task", task, path="task") or PromptTask(
             messages_key, reference_key, to_plain(chat_template_kwargs))
+        self.ledger = VersionLedger()
+        self.stats: Counter[str] = Counter()
+        self.trajectory_maker = ArealSamples(
+            build_component("trajectory_maker", trajectory, path="trajectory"), self.ledger, samples=samples,
+            reject_truncated=reject_truncated, stats=self.stats)
         self.samples = samples
         self.reject_truncated = reject_truncated
         self.max_staleness = max_staleness
+        self.on_stale = on_stale
         self.turn_ids = self.areal.turn_ids if turn_ids is None else turn_ids
         self.limits: dict[str, Any] = dict(request_timeout=request_timeout, episode_timeout=episode_timeout,
-                           verifier_timeout=verifier_timeout, retries=retries)
-        self.ledger = VersionLedger()
-        self.stats: Counter[str] = Counter()
-        self._runners: dict[int, tuple[Any, EpisodeRunner]] = {}
+                                           verifier_timeout=verifier_timeout, retries=retries)
+        self._rollouts: dict[int, tuple[Any, TrainingRollouts]] = {}
 
-    def runner(self, engine: Any) -> EpisodeRunner:
-        """The episode runner for AReaL engine ``engine`` (one per engine, built on first use)."""
-        held = self._runners.get(id(engine))
+    def rollouts(self, engine: Any) -> TrainingRollouts:
+        """The rollouts over AReaL engine ``engine`` (one per engine, built on first use; AReaL owns the engine)."""
+        held = self._rollouts.get(id(engine))
         if held is None or held[0] is not engine:
             adapter = ArealEngine(engine, request_cls=self.areal.ModelRequest, gconfig=self.gconfig,
                                   tokenizer=self.tokenizer, ledger=self.ledger)
-            held = (engine, EpisodeRunner(engine=adapter, task=self.task, controller=self.controller,
-                                          sampling=self.sampling, verifier=self.verifier,
-                                          trajectory_maker=self.trajectory_maker, **self.limits))
-            self._runners[id(engine)] = held
+            held = (engine, TrainingRollouts(
+                task=self.task, controller=self.controller, engine=adapter, sampling=self.sampling,
+                verifier=self.verifier, trajectory_maker=self.trajectory_maker, max_staleness=self.max_staleness,
+                on_stale=self.on_stale, concurrency=UNBOUNDED, engine_name="areal", manage_engine=False,
+                **self.limits))
+            self._rollouts[id(engine)] = held
         return held[1]
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, Any] | None:
         """One row as one scaffold episode: AReaL's tensor dict, or None when the episode is rejected."""
-        runner = self.runner(engine)
-        episode = await runner.run_row(dict(data))
+        rollouts = self.rollouts(engine)
+        await rollouts.start()
+        row = dict(data)
+        group = await rollouts.run_group(row, group_id=f"{row.get('id', 0)}-{uuid.uuid4().hex[:12]}")
+        for episode in group.episodes:  # what a failed episode left in the ledger
+            self.ledger.pop(episode.episode_id)
         self.stats["episodes"] += 1
-        versions = self.ledger.pop(episode.episode_id)
-        rows = self.training_rows(episode, versions, int(engine.get_version()))
-        if rows is None:
+        samples = self.accepted(group)
+        if samples is None:
             return None
-        self.stats["samples"] += len(rows)
-        return tensor_dict(rows, turn_ids=self.turn_ids)
+        self.stats["samples"] += len(samples)
+        out = to_padded_tensor_dict(samples)
+        if not self.turn_ids:
+            del out["turn_ids"]
+        return out
 
-    def training_rows(self, episode: EpisodeResult, versions: EpisodeVersions,
-                      current_version: int) -> list[TokenRow] | None:
-        """The episode's rows after the rejection policy (None: reject the episode)."""
-        if not episode.ok:
+    def accepted(self, group: RolloutGroup) -> list[TrainingSample] | None:
+        """The group's samples after the rejection policy (None: reject the episode)."""
+        for key, count in (("dropped_stale", group.stale_dropped), ("regenerated_stale", group.regenerations)):
+            if count:
+                self.stats[key] += count
+        if group.samples:
+            return group.samples
+        if group.failed:
+            failed = group.failed[-1]
             self.stats["rejected_failed"] += 1
-            log.warning("scaffold episode %s rejected: %s failed: %s", episode.episode_id,
-                        episode.error_component, episode.error)
-            return None
-        trajectories = list(episode.trajectories)
-        if self.samples == "chosen" and episode.samples:
-            index = episode.samples[chosen_index(episode)].sample_index
-            trajectories = [t for t in trajectories if t.sample_index == index][:1]
-        rows = []
-        for t in trajectories:
-            if self.reject_truncated and t.finish_reason == "length":
-                self.stats["dropped_truncated"] += 1
-                continue
-            token_versions, unmatched = versions.versions_for(t.input_ids, t.loss_mask, t.versions)
-            if unmatched:
-                self.stats["versions_unmatched_tokens"] += unmatched
-            generated = [v for v, m in zip(token_versions, t.loss_mask) if m and v >= 0]
-            if self.max_staleness is not None and generated and current_version - min(generated) > self.max_staleness:
-                self.stats["dropped_stale"] += 1
-                continue
-            rows.append(TokenRow(list(t.input_ids), list(t.loss_mask), [float(x) for x in t.logprobs],
-                                 token_versions, float(t.reward)).check())
-        if not rows:
+            log.warning("scaffold episode %s rejected: %s failed: %s", failed.episode_id, failed.error_component,
+                        failed.error)
+        else:
             self.stats["rejected_empty"] += 1
             log.warning("scaffold episode %s rejected: no sample left after the rejection policy (%s)",
-                        episode.episode_id, dict(self.stats))
-            return None
-        return rows
+                        group.group_id, dict(self.stats))
+        return None
 
     async def aclose(self) -> None:
         """Release the controller's resources and the verifier pool (the rollout worker's end)."""
-        runners, self._runners = self._runners, {}
-        for _, runner in runners.values():
-            await runner.close()
+        held, self._rollouts = self._rollouts, {}
+        for _, rollouts in held.values():
+            await rollouts.close()

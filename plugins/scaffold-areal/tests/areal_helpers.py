@@ -10,10 +10,8 @@ from typing import Any
 import fake_areal
 import pytest
 
-from scaffold_core.tokenizers import ByteTokenizer
+from scaffold_core.testing.replies import EOS, TOKENIZER
 
-TOKENIZER = ByteTokenizer()
-EOS = TOKENIZER.eos_token_id
 QUESTION = {"messages": [{"role": "user", "content": "What is 40 + 2?"}], "answer": "42"}
 
 
@@ -28,28 +26,6 @@ def backend(kind: str) -> SimpleNamespace:
         return SimpleNamespace(kind=kind, classes=fake_areal.real_classes(), workflow_cls=ScaffoldWorkflow)
     cls = type("FakeScaffoldWorkflow", (ScaffoldRollout, fake_areal.RolloutWorkflow), {"areal": fake_areal.api()})
     return SimpleNamespace(kind=kind, classes=fake_areal.fake_classes(), workflow_cls=cls)
-
-
-def answers(*texts: str) -> Callable[[list[int]], list[int]]:
-    """A server that answers the n-th request for a fresh conversation turn with ``texts[n]`` (the last repeats)."""
-    calls = {"n": 0}
-
-    def respond(prompt_ids: list[int]) -> list[int]:
-        text = texts[min(calls["n"], len(texts) - 1)]
-        calls["n"] += 1
-        return TOKENIZER.encode(text) + [EOS]
-
-    return respond
-
-
-def by_turn(*texts: str) -> Callable[[list[int]], list[int]]:
-    """A server that answers turn t of a conversation (t assistant headers in the prompt) with ``texts[t - 1]``."""
-
-    def respond(prompt_ids: list[int]) -> list[int]:
-        turn = TOKENIZER.decode(prompt_ids).count("<|assistant|>")
-        return TOKENIZER.encode(texts[min(turn, len(texts)) - 1]) + [EOS]
-
-    return respond
 
 
 def engine(be: SimpleNamespace, respond: Callable[[list[int]], list[int]], **options: Any) -> Any:

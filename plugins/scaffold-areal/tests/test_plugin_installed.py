@@ -5,31 +5,25 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
-import json
-import subprocess
 import sys
 import types
 
 import fake_areal
 import pytest
-from areal_helpers import TOKENIZER, answers, engine
+from areal_helpers import TOKENIZER, engine
 
 from scaffold_core.errors import MissingDependencyError
+from scaffold_core.testing.installed import fake_modules, listed_plugin, modules_loaded
+from scaffold_core.testing.replies import answers
 
 
 def test_listed_by_scaffold_list_plugins():
-    out = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "list-plugins", "--json"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    plugins = {p["name"]: p for p in json.loads(out)}
-    assert plugins["areal"]["status"] == "ok", plugins["areal"]
-    assert plugins["areal"]["distribution"] == "scaffold-areal"
+    entry = listed_plugin("areal")
+    assert entry["status"] == "ok" and entry["distribution"] == "scaffold-areal", entry
 
 
 def test_loading_the_plugin_imports_neither_areal_nor_torch():
-    code = ("import sys, scaffold_areal, scaffold_areal.rollout\n"
-            "print(sorted(m for m in ('areal', 'torch', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert modules_loaded(["scaffold_areal", "scaffold_areal.rollout"], ["areal", "torch", "transformers"]) == []
 
 
 def test_without_areal_the_workflow_says_how_to_install_it():
@@ -43,13 +37,10 @@ def test_without_areal_the_workflow_says_how_to_install_it():
 @pytest.fixture
 def areal_modules(monkeypatch):
     """The fake's classes installed under AReaL's module paths, and a fresh scaffold_areal.workflow."""
-    modules = {"areal": None, "areal.api": None, "areal.api.cli_args": "GenerationHyperparameters",
-               "areal.api.io_struct": "ModelRequest", "areal.api.workflow_api": "RolloutWorkflow"}
-    for name, attr in modules.items():
-        module = types.ModuleType(name)
-        if attr:
-            setattr(module, attr, getattr(fake_areal, attr))
-        monkeypatch.setitem(sys.modules, name, module)
+    fake_modules(monkeypatch, {
+        "areal.api.cli_args": {"GenerationHyperparameters": fake_areal.GenerationHyperparameters},
+        "areal.api.io_struct": {"ModelRequest": fake_areal.ModelRequest},
+        "areal.api.workflow_api": {"RolloutWorkflow": fake_areal.RolloutWorkflow}})
     monkeypatch.delitem(sys.modules, "scaffold_areal.workflow", raising=False)
     yield
     sys.modules.pop("scaffold_areal.workflow", None)

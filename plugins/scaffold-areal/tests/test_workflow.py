@@ -11,24 +11,13 @@ import logging
 
 import pytest
 import torch
-from areal_helpers import (
-    EOS,
-    QUESTION,
-    TOKENIZER,
-    answers,
-    backend,
-    by_turn,
-    engine,
-    logprobs_of,
-    prompt_ids,
-    run,
-    workflow,
-)
+from areal_helpers import EOS, QUESTION, TOKENIZER, backend, engine, logprobs_of, prompt_ids, run, workflow
 from fake_areal import concat_padded_tensors
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import Outcome, Sample
 from scaffold_core.generation import VerificationTask
+from scaffold_core.testing.replies import answers, by_turn
 
 RLVR_KEYS = ["input_ids", "loss_mask", "logprobs", "versions", "turn_ids", "attention_mask", "rewards"]
 DTYPES = {"input_ids": torch.int32, "loss_mask": torch.int32, "logprobs": torch.float32, "versions": torch.int32,
@@ -257,6 +246,22 @@ def test_samples_older_than_max_staleness_are_dropped(be):
     assert out["versions"][0].max().item() == 5
 
 
+def test_on_stale_regenerate_runs_a_stale_episode_again_on_the_current_weights(be):
+    eng = engine(be, answers("#### 42"), updates={2: 5})
+    wf = workflow(be, max_staleness=2, on_stale="regenerate")
+    out = run(wf, eng)
+    prompt = prompt_ids()
+    output = TOKENIZER.encode("#### 42") + [EOS]
+    n, m = len(prompt), len(output)
+    assert [s.version for s in eng.segments] == [0, 5, 5]  # interrupted at v0, resumed at v5; then the rerun
+    check_contract(be, out, 1, n + m)
+    assert out["input_ids"][0].tolist() == prompt + output
+    assert out["versions"][0].tolist() == [-1] * n + [5] * m
+    assert torch.equal(out["logprobs"][0], f32([0.0] * n + logprobs_of(output, n, [5] * m)))
+    assert wf.stats["regenerated_stale"] == 1 and wf.stats["dropped_stale"] == 0
+    assert len({req.rid for req in eng.requests}) == 2  # the rerun is an episode of its own
+
+
 def test_turn_ids_can_be_chosen_for_the_areal_release(be):
     out = run(workflow(be, turn_ids=False), engine(be, answers("#### 42")))
     assert list(out) == [k for k in RLVR_KEYS if k != "turn_ids"]
@@ -276,6 +281,8 @@ def test_a_prompt_longer_than_max_tokens_fails_the_episode_clearly(be, caplog):
     (dict(verifier=None), "needs a verifier"),
     (dict(controller="majority_vot"), "majority_vote"),
     (dict(samples="best"), "samples must be one of"),
+    (dict(max_staleness=-1), "max_staleness must be an integer >= 0"),
+    (dict(on_stale="keep"), "on_stale must be one of drop, regenerate"),
 ])
 def test_bad_options_fail_when_the_workflow_is_built(be, options, message):
     with pytest.raises(Exception, match=message):

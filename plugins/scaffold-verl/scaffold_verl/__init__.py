@@ -10,7 +10,7 @@ verl selects agent loops by name from a YAML list (``agent_loop_config_path``)::
 Modules:
 
 * :mod:`scaffold_verl.agent_loop`: ``ScaffoldAgentLoop``, registered as ``scaffold_agent`` (imports verl)
-* :mod:`scaffold_verl.loop`: what ``run`` does (no verl import)
+* :mod:`scaffold_verl.loop`: what ``run`` does (no verl import), with the core's ``TrainingRollouts``
 * :mod:`scaffold_verl.engine`: scaffold's engine contract over ``server_manager.generate``
 * :mod:`scaffold_verl.output`: the ``AgentLoopOutput`` fields of a finished episode
 

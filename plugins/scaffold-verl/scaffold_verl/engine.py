@@ -21,14 +21,21 @@
 * Versions: each segment's ``extra_fields["global_steps"]``; per episode
   the span (``min_global_steps``, ``max_global_steps``) and the last
   segment's ``extra_fields`` are kept in :class:`EpisodeLog`.
+* Per episode: a ``run`` wraps its episode in :meth:`VerlEngine.episode`
+  (verl's ``sampling_params`` in, the :class:`EpisodeLog` out); every
+  request made inside that block, in whatever task the runtime runs it,
+  sends those parameters and reports into that log (a context variable
+  carries it, so concurrent episodes never mix).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +44,7 @@ from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.tokenizers import eos_token_ids
+from scaffold_core.train.adapters import response_text
 
 ABORTED = ("aborted", "abort")
 
@@ -59,6 +67,10 @@ class EpisodeLog:
         return bool(self.sampling_params.get("logprobs"))
 
 
+#: The log of the episode whose requests are being made (set by :meth:`VerlEngine.episode`).
+_EPISODE: ContextVar[EpisodeLog | None] = ContextVar("scaffold_verl_episode", default=None)
+
+
 def sampling_from_verl(params: dict[str, Any], max_tokens: int) -> SamplingParams:
     """The episode's sampling parameters from verl's per-batch ``sampling_params``."""
     top_k = int(params.get("top_k", -1) or -1)
@@ -78,8 +90,8 @@ class VerlEngine(Engine):
     """Generates through verl's server manager (``LLMServerClient`` or ``FullyAsyncLLMServerClient``).
 
     ``prompt_length``/``response_length``: verl's rollout lengths.
-    Episodes register their verl ``sampling_params`` with :meth:`begin` and
-    collect their :class:`EpisodeLog` with :meth:`end`.
+    Each episode runs inside :meth:`episode`, which gives its requests verl's
+    ``sampling_params`` and collects their :class:`EpisodeLog`.
     """
 
     def __init__(self, server_manager: Any, *, tokenizer: Any, prompt_length: int, response_length: int,
@@ -91,19 +103,20 @@ class VerlEngine(Engine):
         self.max_resumes = max_resumes
         self.resume_wait_s = resume_wait_s
         self._eos = eos_token_ids(tokenizer)
-        self._logs: dict[str, EpisodeLog] = {}
-        self._lock = threading.Lock()
 
-    def begin(self, episode_id: str, sampling_params: dict[str, Any]) -> None:
-        with self._lock:
-            self._logs[episode_id] = EpisodeLog(sampling_params=dict(sampling_params))
+    @contextmanager
+    def episode(self, sampling_params: dict[str, Any]) -> Iterator[EpisodeLog]:
+        """Requests made inside this block send verl's ``sampling_params`` and report into the log it yields."""
+        log = EpisodeLog(sampling_params=dict(sampling_params))
+        token = _EPISODE.set(log)
+        try:
+            yield log
+        finally:
+            _EPISODE.reset(token)
 
-    def end(self, episode_id: str) -> EpisodeLog:
-        with self._lock:
-            return self._logs.pop(episode_id, None) or EpisodeLog()
-
-    def _log(self, episode_id: str | None) -> EpisodeLog:
-        log = self._logs.get(episode_id or "")
+    @staticmethod
+    def _log() -> EpisodeLog:
+        log = _EPISODE.get()
         return log if log is not None else EpisodeLog()
 
     def _params(self, log: EpisodeLog, sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
@@ -118,7 +131,7 @@ class VerlEngine(Engine):
         return params
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        log = self._log(request.episode_id)
+        log = self._log()
         prompt = list(request.prompt_ids)
         budget = min(request.sampling.max_tokens, self.prompt_length + self.response_length - len(prompt))
         if budget <= 0:
@@ -159,7 +172,8 @@ class VerlEngine(Engine):
         if not has_logprobs:
             log.logprobs = False
         return GenerationResult(
-            output_ids=tokens, logprobs=logprobs, finish_reason=finish, text=self._text(tokens, request.sampling.stop),
+            output_ids=tokens, logprobs=logprobs, finish_reason=finish,
+            text=response_text(self.tokenizer, tokens, request.sampling.stop),
             weight_version=min(steps) if steps else None,
             meta={"stop_reason": raw, "resumes": resumes, **({"message": "aborted too often"} if finish == "abort"
                                                                 else {})},
@@ -194,10 +208,3 @@ class VerlEngine(Engine):
         if seg and (seg[-1] in self._eos or seg[-1] in sampling.stop_token_ids):
             return "stop"
         return "length" if raw in ABORTED or len(seg) >= asked else "stop"
-
-    def _text(self, ids: list[int], stops: tuple[str, ...]) -> str:
-        if not ids:
-            return ""
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-        return text[:cut] if cut >= 0 else text

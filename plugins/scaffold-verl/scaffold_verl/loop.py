@@ -10,11 +10,14 @@ by every loop of the worker with the same options and server manager.
 ``run``: the row's chat (``raw_prompt``) is rendered as verl renders it
 (``ct_build_initial_tokens`` when the base class has it: same template
 kwargs, same ``prompt_length`` cap), the episode runs the configured
-controller over ``server_manager.generate`` (:mod:`scaffold_verl.engine`),
-is scored by the configured verifier (or left to verl's reward loop), and
-comes back as an ``AgentLoopOutput`` (:mod:`scaffold_verl.output`). A failed
-episode raises with its component and reason: verl has no way to drop one
-sample, and a silent zero reward is never handed to training.
+controller over ``server_manager.generate`` (:mod:`scaffold_verl.engine`)
+with the core's :class:`~scaffold_core.train.rollouts.TrainingRollouts`
+(one group of one episode per call, with this call's sampling; verl owns
+the servers: ``manage_engine=False``), is scored by the configured verifier
+(or left to verl's reward loop), and comes back as an ``AgentLoopOutput``
+(:mod:`scaffold_verl.output`). A failed episode raises with its component
+and reason: verl has no way to drop one sample, and a silent zero reward is
+never handed to training.
 """
 
 from __future__ import annotations
@@ -22,10 +25,15 @@ from __future__ import annotations
 import uuid
 from typing import Any, ClassVar
 
-from ._episodes import EpisodeRunner, PromptTask, build_component, to_plain
+from scaffold_core.train.adapters import PromptTask, build_component, is_object, to_plain
+from scaffold_core.train.rollouts import TrainingRollouts
+
 from .api import VerlAPI, rollout_lengths
 from .engine import VerlEngine, sampling_from_verl
 from .output import agent_loop_fields
+
+#: Episodes in flight are verl's to bound (its batch), not scaffold's.
+UNBOUNDED = 1 << 30
 
 OPTIONS = ("controller", "verifier", "task", "trajectory", "messages_key", "reference_key", "request_timeout",
            "episode_timeout", "verifier_timeout", "retries", "max_resumes", "resume_wait_s")
@@ -40,11 +48,11 @@ class ScaffoldEpisodeError(RuntimeError):
 
 
 class _Shared:
-    """The per-worker machinery of one loop configuration: engine adapter and episode runner."""
+    """The per-worker machinery of one loop configuration: engine adapter and rollouts."""
 
-    def __init__(self, engine: VerlEngine, runner: EpisodeRunner, scored: bool):
+    def __init__(self, engine: VerlEngine, rollouts: TrainingRollouts, scored: bool):
         self.engine = engine
-        self.runner = runner
+        self.rollouts = rollouts
         self.scored = scored
 
 
@@ -52,11 +60,11 @@ _SHARED: dict[tuple[Any, ...], tuple[Any, _Shared]] = {}
 
 
 async def close_shared() -> None:
-    """Close every shared runner (controller resources, verifier pools): a worker's shutdown, or a test's end."""
+    """Close every shared rollouts (controller resources, verifier pools): a worker's shutdown, or a test's end."""
     held = list(_SHARED.values())
     _SHARED.clear()
     for _, shared in held:
-        await shared.runner.close()
+        await shared.rollouts.close()
 
 
 class ScaffoldLoop:
@@ -88,10 +96,10 @@ class ScaffoldLoop:
                  max_resumes: int = 16, resume_wait_s: float = 1.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.scaffold_options = dict(
-            controller=to_plain(controller) if not _is_object(controller) else controller,
-            verifier=to_plain(verifier) if not _is_object(verifier) else verifier,
-            task=to_plain(task) if not _is_object(task) else task,
-            trajectory=to_plain(trajectory) if not _is_object(trajectory) else trajectory,
+            controller=to_plain(controller) if not is_object(controller) else controller,
+            verifier=to_plain(verifier) if not is_object(verifier) else verifier,
+            task=to_plain(task) if not is_object(task) else task,
+            trajectory=to_plain(trajectory) if not is_object(trajectory) else trajectory,
             messages_key=messages_key, reference_key=reference_key, request_timeout=float(request_timeout),
             episode_timeout=float(episode_timeout), verifier_timeout=float(verifier_timeout), retries=int(retries),
             max_resumes=int(max_resumes), resume_wait_s=float(resume_wait_s))
@@ -103,7 +111,7 @@ class ScaffoldLoop:
                  self.response_length, tuple(sorted(self.apply_chat_template_kwargs_plain().items()))]
         for name in OPTIONS:
             value = self.scaffold_options[name]
-            parts.append((name, id(value) if _is_object(value) else repr(value)))
+            parts.append((name, id(value) if is_object(value) else repr(value)))
         return tuple(parts)
 
     def apply_chat_template_kwargs_plain(self) -> dict[str, Any]:
@@ -123,13 +131,14 @@ class ScaffoldLoop:
         verifier = build_component("verifier", o["verifier"], path="verifier")
         task = build_component("task", o["task"], path="task") or PromptTask(
             o["messages_key"], o["reference_key"], self.apply_chat_template_kwargs_plain())
-        runner = EpisodeRunner(
+        rollouts = TrainingRollouts(
             engine=engine, task=task, controller=build_component("controller", o["controller"], path="controller"),
             sampling=sampling_from_verl({}, self.response_length), verifier=verifier,
             trajectory_maker=build_component("trajectory_maker", o["trajectory"], path="trajectory"),
             request_timeout=o["request_timeout"], episode_timeout=o["episode_timeout"],
-            verifier_timeout=o["verifier_timeout"], retries=o["retries"])
-        shared = _Shared(engine, runner, scored=verifier is not None)
+            verifier_timeout=o["verifier_timeout"], retries=o["retries"], concurrency=UNBOUNDED,
+            engine_name="verl", manage_engine=False)
+        shared = _Shared(engine, rollouts, scored=verifier is not None)
         _SHARED[key] = (server_manager, shared)  # holds the server manager so its id stays unique
         return shared
 
@@ -137,20 +146,19 @@ class ScaffoldLoop:
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         """One verl sample as one scaffold episode; returns verl's ``AgentLoopOutput``."""
         shared = self.shared()
+        await shared.rollouts.start()
         row = to_plain(dict(kwargs))
-        if hasattr(self, "ct_build_initial_tokens") and isinstance(shared.runner.task, PromptTask):
-            messages = shared.runner.task.messages(row)
-            row["prompt_ids"] = list(await self.ct_build_initial_tokens(messages))
-        elif isinstance(shared.runner.task, PromptTask):
-            row["prompt_ids"] = self._rendered(shared.runner.task, row)
-        episode_id = f"{row.get('uid', row.get('index', 'sample'))}-{uuid.uuid4().hex[:12]}"
+        task = shared.rollouts.task
+        if hasattr(self, "ct_build_initial_tokens") and isinstance(task, PromptTask):
+            row["prompt_ids"] = list(await self.ct_build_initial_tokens(task.messages(row)))
+        elif isinstance(task, PromptTask):
+            row["prompt_ids"] = self._rendered(task, row)
         params = dict(to_plain(sampling_params))
-        shared.engine.begin(episode_id, params)
-        try:
-            episode = await shared.runner.run_row(row, episode_id=episode_id,
-                                                  sampling=sampling_from_verl(params, self.response_length))
-        finally:
-            log = shared.engine.end(episode_id)
+        with shared.engine.episode(params) as log:
+            group = await shared.rollouts.run_group(
+                row, sampling=sampling_from_verl(params, self.response_length),
+                group_id=f"{row.get('uid', row.get('index', 'sample'))}-{uuid.uuid4().hex[:12]}")
+        (episode,) = group.episodes
         if not episode.ok:
             raise ScaffoldEpisodeError(f"scaffold episode {episode.episode_id} failed ({episode.error_component}): "
                                        f"{episode.error}", component=episode.error_component)
@@ -162,10 +170,3 @@ class ScaffoldLoop:
         """The prompt ids as verl renders them (chat template, then left-truncated to ``prompt_length``)."""
         ids = task.build_prompt(row, self.tokenizer).ids  # type: ignore[attr-defined]
         return ids[-self.prompt_length:] if len(ids) > self.prompt_length else ids
-
-
-def _is_object(value: Any) -> bool:
-    """A component given as an object (not a name or an options mapping)."""
-    from collections.abc import Mapping
-
-    return value is not None and not isinstance(value, (str, Mapping))

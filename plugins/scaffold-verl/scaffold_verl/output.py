@@ -28,20 +28,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from scaffold_core.episode import EpisodeResult
+from scaffold_core.train.adapters import chosen_index
 from scaffold_core.trajectory import sample_tokens
 
 from .engine import EpisodeLog
-
-
-def chosen_index(episode: EpisodeResult) -> int:
-    """The episode's answer among its samples: ``chosen``, else the first sample carrying the voted answer, else 0."""
-    if episode.chosen is not None:
-        return episode.chosen
-    if episode.answer is not None:
-        for i, sample in enumerate(episode.samples):
-            if sample.verdict is not None and episode.answer in (sample.verdict.extracted, sample.verdict.key):
-                return i
-    return 0
 
 
 def runs(mask: Sequence[int]) -> int:

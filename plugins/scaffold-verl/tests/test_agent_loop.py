@@ -7,16 +7,18 @@ what the server sampled, and that verl's padding accepts it.
 
 from __future__ import annotations
 
+import asyncio
+
+import fake_verl
 import pytest
 from verl_helpers import (
     EOS,
     MESSAGES,
+    PROMPT_LENGTH,
     RESPONSE_LENGTH,
     SAMPLING,
     TOKENIZER,
-    answers,
     backend,
-    by_turn,
     logprobs_of,
     padded,
     prompt_ids,
@@ -27,6 +29,7 @@ from verl_helpers import (
 from scaffold_core.controller import Controller
 from scaffold_core.episode import Outcome, Sample
 from scaffold_core.generation import VerificationTask
+from scaffold_core.testing.replies import answers, by_turn
 
 
 @pytest.fixture(params=["fake", "real"])
@@ -210,6 +213,35 @@ def test_loops_of_one_worker_share_the_controller_and_verifier(be):
     outs = run_loop(be, server(be, answers("#### 42")), {"controller": controller, "verifier": "gsm8k"}, runs=3)
     assert [o.reward_score for o in outs] == [1.0, 1.0, 1.0]
     assert started == [1] and not loop_module._SHARED
+
+
+def test_concurrent_samples_each_send_their_own_sampling_params(be):
+    """verl awaits many runs at once, each with its own sampling_params: no request takes another's."""
+    from scaffold_verl.loop import close_shared
+
+    srv = server(be, answers("#### 42"))
+    config = fake_verl.trainer_config(PROMPT_LENGTH, RESPONSE_LENGTH)
+    entry = {"name": "scaffold_agent", "controller": {"name": "majority_vote", "samples": 2}, "verifier": "gsm8k"}
+    params = {"a": {**SAMPLING, "temperature": 0.3},
+              "b": {**SAMPLING, "temperature": 0.9, "top_p": 0.5, "logprobs": False}}
+
+    async def main():
+        try:
+            loops = [fake_verl.instantiate(be.classes, entry, server=srv, tokenizer=TOKENIZER, config=config,
+                                           target_cls=be.loop_cls) for _ in params]
+            return await asyncio.gather(*(
+                loop.run(dict(p), raw_prompt=list(MESSAGES), reward_model={"ground_truth": "42"}, uid=uid)
+                for loop, (uid, p) in zip(loops, params.items())))
+        finally:
+            await close_shared()
+
+    a, b = asyncio.run(main())
+    assert len(srv.calls) == 4
+    for call in srv.calls:
+        uid = call["request_id"].split("-")[0]
+        assert call["sampling_params"] == {**params[uid], "max_tokens": RESPONSE_LENGTH}
+    assert a.response_logprobs is not None and b.response_logprobs is None
+    assert a.reward_score == b.reward_score == 1.0
 
 
 def test_a_row_without_raw_prompt_fails_clearly(be):

@@ -5,31 +5,24 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
-import json
-import subprocess
 import sys
-import types
 
 import fake_verl
 import pytest
-from verl_helpers import EOS, MESSAGES, PROMPT_LENGTH, RESPONSE_LENGTH, SAMPLING, TOKENIZER, answers
+from verl_helpers import EOS, MESSAGES, PROMPT_LENGTH, RESPONSE_LENGTH, SAMPLING, TOKENIZER
 
 from scaffold_core.errors import MissingDependencyError
+from scaffold_core.testing.installed import fake_modules, listed_plugin, modules_loaded
+from scaffold_core.testing.replies import answers
 
 
 def test_listed_by_scaffold_list_plugins():
-    out = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "list-plugins", "--json"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    plugins = {p["name"]: p for p in json.loads(out)}
-    assert plugins["verl"]["status"] == "ok", plugins["verl"]
-    assert plugins["verl"]["distribution"] == "scaffold-verl"
+    entry = listed_plugin("verl")
+    assert entry["status"] == "ok" and entry["distribution"] == "scaffold-verl", entry
 
 
 def test_loading_the_plugin_imports_neither_verl_nor_torch():
-    code = ("import sys, scaffold_verl, scaffold_verl.loop\n"
-            "print(sorted(m for m in ('verl', 'torch', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert modules_loaded(["scaffold_verl", "scaffold_verl.loop"], ["verl", "torch", "transformers"]) == []
 
 
 def test_without_verl_the_agent_loop_says_how_to_install_it():
@@ -43,12 +36,9 @@ def test_without_verl_the_agent_loop_says_how_to_install_it():
 @pytest.fixture
 def verl_modules(monkeypatch):
     """The fake's classes installed under verl's module path, and a fresh scaffold_verl.agent_loop."""
-    for name in ("verl", "verl.experimental", "verl.experimental.agent_loop"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    module = types.ModuleType("verl.experimental.agent_loop.agent_loop")
-    for attr in ("AgentLoopBase", "AgentLoopOutput", "register", "_agent_loop_registry"):
-        setattr(module, attr, getattr(fake_verl, attr))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+    fake_modules(monkeypatch, {"verl.experimental.agent_loop.agent_loop": {
+        attr: getattr(fake_verl, attr) for attr in ("AgentLoopBase", "AgentLoopOutput", "register",
+                                                    "_agent_loop_registry")}})
     monkeypatch.delitem(sys.modules, "scaffold_verl.agent_loop", raising=False)
     yield
     sys.modules.pop("scaffold_verl.agent_loop", None)

@@ -10,10 +10,8 @@ from typing import Any
 import fake_verl
 import pytest
 
-from scaffold_core.tokenizers import ByteTokenizer
+from scaffold_core.testing.replies import EOS, TOKENIZER
 
-TOKENIZER = ByteTokenizer()
-EOS = TOKENIZER.eos_token_id
 PROMPT_LENGTH, RESPONSE_LENGTH = 256, 128
 MESSAGES = [{"role": "user", "content": "What is 40 + 2?"}]
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -30,28 +28,6 @@ def backend(kind: str) -> SimpleNamespace:
         return SimpleNamespace(kind=kind, classes=fake_verl.real_classes(), loop_cls=ScaffoldAgentLoop)
     cls = type("FakeScaffoldAgentLoop", (ScaffoldLoop, fake_verl.AgentLoopBase), {"verl": fake_verl.api()})
     return SimpleNamespace(kind=kind, classes=fake_verl.fake_classes(), loop_cls=cls)
-
-
-def answers(*texts: str) -> Callable[[list[int]], list[int]]:
-    """A server answering the n-th fresh request with ``texts[n]`` (the last repeats)."""
-    calls = {"n": 0}
-
-    def respond(prompt_ids: list[int]) -> list[int]:
-        text = texts[min(calls["n"], len(texts) - 1)]
-        calls["n"] += 1
-        return TOKENIZER.encode(text) + [EOS]
-
-    return respond
-
-
-def by_turn(*texts: str) -> Callable[[list[int]], list[int]]:
-    """A server answering turn t (t assistant headers in the prompt) with ``texts[t - 1]``."""
-
-    def respond(prompt_ids: list[int]) -> list[int]:
-        turn = TOKENIZER.decode(prompt_ids).count("<|assistant|>")
-        return TOKENIZER.encode(texts[min(turn, len(texts)) - 1]) + [EOS]
-
-    return respond
 
 
 def server(be: SimpleNamespace, respond: Callable[[list[int]], list[int]], **options: Any) -> Any:
