@@ -251,3 +251,18 @@ def test_a_run_without_training_rows_still_writes_a_loadable_dataset(tmp_path, s
     loaded = datasets.load_from_disk(str(tmp_path / "trajectories"))
     assert len(loaded) == 0 and {"input_ids", "loss_mask", "logprobs", "versions"} <= set(loaded.column_names)
     assert metrics["episodes"] == (1 if status == "failed" else 0)
+
+
+def test_unicode_line_breaks_in_text_never_split_a_jsonl_line(tmp_path):
+    """NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR in a response are escaped: line readers see one line each."""
+    text = "a\u2028b\x85c\u2029d"
+    sample = Sample([1], [2], [-0.5], [1], text, "stop", 0, 0, Verdict(1.0, text, text, "match"))
+    result = EpisodeResult(episode_id="e0", index=0, status="ok", reference=text, samples=[sample])
+    line = ledger_line(result).decode("utf-8")
+    assert line.splitlines() == [line.rstrip("\n")]
+    assert json.loads(line)["samples"][0]["response"] == text
+    ledger = tmp_path / "episodes.jsonl"
+    ledger.write_text(line, encoding="utf-8")
+    finalize_run_dir(tmp_path, {}, hooks=Hooks(None), ledgers=[ledger], save_dataset=False)
+    samples = (tmp_path / "samples.jsonl").read_text(encoding="utf-8")
+    assert len(samples.splitlines()) == 1 and json.loads(samples)["response"] == text

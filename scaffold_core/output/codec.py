@@ -42,6 +42,23 @@ def all_finite(value: Any) -> bool:
     return True  # str, int, bool, None; anything else is refused by the STRICT encoder
 
 
+#: Characters JSON may leave raw in a string but that Python's ``str.splitlines`` (and other line-based
+#: readers) take as line breaks: NEL, LINE SEPARATOR, PARAGRAPH SEPARATOR, as UTF-8 -> their JSON escapes.
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def one_line(data: bytes) -> bytes:
+    """JSON ``data`` with every Unicode line break escaped, so a JSONL line is one line to any reader.
+
+    UTF-8 never has these byte sequences inside another character, and outside strings JSON has no such
+    characters, so the replacement keeps the content exactly.
+    """
+    for raw, escaped in _LINE_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
 def dumps_fast(value: Any) -> bytes | None:
     """``value`` as compact JSON bytes with orjson, or None when only ``json`` writes it faithfully."""
     try:
@@ -50,7 +67,7 @@ def dumps_fast(value: Any) -> bytes | None:
         return None
     if b"null" in data and not all_finite(value):  # orjson wrote a NaN or infinity as null
         return None
-    return data
+    return one_line(data)
 
 
 def dumps_compact(value: Any) -> bytes:
@@ -58,7 +75,7 @@ def dumps_compact(value: Any) -> bytes:
     data = dumps_fast(value)
     if data is not None:
         return data
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return one_line(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
 def loads(raw: bytes | str) -> Any:

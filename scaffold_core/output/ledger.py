@@ -61,7 +61,8 @@ def ledger_line(result: EpisodeResult) -> bytes:
         line = codec.dumps_fast(_record(result, parts))
         if line is not None:
             return line + b"\n"
-    return (json.dumps(record_of(result), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    return codec.one_line(json.dumps(record_of(result), ensure_ascii=False, separators=(",", ":")).encode("utf-8")) \
+        + b"\n"
 
 
 _FIELDS: dict[type, tuple[str, ...] | None] = {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunDirError
+from .codec import one_line
 from .files import open_append, open_nofollow, refuse_link
 
 CONFIG_FILE = "config.yaml"
@@ -145,6 +146,6 @@ def record_forced_change(directory: Path, changes: dict[str, tuple[Any, Any]], *
               "forced": True, "changed": {k: {"saved": a, "now": b} for k, (a, b) in changes.items()}}
     fd = open_append(directory / CONFIG_HISTORY, private=private)
     try:
-        os.write(fd, (json.dumps(record, default=str, ensure_ascii=False) + "\n").encode("utf-8"))
+        os.write(fd, one_line(json.dumps(record, default=str, ensure_ascii=False).encode("utf-8")) + b"\n")
     finally:
         os.close(fd)

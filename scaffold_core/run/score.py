@@ -9,6 +9,7 @@ from typing import Any
 
 from ..config import parse_override
 from ..errors import ConfigError, VerifierError
+from ..output.codec import one_line
 from ..plugins import get_registry
 from ..textfiles import utf8_lines
 from ..verifier import Verdict
@@ -71,7 +72,7 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
         target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("w", encoding="utf-8") as fh:
             for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                fh.write(one_line(json.dumps(row, ensure_ascii=False).encode("utf-8")).decode("utf-8") + "\n")
     return {
         "input": str(source),
         "verifier": verifier_name,
