@@ -50,9 +50,15 @@ def group_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]
 
 
 def prefill(torch: Any, model: Any, prompts: list[list[int]], *, pad_id: int, device: Any, cache_arg: str,
-            share: bool = True) -> Prefill:
-    """Run the prompts through ``model`` (left padded), once per distinct prompt when ``share``."""
+            share: bool = True, reserve: int = 0) -> Prefill:
+    """Run the prompts through ``model`` (left padded), once per distinct prompt when ``share``.
+
+    ``reserve``: the most tokens a row will decode after its prompt; the cache keeps room for them so
+    decode steps write in place (``kv_cache.py``). 0 gives transformers' growing ``DynamicCache``.
+    """
     from transformers import DynamicCache
+
+    from .kv_cache import reserved_cache
 
     start = time.perf_counter()
     if share:
@@ -67,7 +73,7 @@ def prefill(torch: Any, model: Any, prompts: list[list[int]], *, pad_id: int, de
         attention[i, width - len(p):] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
+    cache = reserved_cache(reserve) if reserve > 0 else DynamicCache()
     logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                    use_cache=True, logits_to_keep=1, **{cache_arg: cache}).logits[:, -1, :]
     next_pos = positions[:, -1:] + 1

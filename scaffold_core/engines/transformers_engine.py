@@ -5,7 +5,9 @@ the event loop takes up to ``max_batch_size`` of them, waiting at most
 ``batch_wait_ms`` for more to arrive, and runs the batch on one worker thread
 (torch releases the GIL, so the event loop keeps running). Every sampling
 parameter is applied per row, so requests with different parameters share a
-batch. Rows that finish are dropped from the batch (and its KV cache) at once.
+batch. Rows that finish are dropped from the batch (and its KV cache) at once; the
+KV cache keeps room for the batch's new tokens, so decode steps write in place
+(``kv_cache.py``).
 Rows of a batch with the same prompt (the samples of one group) share one
 prefill: the prompt's KV cache is computed once and copied to each of them
 (``prefill.py``; ``share_prefill: false`` turns it off).
@@ -111,6 +113,8 @@ class TransformersEngine(Engine):
         self.cache_converted = cache_converted
         self.trust_remote_code = trust_remote_code
         self.share_prefill = share_prefill
+        # Decode into a KV cache with room reserved (kv_cache.py); False: transformers' growing DynamicCache.
+        self.reserve_cache = True
         self.model: Any = None
         self.tokenizer: Any = None
         self.load_info: dict[str, Any] = {}
@@ -345,7 +349,8 @@ class TransformersEngine(Engine):
         model = self.model
         device = next(model.parameters()).device
         pre = prefill(torch, model, [r.pending.request.prompt_ids for r in rows], pad_id=self.pad_id, device=device,
-                      cache_arg=self._cache_arg, share=self.share_prefill)
+                      cache_arg=self._cache_arg, share=self.share_prefill,
+                      reserve=max(r.max_new for r in rows) if self.reserve_cache else 0)
         self._count_prefill(pre)
         cache, attention, next_pos, logits = pre.cache, pre.attention, pre.next_pos, pre.logits
         active = list(range(len(rows)))
@@ -419,16 +424,11 @@ class TransformersEngine(Engine):
             if not greedy[i]:
                 torch.rand(vocab, generator=row.generator, out=noise[i])
         gumbel = torch.log(-torch.log(noise.clamp_(min=1e-20))).to(device=logits.device, dtype=filtered.dtype)
-        sampled = torch.argmax(filtered - gumbel, dim=-1)
-        choice = torch.argmax(logits, dim=-1)  # kept for greedy rows
-        if any(greedy):
-            choice = torch.where(torch.tensor(greedy, device=logits.device), choice, sampled)
-        else:
-            choice = sampled
-        if any(greedy):  # greedy rows report the untempered distribution
-            plain = torch.log_softmax(logits, dim=-1)
-            mask = torch.tensor(greedy, device=logits.device)[:, None]
-            report = torch.where(mask, plain, report)
+        choice = torch.argmax(filtered - gumbel, dim=-1)
+        if any(greedy):  # greedy rows take the argmax and report the untempered distribution
+            is_greedy = torch.tensor(greedy, device=logits.device)
+            choice = torch.where(is_greedy, torch.argmax(logits, dim=-1), choice)
+            report = torch.where(is_greedy[:, None], torch.log_softmax(logits, dim=-1), report)
         picked = report.gather(1, choice[:, None]).squeeze(1)
         return list(zip(choice.tolist(), picked.tolist()))
 
