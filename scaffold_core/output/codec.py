@@ -53,6 +53,8 @@ def one_line(data: bytes) -> bytes:
     UTF-8 never has these byte sequences inside another character, and outside strings JSON has no such
     characters, so the replacement keeps the content exactly.
     """
+    if data.isascii():  # one fast scan; the common case (ids, numbers, English text) stops here
+        return data
     for raw, escaped in _LINE_BREAKS:
         if raw in data:
             data = data.replace(raw, escaped)
