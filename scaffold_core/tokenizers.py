@@ -33,6 +33,15 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(ids)
 
 
+def response_text(tokenizer: Any, ids: Sequence[int], stops: Sequence[str] = ()) -> str:
+    """A response's text: ``ids`` decoded without special tokens, cut at the first stop string."""
+    if not ids:
+        return ""
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return text[:cut] if cut >= 0 else text
+
+
 def eos_token_ids(tokenizer: Any) -> set[int]:
     ids: set[int] = set()
     eos = getattr(tokenizer, "eos_token_id", None)

@@ -14,8 +14,8 @@ own format. The pieces here are the trainer-neutral part of that:
   one key, the gold answer under another, or ids the trainer already rendered);
 * :func:`chosen_index`: the episode's answer among its samples, for trainers
   that take one trajectory per episode;
-* :func:`response_text`: a response's text from its ids, for servers that
-  return ids only.
+* :func:`~scaffold_core.tokenizers.response_text` (re-exported here): a
+  response's text from its ids, for servers that return ids only.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 from ..episode import EpisodeResult
 from ..task import Prompt, Task
 from ..tokenizers import encode, render_chat
+from ..tokenizers import response_text as response_text  # re-exported: adapters import it from here
 
 
 def to_plain(value: Any) -> Any:
@@ -137,12 +138,3 @@ def chosen_index(episode: EpisodeResult) -> int:
             if sample.verdict is not None and episode.answer in (sample.verdict.extracted, sample.verdict.key):
                 return i
     return 0
-
-
-def response_text(tokenizer: Any, ids: Sequence[int], stops: Sequence[str] = ()) -> str:
-    """A response's text: ``ids`` decoded without special tokens, cut at the first stop string."""
-    if not ids:
-        return ""
-    text = tokenizer.decode(list(ids), skip_special_tokens=True)
-    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-    return text[:cut] if cut >= 0 else text

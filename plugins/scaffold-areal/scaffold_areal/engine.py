@@ -32,7 +32,7 @@ from scaffold_core.engine import Engine
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.train.adapters import response_text
+from scaffold_core.tokenizers import response_text
 
 from .versions import VersionLedger
 

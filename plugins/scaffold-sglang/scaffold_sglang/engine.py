@@ -17,6 +17,7 @@ from typing import Any
 from scaffold_core.engine import Engine, RunInfo
 from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.tokenizers import response_text
 
 log = logging.getLogger("scaffold.sglang")
 
@@ -284,14 +285,9 @@ class SGLangEngine(Engine):
             await self._resumed.wait()
         result = await client.generate(request)
         if not result.meta.pop("server_text", True) and result.output_ids:
-            result.text = self._decode(result.output_ids, request.sampling.stop)
+            # The server sent ids only (--skip-tokenizer-init): decode them here, cut at the first stop string.
+            result.text = response_text(self.tokenizer, result.output_ids, request.sampling.stop)
         return result
-
-    def _decode(self, ids: list[int], stops: tuple[str, ...]) -> str:
-        """Text of ``ids`` when the server sent none (``--skip-tokenizer-init``), cut at the first stop string."""
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-        return text[:cut] if cut >= 0 else text
 
     # -- RL control -------------------------------------------------------------
     def _need_client(self) -> Any:

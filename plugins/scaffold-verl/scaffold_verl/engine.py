@@ -43,8 +43,7 @@ from scaffold_core.engine import Engine
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.tokenizers import eos_token_ids
-from scaffold_core.train.adapters import response_text
+from scaffold_core.tokenizers import eos_token_ids, response_text
 
 ABORTED = ("aborted", "abort")
 
