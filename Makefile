@@ -36,6 +36,7 @@ test: setup lint
 	$(PY) -m pytest --import-mode=importlib tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS)
 
 bench: setup
+	$(PIP) install -q --disable-pip-version-check -e ".[bench]"
 	$(PY) bench/run_all.py
 
 # Reproducible wheels and sdists of scaffold-core and every plugin, into dist/ (SOURCE_DATE_EPOCH defaults to the
