@@ -16,6 +16,18 @@ FIXTURE_PLUGINS = Path(__file__).parent / "fixtures" / "plugins"
 collect_ignore_glob = ["fixtures/*"]
 
 
+@pytest.fixture
+def test_plugins(monkeypatch):
+    """This process, and any worker or CLI process it starts, sees the test tasks (``arithmetic``, ``list``,
+    ...) through SCAFFOLD_EXTRA_PLUGINS; the process-wide plugin manager is rebuilt and restored after."""
+    from scaffold_core.plugins import set_plugins
+
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
+    previous = set_plugins(None)
+    yield
+    set_plugins(previous)
+
+
 @pytest.fixture(scope="session")
 def fixture_site(tmp_path_factory) -> Path:
     """The fixture plugin distributions, pip-installed (for real: dist-info, entry points) into a temp dir."""

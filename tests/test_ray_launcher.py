@@ -12,7 +12,6 @@ import pytest
 from scaffold_core.config import load_config
 from scaffold_core.launch import run_workers
 from scaffold_core.launch.ray import _fetch_ledger, local_ranks
-from scaffold_core.plugins import set_plugins
 
 ROWS = [{"id": f"r{i}", "question": f"question {i}", "answer": "42" if i % 2 else "no"} for i in range(6)]
 
@@ -25,13 +24,6 @@ def ray_tmpdir(monkeypatch):
     yield
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
-
-@pytest.fixture
-def test_plugins(monkeypatch):
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
-    previous = set_plugins(None)
-    yield
-    set_plugins(previous)
 
 
 def test_local_ranks_follow_the_nodes():

@@ -171,15 +171,6 @@ def in_process(*args: str) -> tuple[int, str, str]:
     return int(code), out.getvalue(), err.getvalue()
 
 
-@pytest.fixture
-def test_tasks(monkeypatch):
-    from scaffold_core.plugins import set_plugins
-
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
-    previous = set_plugins(None)
-    yield
-    set_plugins(previous)
-
 
 def list_config(path, good: int, bad: int):
     rows = [{"id": f"g{i}", "question": "q", "answer": "42"} for i in range(good)]
@@ -190,7 +181,7 @@ def list_config(path, good: int, bad: int):
     return path
 
 
-def test_a_run_where_every_episode_failed_exits_non_zero_and_says_why(test_tasks, tmp_path):
+def test_a_run_where_every_episode_failed_exits_non_zero_and_says_why(test_plugins, tmp_path):
     from scaffold_core.run.summary import ExitCode
 
     config = tmp_path / "c.yaml"
@@ -205,7 +196,7 @@ def test_a_run_where_every_episode_failed_exits_non_zero_and_says_why(test_tasks
     assert f"5 x engine: {cause['error']}" in err
 
 
-def test_a_run_above_max_failed_fraction_exits_non_zero_with_the_top_causes(test_tasks, tmp_path):
+def test_a_run_above_max_failed_fraction_exits_non_zero_with_the_top_causes(test_plugins, tmp_path):
     from scaffold_core.run.summary import ExitCode
 
     config = list_config(tmp_path / "c.yaml", good=2, bad=3)

@@ -33,14 +33,6 @@ from scaffold_core.plugins import set_plugins
 COUNT = 6
 
 
-@pytest.fixture
-def test_plugins(monkeypatch):
-    """This process (and any worker it starts) sees the test tasks through SCAFFOLD_EXTRA_PLUGINS."""
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
-    previous = set_plugins(None)
-    yield
-    set_plugins(previous)
-
 
 def write_config(path: Path, count: int = COUNT, **rollout) -> Path:
     path.write_text(yaml.safe_dump({

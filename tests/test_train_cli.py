@@ -9,18 +9,10 @@ import pytest
 import yaml
 
 from scaffold_core.cli import main
-from scaffold_core.plugins import set_plugins
 from scaffold_core.run.summary import ExitCode
 
 ROWS = [{"id": "a", "question": "1 + 1?", "answer": "2"}, {"id": "b", "question": "2 + 2?", "answer": "4"}]
 
-
-@pytest.fixture
-def test_plugins(monkeypatch):
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
-    previous = set_plugins(None)
-    yield
-    set_plugins(previous)
 
 
 def write_config(tmp_path, **trainer):

@@ -24,14 +24,6 @@ from scaffold_core.run.summary import ExitCode
 ROWS = [{"id": f"q{i}", "question": f"question {i}", "answer": "42" if i % 3 else "7"} for i in range(7)]
 
 
-@pytest.fixture
-def test_plugins(monkeypatch):
-    """Workers (and this process) see the test tasks through SCAFFOLD_EXTRA_PLUGINS."""
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
-    previous = set_plugins(None)
-    yield
-    set_plugins(previous)
-
 
 def canned(tmp_path: Path, name: str = "out", **rollout) -> dict:
     return {
