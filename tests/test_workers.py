@@ -139,6 +139,15 @@ def start_slow_two_worker_run(tmp_path, count: int = 200, delay_s: float = 0.3, 
     return proc, tmp_path / "out"
 
 
+def kill_run(proc: subprocess.Popen, out: Path) -> None:
+    """Cleanup after a launcher test: the launcher, then any worker still writing into ``out``."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
+    for pid in processes_mentioning(str(out)):
+        os.kill(pid, signal.SIGKILL)
+
+
 def worker_pid(out: Path, rank: int) -> int:
     """The pid of the worker process of ``rank`` writing into ``out``."""
     for pid in processes_mentioning(str(out)):
@@ -320,11 +329,7 @@ def test_workers_die_with_a_killed_launcher(test_plugins, tmp_path):
             time.sleep(0.2)
         assert not processes_mentioning(str(out))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        for pid in processes_mentioning(str(out)):
-            os.kill(pid, signal.SIGKILL)
+        kill_run(proc, out)
 
 
 def test_every_worker_is_gone_within_3_s_of_a_launcher_sigkill(test_plugins, tmp_path):
@@ -346,11 +351,7 @@ def test_every_worker_is_gone_within_3_s_of_a_launcher_sigkill(test_plugins, tmp
         print(f"every worker gone {gone_after:.2f} s after the launcher's SIGKILL")
         assert not processes_mentioning(str(out)) and gone_after < 3.0, gone_after
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        for pid in processes_mentioning(str(out)):
-            os.kill(pid, signal.SIGKILL)
+        kill_run(proc, out)
 
 
 SECRET_PRINTER = '''
