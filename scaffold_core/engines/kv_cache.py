@@ -78,7 +78,8 @@ class _Reserved:
             self._expose()
 
     def reorder_cache(self, beam_idx: Any) -> None:
-        self.batch_select_indices(beam_idx.to(self._k.device) if self._n else beam_idx)
+        if self._n:
+            self.batch_select_indices(beam_idx.to(self._k.device))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self._n:
