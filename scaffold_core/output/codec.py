@@ -61,15 +61,27 @@ def one_line(data: bytes) -> bytes:
     return data
 
 
-def dumps_fast(value: Any) -> bytes | None:
-    """``value`` as compact JSON bytes with orjson, or None when only ``json`` writes it faithfully."""
+def fragment(value: Any) -> Fragment | None:
+    """``value`` encoded by orjson as a piece of a larger document (its line breaks are escaped with the
+    document's, by :func:`dumps_fast`), or None when only ``json`` writes it faithfully."""
+    data = _orjson(value)
+    return None if data is None else Fragment(data)
+
+
+def _orjson(value: Any) -> bytes | None:
     try:
         data = orjson.dumps(value, option=STRICT)
     except TypeError:  # orjson.JSONEncodeError: a type json writes otherwise, or an int beyond 64 bits
         return None
     if b"null" in data and not all_finite(value):  # orjson wrote a NaN or infinity as null
         return None
-    return one_line(data)
+    return data
+
+
+def dumps_fast(value: Any) -> bytes | None:
+    """``value`` as compact JSON bytes with orjson, or None when only ``json`` writes it faithfully."""
+    data = _orjson(value)
+    return None if data is None else one_line(data)
 
 
 def dumps_compact(value: Any) -> bytes:

@@ -9,7 +9,6 @@ flight; ``--resume`` skips every completed episode found in any ledger.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,16 +52,15 @@ def ledger_line(result: EpisodeResult) -> bytes:
     parts = []
     for t in result.trajectories:
         names = _plain_fields(type(t))
-        data = codec.dumps_fast({n: getattr(t, n) for n in names} if names is not None else t.to_dict())
-        if data is None:
+        part = codec.fragment({n: getattr(t, n) for n in names} if names is not None else t.to_dict())
+        if part is None:
             break
-        parts.append(codec.Fragment(data))
+        parts.append(part)
     else:
-        line = codec.dumps_fast(_record(result, parts))
+        line = codec.dumps_fast(_record(result, parts))  # escapes the line breaks of the whole line, parts too
         if line is not None:
             return line + b"\n"
-    return codec.one_line(json.dumps(record_of(result), ensure_ascii=False, separators=(",", ":")).encode("utf-8")) \
-        + b"\n"
+    return codec.dumps_compact(record_of(result)) + b"\n"
 
 
 _FIELDS: dict[type, tuple[str, ...] | None] = {}
