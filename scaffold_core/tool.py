@@ -16,6 +16,9 @@ Subclass :class:`Tool` and set four things:
 Optionally set ``timeout`` (seconds; :func:`invoke_tool` cancels a call that runs longer) and
 implement ``async start()`` / ``async close()`` for resources shared by every call (an index, a
 process pool, a connection); the agent controller calls them once per run, on its event loop.
+A tool that runs model-written code sets ``isolation`` to how it isolates it (e.g. ``"bubblewrap"``),
+and to ``"none"`` when it runs it without kernel isolation: agents then report it in every episode's
+metrics (:data:`UNISOLATED_METRIC`) and the run's summary warns.
 
 Rules that keep episodes isolated and runs healthy:
 
@@ -68,6 +71,10 @@ DEFAULT_TIMEOUT = 10.0
 
 #: What a tool name may look like (the constraint OpenAI-style function specs put on names).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+#: The per-episode metric agents report: how many of their tools run model-written code without kernel
+#: isolation (``tool.isolation == "none"``). Absent when there are none; the run's summary warns otherwise.
+UNISOLATED_METRIC = "unisolated_tools"
 
 
 
@@ -142,6 +149,9 @@ class Tool:
     parameters: dict[str, Any] = {"type": "object", "properties": {}}  # subclasses replace it, never mutate it
     #: Seconds one call may take before :func:`invoke_tool` cancels it.
     timeout: float = DEFAULT_TIMEOUT
+    #: For tools that run model-written code: how it is isolated ("bubblewrap", ...; "none": not at all).
+    #: None for tools that run no such code.
+    isolation: str | None = None
 
     async def start(self) -> None:
         """Acquire resources shared by every call (called once per run, on its event loop)."""
@@ -379,6 +389,11 @@ def unknown_tool(name: Any, available: Iterable[str]) -> ToolResult:
     hint = f" Did you mean {close[0]!r}?" if close else ""
     listed = ", ".join(names) if names else "(none)"
     return ToolResult.failure("unknown_tool", f"unknown tool {name!r}. Available tools: {listed}.{hint}")
+
+
+def unisolated_tools(tools: Iterable[Any]) -> list[str]:
+    """Names of the tools that run model-written code without kernel isolation (``isolation == "none"``)."""
+    return [getattr(tool, "name", type(tool).__name__) for tool in tools if getattr(tool, "isolation", None) == "none"]
 
 
 def tool_specs(tools: Iterable[Any]) -> list[dict[str, Any]]:

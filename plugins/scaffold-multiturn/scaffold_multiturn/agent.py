@@ -41,7 +41,7 @@ from scaffold_core.errors import (
 from scaffold_core.generation import AwaitTask, VerificationTask
 from scaffold_core.plugins import current_path, current_registry
 from scaffold_core.tokenizers import encode
-from scaffold_core.tool import Tool, ToolContext, ToolResult, check_tool
+from scaffold_core.tool import UNISOLATED_METRIC, Tool, ToolContext, ToolResult, check_tool, unisolated_tools
 from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, call_timeout, run_tool_call, unrunnable
 
 from .controller import samples_in_parallel
@@ -379,6 +379,9 @@ class AgentController(Controller):
             "tool_calls": tally.log,
             "tool_format": self.format_name,
         }
+        unisolated = unisolated_tools(self.tools.values())
+        if unisolated:
+            metadata["unisolated_tools"] = unisolated
         if report is not None:
             metadata["drift"] = report.to_dict()
         sample = Sample(
@@ -402,6 +405,9 @@ class AgentController(Controller):
             "context_exhausted": float(end == "context"),
         }
         metrics.update({f"tool_error_{kind}": float(n) for kind, n in tally.errors.items()})
+        unisolated = unisolated_tools(self.tools.values())
+        if unisolated:  # tools that ran model-written code without kernel isolation: the summary warns
+            metrics[UNISOLATED_METRIC] = float(len(unisolated))
         if report is not None:
             metrics["drift"] = float(report.drift)
             metrics["drift_template"] = float(report.kind == "template")
