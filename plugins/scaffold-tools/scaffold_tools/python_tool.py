@@ -23,7 +23,7 @@ from scaffold_core.tool import Tool, ToolContext, ToolResult
 
 from .jail import USERNS_HINT, Jail, JailUnavailable, check_bwrap, host_uid
 from .jail_root import JailRootError, build_jail_root, cache_dir, describe_runtime
-from .sandbox import SandboxLimits, SandboxRun, run_python
+from .sandbox import SandboxLimits, SandboxRun, compiled_boot, run_python
 
 log = logging.getLogger("scaffold.tools.python")
 
@@ -106,6 +106,7 @@ class PythonTool(Tool):
         self.tmp_root = tmp_root
         self._jail: Jail | None = None
         self._site_dirs: tuple[str, ...] = ()
+        self._boot: str | None = None
         self._ready = False
         self._warned = False
         self._prepare_lock = threading.Lock()
@@ -135,6 +136,8 @@ class PythonTool(Tool):
                 return
             if self.isolation == "none":
                 self._warn_unisolated()
+                if self.python == sys.executable:
+                    self._boot = compiled_boot(cache_dir(None) / "boot")
                 if self.site_packages:
                     self._site_dirs = describe_runtime(self.python, self.site_packages).site_packages
             else:
@@ -167,7 +170,8 @@ class PythonTool(Tool):
         async with self._slot():
             return await run_python(code, self.limits, jail=self._jail, python=self.python,
                                     site_packages=self._site_dirs, audit_hook=self.audit_hook,
-                                    print_last_expression=self.print_last_expression, tmp_root=self.tmp_root)
+                                    print_last_expression=self.print_last_expression, tmp_root=self.tmp_root,
+                                    boot=self._boot)
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         code = arguments["code"]

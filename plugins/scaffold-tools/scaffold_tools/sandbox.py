@@ -81,8 +81,26 @@ def _passed_env() -> list[tuple[str, str]]:
     return [(name, os.environ[name]) for name in PASSED_ENV if name in os.environ]
 
 
-def _unjailed_command(python: str, config: dict) -> list[str]:
-    return [python, "-I", "-S", "-B", "-u", "-X", "utf8", str(BOOT), encode_config(config)]
+def _unjailed_command(python: str, config: dict, boot: str | None) -> list[str]:
+    return [python, "-I", "-S", "-B", "-u", "-X", "utf8", boot or str(BOOT), encode_config(config)]
+
+
+def compiled_boot(cache: Path) -> str:
+    """The boot file compiled by this interpreter into ``cache`` (a script given as source is compiled again
+    at every start); for ``isolation: none`` with the default interpreter."""
+    import hashlib
+    import py_compile
+
+    source = BOOT.read_bytes()
+    key = hashlib.sha256(source + sys.version.encode() + sys.executable.encode()).hexdigest()[:20]
+    target = cache / f"sandbox_boot-{key}.pyc"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = cache / f".{target.name}.{os.getpid()}"
+        py_compile.compile(str(BOOT), cfile=str(staging), dfile=str(BOOT), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        os.replace(staging, target)
+    return str(target)
 
 
 def _unjailed_environment(workdir: str) -> dict[str, str]:
@@ -185,11 +203,13 @@ def _config(limits: SandboxLimits, *, jailed: bool, audit_hook: bool, print_last
 
 async def run_python(code: str, limits: SandboxLimits, *, jail: Jail | None = None, python: str | None = None,
                      site_packages: tuple[str, ...] = (), audit_hook: bool = True,
-                     print_last_expression: bool = True, tmp_root: str | None = None) -> SandboxRun:
+                     print_last_expression: bool = True, tmp_root: str | None = None,
+                     boot: str | None = None) -> SandboxRun:
     """Run ``code`` under ``limits`` and return what it printed and how it ended.
 
-    With ``jail``, the program runs in it (``python`` and ``tmp_root`` are not used: the jail has its own
-    runtime and work directory). Never leaves a process or a file behind, also when cancelled.
+    With ``jail``, the program runs in it (``python``, ``tmp_root`` and ``boot`` are not used: the jail has
+    its own runtime, boot file and work directory). Without, ``boot`` may name a compiled boot file
+    (:func:`compiled_boot`). Never leaves a process or a file behind, also when cancelled.
     """
     started = time.monotonic()
     config = _config(limits, jailed=jail is not None, audit_hook=audit_hook,
@@ -208,7 +228,7 @@ async def run_python(code: str, limits: SandboxLimits, *, jail: Jail | None = No
         else:
             workdir = os.path.realpath(tempfile.mkdtemp(prefix="scaffold-python-", dir=tmp_root))
             Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="replace")
-            command = _unjailed_command(python or sys.executable, config)
+            command = _unjailed_command(python or sys.executable, config, boot)
             proc, exited = await _start(command, workdir, _unjailed_environment(workdir), ())
         status = await _supervise(proc, exited, out, err, limits)
     finally:

@@ -21,7 +21,8 @@ An audit hook is not a security boundary (CPython says so): native code and inte
 past it. The jail is the boundary; the hook makes the common mistakes fail early with a clear message.
 
 This file imports only the standard library and must keep working under ``-I -S``; the parent
-imports it only for :data:`DENIED_MODULES` and the exit statuses.
+imports it only for :data:`DENIED_MODULES`, the config's encoding and the exit statuses. It is run
+compiled (``python boot.pyc``): a script given as source is compiled again at every start.
 """
 
 import os
@@ -278,7 +279,7 @@ def _print_exception(exc):
         if id(item) in seen:
             continue
         seen.add(id(item))
-        item.stack = traceback.StackSummary.from_list([f for f in item.stack if f.filename != __file__])
+        item.stack = traceback.StackSummary.from_list([f for f in item.stack if f.filename != _THIS_FILE])
         todo += [e for e in (item.__cause__, item.__context__) if e is not None]
     sys.stderr.write("".join(report.format()))
     sys.stderr.flush()
@@ -366,6 +367,9 @@ def _run(body, last, namespace, cfg):
         return 1
     return 0
 
+
+#: What tracebacks call this file (its source path, or the name it was compiled under).
+_THIS_FILE = _print_exception.__code__.co_filename
 
 if __name__ == "__main__":
     sys.exit(main())
