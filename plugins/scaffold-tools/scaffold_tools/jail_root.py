@@ -22,7 +22,8 @@ the library and of the site-packages' extension modules); a ``manifest.json`` in
 libraries with theirs, checked at every start (about 30 ms). A changed runtime gets a new root; an
 unchanged one is reused across runs and processes. It lives in ``$SCAFFOLD_CACHE_DIR/python-jail``
 (default ``~/.cache/scaffold/python-jail``) or, when that is not reachable by the jail's user (root's
-home), in ``/var/cache/scaffold/python-jail``.
+home), in ``/var/cache/scaffold/python-jail``; that folder is readable only by its owner and, when
+scaffold runs as root, the jail's group (65534), never by other users.
 """
 
 from __future__ import annotations
@@ -366,7 +367,7 @@ def build_jail_root(runtime: Runtime, cache: Path, jail_uid: int | None = None) 
     libraries = _libraries(extensions)
     for lib in libraries:
         plan.add(lib)
-    cache.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _make_cache(cache, jail_uid)
     staging = cache / f".{final.name}.{uuid.uuid4().hex[:8]}"
     try:
         _materialize(plan, runtime, libraries, staging, bound)
@@ -384,6 +385,18 @@ def build_jail_root(runtime: Runtime, cache: Path, jail_uid: int | None = None) 
             shutil.rmtree(staging, ignore_errors=True)
     prune(cache, keep=final)
     return JailRoot(final, runtime, bound)
+
+
+def _make_cache(cache: Path, jail_uid: int | None) -> None:
+    """The cache folder, readable only by this user and the jail's group (65534 when scaffold runs as root):
+    the roots hold the runtime of a private home (a pyenv under /root) that other users must not read."""
+    cache.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    cache.mkdir(mode=0o700, exist_ok=True)
+    if jail_uid is not None and os.geteuid() == 0:
+        os.chown(cache, 0, jail_uid)
+        os.chmod(cache, 0o750)
+    else:
+        os.chmod(cache, 0o700)
 
 
 def _touch(root: Path) -> None:

@@ -194,9 +194,11 @@ def _make_hook(workdir, allowed, denied):
 
     def on_import(event, args):
         name = args[0]
-        top = name.split(".", 1)[0] if isinstance_(name, str_) else name
-        if top in denied:
-            raise import_error(f"sandbox: importing {top} is disabled")
+        parts = name.split(".") if isinstance_(name, str_) else [name]
+        top = parts[0]
+        for part in parts:  # also "json._ctypes": an extension module's init function is named by the last part
+            if part in denied:
+                raise import_error(f"sandbox: importing {part} is disabled")
         if top not in allowed and not top.startswith("_sysconfigdata"):
             raise import_error(f"sandbox: importing {top} is not allowed: only the standard library and the "
                                "allowed site-packages can be imported (the python tool's site_packages option)")

@@ -9,6 +9,7 @@ reached, nothing left running), not only what the program printed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.util
 import os
 import socket
@@ -128,6 +129,79 @@ except BaseException as exc:
     assert text.count("refused") == 7, text
     assert "IMPORTED" not in text and "LOADED" not in text
     assert not target.exists()
+
+
+def _native_code_kit() -> tuple[bytes, bytes, dict[str, str]] | None:
+    """The host's _ctypes extension, the libffi it links and the ctypes package: what a program would bring."""
+    spec = importlib.util.find_spec("_ctypes")
+    if spec is None or not spec.origin or not spec.origin.endswith(".so"):
+        return None
+    ldd = subprocess.run(["ldd", spec.origin], capture_output=True, text=True, timeout=60).stdout
+    ffi = [line.split("=>")[1].split()[0] for line in ldd.splitlines() if "libffi" in line and "=>" in line]
+    package = Path(importlib.util.find_spec("ctypes").origin).parent
+    if not ffi:
+        return None
+    return (Path(spec.origin).read_bytes(), Path(ffi[0]).read_bytes(),
+            {p.name: p.read_text() for p in package.glob("*.py")})
+
+
+def test_native_code_the_program_brings_along_changes_nothing_outside(tmp_path):
+    """The jail root leaves ctypes out, and the hook refuses it under any name; a program that brings its
+    own copy (written into the work directory, loaded under another package's name) gets past the hook when
+    it is off, and then calls libc directly: the kernel still refuses everything outside."""
+    kit = _native_code_kit()
+    if kit is None:
+        pytest.skip("needs the host's _ctypes extension and libffi to bring along")
+    so, ffi, package = kit
+    target = tmp_path / "native.txt"
+    bystander = subprocess.Popen(["sleep", "60"])
+    code = f"""
+import base64, importlib.machinery, importlib.util, os, sys
+def load(name, path):
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+open("libffi.so.8", "wb").write(base64.b64decode({base64.b64encode(ffi).decode()!r}))
+open("_ctypes.so", "wb").write(base64.b64decode({base64.b64encode(so).decode()!r}))
+sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)
+try:
+    load("json.libffi", "/sandbox/libffi.so.8")  # no init function, but the library stays loaded
+except ImportError:
+    pass
+sys.modules["_ctypes"] = load("json._ctypes", "/sandbox/_ctypes.so")
+os.mkdir("ctypes")
+for name, text in {package!r}.items():
+    open("ctypes/" + name, "w").write(text)
+sys.path.insert(0, "/sandbox")
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("native code runs as", libc.getuid())
+for name, call in (("open", lambda: libc.open({str(target).encode()!r}, 0o101, 0o644)),
+                   ("kill", lambda: libc.kill({bystander.pid}, 9)),
+                   ("unshare user", lambda: libc.unshare(0x10000000)),
+                   ("unshare mount", lambda: libc.unshare(0x00020000)),
+                   ("mount", lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)),
+                   ("setuid", lambda: libc.setuid(0)),
+                   ("chroot", lambda: libc.chroot(b"/usr"))):
+    print(name, call(), ctypes.get_errno())
+"""
+    try:
+        results = []
+        for hook in (True, False):
+            tool = require_jail(PythonTool(audit_hook=hook, max_code_bytes=4_000_000, **FAST))
+            results.append(output(run_codes(tool, code)[0]))
+        hooked, bare = results
+        assert "importing _ctypes is disabled" in hooked, hooked
+        assert f"native code runs as {JAIL_UID}" in bare, bare
+        calls = [line.split() for line in bare.splitlines()[1:]]
+        assert len(calls) == 7 and all(words[-2] == "-1" for words in calls), bare
+        time.sleep(0.2)
+        assert bystander.poll() is None and not target.exists()
+    finally:
+        bystander.kill()
+        bystander.wait(timeout=10)
 
 
 # -- writes the audit hook never saw ----------------------------------------------------------------
