@@ -373,7 +373,10 @@ def build_jail_root(runtime: Runtime, cache: Path, jail_uid: int | None = None) 
         _materialize(plan, runtime, libraries, staging, bound)
         if final.exists():  # stale (a library changed): replace it
             old = cache / f".{final.name}.old.{uuid.uuid4().hex[:8]}"
-            os.rename(final, old)
+            try:
+                os.rename(final, old)
+            except OSError:  # another process is replacing it too
+                pass
             shutil.rmtree(old, ignore_errors=True)
         try:
             os.rename(staging, final)
@@ -417,8 +420,8 @@ def prune(cache: Path, keep: Path, limit: int = KEEP_ROOTS, idle_s: float = 3600
             continue
         try:
             roots.append((os.stat(entry / "manifest.json").st_mtime, entry))
-        except OSError:
-            roots.append((0.0, entry))
+        except OSError:  # not a root (or one being made): not ours to remove
+            continue
     roots.sort(reverse=True)
     now = time.time()
     for used, entry in roots[max(0, limit - 1):]:

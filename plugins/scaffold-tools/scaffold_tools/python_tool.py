@@ -137,7 +137,7 @@ class PythonTool(Tool):
             if self.isolation == "none":
                 self._warn_unisolated()
                 if self.python == sys.executable:
-                    self._boot = compiled_boot(cache_dir(None) / "boot")
+                    self._boot = compiled_boot(cache_dir(None).with_name("python-boot"))
                 if self.site_packages:
                     self._site_dirs = describe_runtime(self.python, self.site_packages).site_packages
             else:
