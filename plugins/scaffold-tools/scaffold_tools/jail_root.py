@@ -54,7 +54,9 @@ COMPILE = ("import py_compile, sys\n"
 LAYOUT_VERSION = 2
 #: Top-level entries of the standard library that stay out: tests, third-party packages, GUI, build files.
 STDLIB_LEFT_OUT = frozenset({"test", "site-packages", "dist-packages", "idlelib", "tkinter", "turtledemo",
-                             "turtle.py", "ensurepip", "lib2to3", "pydoc_data"})
+                             "turtle.py", "ensurepip", "lib2to3", "pydoc_data",
+                             # never run under -S; Debian's is a link into /etc
+                             "sitecustomize.py", "usercustomize.py"})
 #: Jail roots kept per cache folder; beyond that the least recently used go (never one used in the last hour).
 KEEP_ROOTS = 8
 #: Shared libraries that are loaded at run time rather than linked (so ``ldd`` does not list them).
@@ -142,9 +144,10 @@ class _Plan:
     links: dict[str, str] = field(default_factory=dict)
     dirs: set[str] = field(default_factory=set)
 
-    def add(self, path: str, _depth: int = 0) -> None:
+    def add(self, path: str, left_out: Iterable[str] = (), _depth: int = 0) -> str:
         """``path`` as the host resolves it: every symbolic link on the way is kept as a link, and what it
-        finally names (a file or a whole folder) is added."""
+        finally names (a file, or a whole folder less the top-level names in ``left_out``) is added.
+        Returns the resolved path."""
         if _depth > 40:
             raise JailRootError(f"too many symbolic links resolving {path}")
         parts = [p for p in os.path.normpath(path).split("/") if p]
@@ -155,15 +158,15 @@ class _Plan:
                 target = os.readlink(candidate)
                 self.links[candidate] = target
                 resolved = os.path.normpath(os.path.join(head, target))
-                self.add(os.path.join(resolved, *parts[i + 1:]), _depth + 1)
-                return
+                return self.add(os.path.join(resolved, *parts[i + 1:]), left_out, _depth + 1)
             head = candidate
         if os.path.isdir(head):
-            self.add_tree(head)
+            self.add_tree(head, left_out)
         elif os.path.isfile(head):
             self.files[head] = head
         else:
             raise JailRootError(f"{head} is neither a file nor a folder")
+        return head
 
     def add_tree(self, top: str, left_out: Iterable[str] = ()) -> None:
         skip = set(left_out)
@@ -192,15 +195,17 @@ class _Plan:
 def _stdlib_plan(runtime: Runtime, copied_site_packages: Sequence[str]) -> _Plan:
     plan = _Plan()
     for folder in copied_site_packages:
-        plan.add_tree(folder)
+        plan.add(folder)
     plan.add(runtime.executable)
     walked: list[str] = []
     for path in runtime.paths:
-        if any(path.startswith(top + "/") for top in walked):
+        real = os.path.realpath(path)
+        if any(real.startswith(top + "/") for top in walked):
             continue  # lib-dynload inside the library folder: already there
-        if os.path.isdir(path) and not os.path.islink(path):
-            walked.append(path)
-            plan.add_tree(path, STDLIB_LEFT_OUT | {n for n in os.listdir(path) if n.startswith("config-")})
+        if os.path.isdir(real):
+            walked.append(real)
+            left_out = STDLIB_LEFT_OUT | {n for n in os.listdir(real) if n.startswith("config-")}
+            plan.add(path, left_out)
         else:
             plan.add(path)
     return plan
