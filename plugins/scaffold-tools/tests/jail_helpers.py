@@ -27,6 +27,18 @@ def require_jail(tool: PythonTool) -> PythonTool:
     return tool
 
 
+def bubblewrap_or_skip() -> None:
+    """Skip (fail in CI) where there is no usable bwrap."""
+    from scaffold_tools.jail import JailUnavailable, check_bwrap
+
+    try:
+        check_bwrap()
+    except JailUnavailable as exc:
+        if os.environ.get("CI") or not sys.platform.startswith("linux"):
+            raise
+        pytest.skip(str(exc))
+
+
 def run_codes(tool: PythonTool, *codes: str, stagger_s: float = 0.0) -> list[ToolResult]:
     """Run every program concurrently (each ``stagger_s`` after the one before); results in order."""
     async def one(i: int, code: str) -> ToolResult:
