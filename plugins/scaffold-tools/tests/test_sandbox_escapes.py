@@ -428,7 +428,7 @@ def test_a_concurrent_calls_work_directory_is_out_of_reach(jailed, jail_only):
 import time
 open("secret.txt", "w").write({token!r})
 print("written")
-time.sleep(1.5)
+time.sleep(2.5)
 """
     thief = """
 import glob, os
@@ -452,8 +452,10 @@ print(found)
 
     results = asyncio.run(main())
     assert [r.content for r in results[:2]] == ["written\n", "written\n"]
-    for thief_result in results[2:]:
+    for owner_result, thief_result in zip(results[:2], results[2:]):
         assert thief_result.ok and token not in thief_result.content, thief_result.content
+        # the thief looked while the owner's file existed (else the test proves nothing)
+        assert 0.7 + thief_result.metadata["duration_s"] < owner_result.metadata["duration_s"]
 
 
 def test_the_runtime_it_sees_is_read_only(tool):
