@@ -131,25 +131,18 @@ class _ByIdentity:
         return id(item) in self._ids
 
 
-def _make_hook(workdir, allowed, denied):
-    """The audit hook. Everything it uses is bound here, in its closure: rebinding this module's globals or
-    the builtins afterwards changes nothing."""
-    fspath, fsdecode, getcwd, getpid, getpgrp = os.fspath, os.fsdecode, os.getcwd, os.getpid, os.getpgrp
+def _file_guards(workdir):
+    """Handlers of the events that open, change or link files: nothing may change outside ``workdir``."""
+    fspath, fsdecode, getcwd = os.fspath, os.fsdecode, os.getcwd
     join, realpath, dirname, isdir = os.path.join, os.path.realpath, os.path.dirname, os.path.isdir
-    isinstance_, len_, any_, int_, str_, bytes_, getattr_ = isinstance, len, any, int, str, bytes, getattr
-    refuse_error, import_error = PermissionError, ImportError
+    isinstance_, len_, any_, int_, str_, bytes_ = isinstance, len, any, int, str, bytes
+    refuse_error = PermissionError
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     prefix = workdir.rstrip(os.sep) + os.sep
     own_pid = str(os.getpid())
     devices = frozenset(_ALLOWED_DEVICES)
-    process_events, network_events = frozenset(_PROCESS_EVENTS), frozenset(_NETWORK_EVENTS)
     path_events, meta_events = dict(_PATH_EVENTS), dict(_META_EVENTS)
-    refused_events = dict(_REFUSED_EVENTS)
-    allowed, denied = frozenset(allowed), frozenset(denied)
     no_dir_fd, memory_dbs = (None, -1, -100), ("", ":memory:")
-    unix_family = 1  # socket.AF_UNIX on every POSIX system
-    protected = _ByIdentity([vars(sys.modules[name]) for name in ("os", "posixpath", "genericpath", "stat")
-                             if name in sys.modules] + [globals()])
 
     def resolve(path, base=None):
         text = fspath(path)
@@ -157,16 +150,13 @@ def _make_hook(workdir, allowed, denied):
             text = fsdecode(text)
         return realpath(join(base if base is not None else getcwd(), text))
 
-    def inside(full):
-        return full == workdir or full.startswith(prefix)
+    def outside(full):
+        return not (full == workdir or full.startswith(prefix)) and full not in devices
 
     def refuse_outside(event, path, base=None):
-        if isinstance_(path, int_):
-            return
-        full = resolve(path, base)
-        if not inside(full) and full not in devices:
-            raise refuse_error(f"sandbox: {event} of {full!r} is not allowed; the program may only change files in "
-                               f"its working directory {workdir!r}")
+        if not isinstance_(path, int_) and outside(resolve(path, base)):
+            raise refuse_error(f"sandbox: {event} of {resolve(path, base)!r} is not allowed; the program may only "
+                               f"change files in its working directory {workdir!r}")
 
     def refuse_dir_fd(event, args, positions):
         for i in positions:
@@ -178,10 +168,9 @@ def _make_hook(workdir, allowed, denied):
         if isinstance_(path, int_) or path is None:
             return
         full = resolve(path)
-        writing = (isinstance_(mode, str_) and any_(c in mode for c in "wax+")) or bool(
-            isinstance_(flags, int_) and flags & write_flags)
-        if writing:
-            if not inside(full) and full not in devices:
+        if (isinstance_(mode, str_) and any_(c in mode for c in "wax+")) or (
+                isinstance_(flags, int_) and flags & write_flags):
+            if outside(full):
                 raise refuse_error(f"sandbox: writing {full!r} is not allowed; the program may only write files in "
                                    f"its working directory {workdir!r}")
             return
@@ -189,19 +178,8 @@ def _make_hook(workdir, allowed, denied):
             head = full[6:].split("/", 1)[0]
             if head.isdigit() and head != own_pid:
                 raise refuse_error(f"sandbox: reading {full!r} (another process) is not allowed")
-        if mode is None and not inside(full) and isdir(full):  # a folder's fd could be passed as dir_fd
+        if mode is None and outside(full) and isdir(full):  # a folder's fd could be passed as dir_fd
             raise refuse_error(f"sandbox: opening the directory {full!r} as a file descriptor is not allowed")
-
-    def on_import(event, args):
-        name = args[0]
-        parts = name.split(".") if isinstance_(name, str_) else [name]
-        top = parts[0]
-        for part in parts:  # also "json._ctypes": an extension module's init function is named by the last part
-            if part in denied:
-                raise import_error(f"sandbox: importing {part} is disabled")
-        if top not in allowed and not top.startswith("_sysconfigdata"):
-            raise import_error(f"sandbox: importing {top} is not allowed: only the standard library and the "
-                               "allowed site-packages can be imported (the python tool's site_packages option)")
 
     def on_path(event, args):
         paths, dir_fds = path_events[event]
@@ -223,6 +201,32 @@ def _make_hook(workdir, allowed, denied):
         refuse_outside(event, args[1])
         refuse_outside(event, args[0], base=dirname(resolve(args[1])))
 
+    handlers = {"open": on_open, "os.symlink": on_symlink}
+    handlers.update(dict.fromkeys(path_events, on_path))
+    handlers.update(dict.fromkeys(meta_events, on_meta))
+    return handlers
+
+
+def _other_guards(allowed, denied):
+    """Handlers of imports (the allow-list), signals, sockets and code replacement."""
+    getpid, getpgrp = os.getpid, os.getpgrp
+    isinstance_, len_, str_, getattr_ = isinstance, len, str, getattr
+    refuse_error, import_error = PermissionError, ImportError
+    allowed, denied = frozenset(allowed), frozenset(denied)
+    unix_family = 1  # socket.AF_UNIX on every POSIX system
+    protected = _ByIdentity([vars(sys.modules[name]) for name in ("os", "posixpath", "genericpath", "stat")
+                             if name in sys.modules] + [globals()])
+
+    def on_import(event, args):
+        name = args[0]
+        parts = name.split(".") if isinstance_(name, str_) else [name]
+        for part in parts:  # also "json._ctypes": an extension module's init function is named by the last part
+            if part in denied:
+                raise import_error(f"sandbox: importing {part} is disabled")
+        if parts[0] not in allowed and not parts[0].startswith("_sysconfigdata"):
+            raise import_error(f"sandbox: importing {parts[0]} is not allowed: only the standard library and the "
+                               "allowed site-packages can be imported (the python tool's site_packages option)")
+
     def on_kill(event, args):
         if args[0] not in (0, getpid(), getpgrp(), -getpgrp()):
             raise refuse_error("sandbox: signalling other processes is not allowed")
@@ -239,10 +243,17 @@ def _make_hook(workdir, allowed, denied):
         if len_(args) > 1 and args[1] == "__code__" and getattr_(args[0], "__globals__", None) in protected:
             raise refuse_error("sandbox: replacing the code of the sandbox's own functions is disabled")
 
-    handlers = {"open": on_open, "import": on_import, "os.symlink": on_symlink, "os.kill": on_kill,
-                "os.killpg": on_kill, "object.__setattr__": on_setattr, "socket.__new__": on_socket}
-    handlers.update(dict.fromkeys(path_events, on_path))
-    handlers.update(dict.fromkeys(meta_events, on_meta))
+    return {"import": on_import, "os.kill": on_kill, "os.killpg": on_kill, "object.__setattr__": on_setattr,
+            "socket.__new__": on_socket}
+
+
+def _make_hook(workdir, allowed, denied):
+    """The audit hook. Everything it uses is bound in its closures: rebinding this module's globals or the
+    builtins afterwards changes nothing."""
+    refuse_error = PermissionError
+    process_events, network_events = frozenset(_PROCESS_EVENTS), frozenset(_NETWORK_EVENTS)
+    refused_events = dict(_REFUSED_EVENTS)
+    handlers = {**_file_guards(workdir), **_other_guards(allowed, denied)}
     get = handlers.get
 
     def hook(event, args):
