@@ -10,10 +10,16 @@ PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # The stamp is keyed on the content of every pyproject file: edit one and the next make reinstalls.
 STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+# System (Debian) packages the project needs, as package:command. `make setup` installs the missing ones when it
+# runs as root with apt-get, and otherwise says what to install. bubblewrap: the python tool's jail.
+SYSTEM_PACKAGES := bubblewrap:bwrap util-linux:setpriv libc-bin:ldd
 
-.PHONY: setup run test lint bench dist clean-venv
+.PHONY: setup system-packages run test lint bench dist clean-venv
 
-setup: $(STAMP)
+setup: system-packages $(STAMP)
+
+system-packages:
+	@scripts/system-packages.sh $(SYSTEM_PACKAGES)
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -126,7 +126,7 @@ async def python_cold_start_ms(calls: int = 20) -> tuple[float, float]:
         result = await invoke_tool(tool, {"code": "print(1)"}, ToolContext("bench", str(i)))
         if not result.ok:
             raise SystemExit(f"the python tool failed: {result.content}")
-        if i:  # the first call also checks namespaces and warms the page cache
+        if i:  # the first call also compiles the argument schema and warms the page cache
             times.append((time.perf_counter() - start) * 1000)
     times.sort()
     return statistics.median(times), times[int(len(times) * 0.9) - 1]
@@ -162,8 +162,8 @@ def main() -> None:
             print(f"{label:<34}{concurrency:>12}{eps:>12,.0f}{1000 / eps:>12.2f}{turns:>14,.0f}", flush=True)
 
     median, p90 = asyncio.run(python_cold_start_ms())
-    print(f"python tool cold start: median {median:.1f} ms, p90 {p90:.1f} ms per call (print(1), 20 sequential "
-          "calls, fresh interpreter each)")
+    print(f"python tool cold start (bubblewrap jail): median {median:.1f} ms, p90 {p90:.1f} ms per call (print(1), "
+          "20 sequential calls, fresh interpreter each)")
     for concurrency in (8, 48):
         engine = ToolTurnsEngine(PYTHON_CALL)
         result = asyncio.run(measure(agent(PythonTool()), engine, args.python_episodes, concurrency))

@@ -16,6 +16,9 @@ Subclass :class:`Tool` and set four things:
 Optionally set ``timeout`` (seconds; :func:`invoke_tool` cancels a call that runs longer) and
 implement ``async start()`` / ``async close()`` for resources shared by every call (an index, a
 process pool, a connection); the agent controller calls them once per run, on its event loop.
+A tool that runs model-written code sets ``isolation`` to how it isolates it (e.g. ``"bubblewrap"``),
+and to ``"none"`` when it runs it without kernel isolation: agents then report it in every episode's
+metrics (:data:`UNISOLATED_METRIC`) and the run's summary warns.
 
 Rules that keep episodes isolated and runs healthy:
 
@@ -56,6 +59,8 @@ import inspect
 import json
 import math
 import re
+import reprlib
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +73,13 @@ DEFAULT_TIMEOUT = 10.0
 
 #: What a tool name may look like (the constraint OpenAI-style function specs put on names).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+#: The most characters of the model's own input an error message repeats back (a 10 MB argument is not echoed).
+ECHO_LIMIT = 1000
+
+#: The per-episode metric agents report: how many of their tools run model-written code without kernel
+#: isolation (``tool.isolation == "none"``). Absent when there are none; the run's summary warns otherwise.
+UNISOLATED_METRIC = "unisolated_tools"
 
 
 
@@ -142,6 +154,9 @@ class Tool:
     parameters: dict[str, Any] = {"type": "object", "properties": {}}  # subclasses replace it, never mutate it
     #: Seconds one call may take before :func:`invoke_tool` cancels it.
     timeout: float = DEFAULT_TIMEOUT
+    #: For tools that run model-written code: how it is isolated ("bubblewrap", ...; "none": not at all).
+    #: None for tools that run no such code.
+    isolation: str | None = None
 
     async def start(self) -> None:
         """Acquire resources shared by every call (called once per run, on its event loop)."""
@@ -266,17 +281,18 @@ def _validator_for(schema_text: str) -> Any:
 def parse_arguments(arguments: Any) -> dict[str, Any]:
     """Arguments as a dict: a dict passes through, a JSON text is parsed, ``None`` or ``""`` is ``{}``.
 
-    Raises :class:`ToolCallError` (kind ``parse_error`` or ``bad_arguments``) otherwise.
+    Raises :class:`ToolCallError` (kind ``parse_error`` or ``bad_arguments``) otherwise, whatever the text
+    holds: JSON nested too deeply (``RecursionError``) or an integer of more digits than Python converts
+    (``ValueError``) are parse errors too (:func:`json_problem` says which).
     """
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
         return {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise ToolCallError(
-                f"the arguments are not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                "write them as a JSON object", kind="parse_error") from None
+        except Exception as exc:  # not only JSONDecodeError: RecursionError, ValueError (a 5000-digit integer)
+            raise ToolCallError(f"{json_problem(exc, 'the arguments', plural=True)}; write them as a JSON object",
+                                kind="parse_error") from None
     if not isinstance(arguments, dict):
         raise ToolCallError(
             f"the arguments must be a JSON object, got {type(arguments).__name__} {_short(arguments)}",
@@ -284,9 +300,37 @@ def parse_arguments(arguments: Any) -> dict[str, Any]:
     return arguments
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def json_problem(exc: BaseException, subject: str, *, plural: bool = False) -> str:
+    """Why ``json.loads`` refused ``subject`` (e.g. "the arguments"), as a clause for the model to read."""
+    be, hold = ("are", "hold") if plural else ("is", "holds")
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{subject} {be} not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        return f"{subject} {be} nested too deeply to read"
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        most = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+        return f"{subject} {hold} an integer of more than {most} digits, more than can be read (write it as a string)"
+    return f"{subject} could not be read ({type(exc).__name__}: {bounded(_safe_str(exc), 300)})"
+
+
+def bounded(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlevel = 3
+
+
+def _short(value: Any) -> str:
+    """A short repr of a value the model wrote, however large or deeply nested."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a RecursionError, or a repr that raises
+        return f"<{type(value).__name__}>"
 
 
 def _argument_errors(tool: Any, arguments: dict[str, Any]) -> str | None:
@@ -296,9 +340,10 @@ def _argument_errors(tool: Any, arguments: dict[str, Any]) -> str | None:
     if not errors:
         return None
     lines = []
-    for err in errors[:3]:
-        where = ".".join(str(p) for p in err.path)
-        lines.append(f"{where}: {err.message}" if where else err.message)
+    for err in errors[:3]:  # jsonschema's messages repeat the bad value whole: keep a third of the echo each
+        where = bounded(".".join(str(p) for p in err.path), 100)
+        message = bounded(err.message, ECHO_LIMIT // 3)
+        lines.append(f"{where}: {message}" if where else message)
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
     return "; ".join(lines) + more
 
@@ -333,7 +378,10 @@ async def invoke_tool(tool: Any, arguments: Any, context: ToolContext, *,
 
     try:
         args = parse_arguments(arguments)
-        problem = _argument_errors(tool, args)
+        try:
+            problem = _argument_errors(tool, args)
+        except RecursionError:
+            problem = "the arguments are nested too deeply to check"
         if problem is not None:
             return finish(ToolResult.failure(
                 "bad_arguments", f"bad arguments for tool {name!r}: {problem}. Expected arguments: "
@@ -348,13 +396,21 @@ async def invoke_tool(tool: Any, arguments: Any, context: ToolContext, *,
     except _InvalidSchema as exc:
         return finish(ToolResult.failure("failed", f"tool {name!r} has an invalid parameters schema: {exc}"))
     except Exception as exc:
-        return finish(ToolResult.failure("failed", f"tool {name!r} failed: {type(exc).__name__}: {exc}"))
+        return finish(ToolResult.failure("failed", f"tool {name!r} failed: {type(exc).__name__}: "
+                                                   f"{bounded(_safe_str(exc))}"))
     if isinstance(outcome, str):
         return finish(ToolResult(content=outcome))
     if not isinstance(outcome, ToolResult):
         return finish(ToolResult.failure(
             "failed", f"tool {name!r} returned {type(outcome).__name__}, expected a ToolResult or str"))
     return finish(outcome)
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return "(its message could not be shown)"
 
 
 def _schema_summary(schema: dict[str, Any]) -> str:
@@ -375,10 +431,17 @@ def _schema_summary(schema: dict[str, Any]) -> str:
 def unknown_tool(name: Any, available: Iterable[str]) -> ToolResult:
     """The result for a call to a tool that is not available (with a did-you-mean hint)."""
     names = sorted(available)
-    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+    text = name if isinstance(name, str) else _short(name)
+    close = difflib.get_close_matches(text, names, n=1, cutoff=0.6) if len(text) <= 64 else []
     hint = f" Did you mean {close[0]!r}?" if close else ""
     listed = ", ".join(names) if names else "(none)"
-    return ToolResult.failure("unknown_tool", f"unknown tool {name!r}. Available tools: {listed}.{hint}")
+    return ToolResult.failure("unknown_tool", f"unknown tool {bounded(repr(text), 200)}. Available tools: "
+                                              f"{listed}.{hint}")
+
+
+def unisolated_tools(tools: Iterable[Any]) -> list[str]:
+    """Names of the tools that run model-written code without kernel isolation (``isolation == "none"``)."""
+    return [getattr(tool, "name", type(tool).__name__) for tool in tools if getattr(tool, "isolation", None) == "none"]
 
 
 def tool_specs(tools: Iterable[Any]) -> list[dict[str, Any]]:

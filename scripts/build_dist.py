@@ -86,7 +86,11 @@ def normalize_sdist(path: Path, epoch: int) -> None:
 
 
 def build(outdir: Path, only: list[str] | None = None, *, quiet: bool = False) -> list[Path]:
-    """Build the selected projects' wheels and sdists into ``outdir``; return the files built."""
+    """Build the selected projects' wheels and sdists into ``outdir``; return the files built.
+
+    A relative ``outdir`` is the caller's (this process's working directory), never the build's: each
+    project is built from a temporary folder."""
+    outdir = Path(os.path.abspath(outdir))
     outdir.mkdir(parents=True, exist_ok=True)
     epoch = source_epoch()
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch), "PYTHONHASHSEED": "0"}
@@ -119,11 +123,12 @@ def build(outdir: Path, only: list[str] | None = None, *, quiet: bool = False) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--outdir", default=str(ROOT / "dist"), help="where the files go (default: dist/)")
+    parser.add_argument("--outdir", default=str(ROOT / "dist"),
+                        help="where the files go, relative to the current directory (default: the checkout's dist/)")
     parser.add_argument("--only", default="", help="comma-separated distributions (default: all)")
     parser.add_argument("--clean", action="store_true", help="empty the output folder first")
     args = parser.parse_args(argv)
-    outdir = Path(args.outdir)
+    outdir = Path(os.path.abspath(args.outdir))  # against the caller's directory, as `--outdir dist` reads
     if args.clean and outdir.exists():
         shutil.rmtree(outdir)
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,16 +44,41 @@ def fixture_site(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def dist_dir(tmp_path_factory) -> Path:
-    """Wheels and sdists of scaffold-core and every plugin, built once per session by scripts/build_dist.py
-    (what `make dist` runs) into a temp folder."""
+def release_checkout(tmp_path_factory) -> Path:
+    """A clean clone of this checkout (with its uncommitted changes) where `make dist` has run exactly as the
+    README writes it, from the clone's root: its ``dist/`` holds the wheels and sdists of every distribution.
+
+    The clone's ``.venv`` is this checkout's (so `make setup` has nothing to do), and only when it is set up for
+    these very sources; otherwise the release tests are skipped (run `make setup`)."""
     from scaffold_core.testing.freshenv import run_bounded
 
-    outdir = tmp_path_factory.mktemp("dist")
     repo = Path(__file__).resolve().parents[1]
-    run_bounded([sys.executable, str(repo / "scripts" / "build_dist.py"), "--outdir", str(outdir)], timeout=900,
-                cwd=repo)
-    return outdir
+    clone = tmp_path_factory.mktemp("release") / "scaffold"
+    run_bounded(["git", "clone", "--quiet", str(repo), str(clone)], timeout=300)
+    changed = run_bounded(["git", "ls-files", "-z", "--modified", "--others", "--exclude-standard"], cwd=repo,
+                          timeout=120).stdout.split("\0")
+    deleted = set(run_bounded(["git", "ls-files", "-z", "--deleted"], cwd=repo, timeout=120).stdout.split("\0"))
+    for name in filter(None, changed):
+        target = clone / name
+        if name in deleted:
+            target.unlink(missing_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / name, target)
+    if not (repo / ".venv" / "bin" / "python").exists():
+        pytest.skip("the release tests need this checkout's .venv (run `make setup`)")
+    (clone / ".venv").symlink_to(repo / ".venv")
+    planned = run_bounded(["make", "-n", "setup"], cwd=clone, timeout=120).stdout
+    if "pip install" in planned:
+        pytest.skip("this checkout's .venv is not set up for these sources (run `make setup`)")
+    run_bounded(["bash", "-e", "-c", "make dist"], cwd=clone, timeout=900)
+    return clone
+
+
+@pytest.fixture(scope="session")
+def dist_dir(release_checkout) -> Path:
+    """Wheels and sdists of scaffold-core and every plugin: what `make dist` left in a clean clone's dist/."""
+    return release_checkout / "dist"
 
 
 @pytest.fixture

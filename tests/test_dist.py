@@ -1,18 +1,19 @@
 """The release path: `make dist` builds reproducible wheels and sdists of the core and every plugin, each plugin
-pins the core series it supports, and the README's install lines work in a fresh venv, offline.
+pins the core series it supports, and the README's install lines work in a fresh venv.
 
-The files are built once per session (``dist_dir``) by ``scripts/build_dist.py``, the script `make dist` runs.
-The README's install block runs with uv's pip interface (``uv pip install`` takes pip's arguments) in a venv
-holding nothing else, offline from uv's cache when it has every dependency (else from the package index,
-while our own packages come from ``dist/`` only: none of them is on an index).
+The README's commands run exactly as written, from the root of a clean clone of this checkout
+(``release_checkout``): `make dist` once per session (its ``dist/`` is ``dist_dir``), then, in one shell, a
+new venv made with `python -m venv`, activated, the `pip install` lines with the venv's own pip (the
+dependencies come from the package index; our own packages from ``dist/`` only: none is on an index) and
+`scaffold list-plugins`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-import shlex
 import subprocess
 import sys
 import zipfile
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from scaffold_core.testing.freshenv import FreshVenv, run_bounded
+from scaffold_core.testing.freshenv import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "scripts" / "build_dist.py"
@@ -96,43 +97,67 @@ def readme_install_lines() -> list[str]:
     return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.split("#")[0].strip()]
 
 
+def test_make_dist_as_written_fills_dist_in_the_checkout(release_checkout):
+    """The README's first line, `make dist`, run from a clean clone's root, leaves the files in its dist/ (a
+    relative --outdir is the caller's directory, not the build's)."""
+    assert readme_install_lines()[0] == "make dist"
+    built = sorted(p.name for p in (release_checkout / "dist").iterdir())
+    assert len([n for n in built if n.endswith(".whl")]) == len(PLUGINS) + 1, built
+    sums = (release_checkout / "dist" / "SHA256SUMS").read_text().splitlines()
+    assert sorted(line.split()[1] for line in sums) == [n for n in built if n != "SHA256SUMS"]
+
+
+def _shell_env(home: Path) -> dict[str, str]:
+    """The environment the README's lines run in: a home of their own (for ~/scaffold-env), a `python` on PATH,
+    nothing of this test's venv; pip's download cache shared with the user's."""
+    leaky = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX", "PYTHONSTARTUP", "PIP_REQUIRE_VIRTUALENV")
+    env = {k: v for k, v in os.environ.items() if k not in leaky}
+    env.setdefault("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
+    env["HOME"] = str(home)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
 @pytest.mark.slow
-def test_the_readme_install_lines_work_in_a_fresh_venv(dist_dir, tmp_path, uv_pip_install):
-    """`make dist` (the session's build), a new venv, the README's `pip install` lines, `scaffold list-plugins`;
-    then a one-episode run on the canned engine, and no torch anywhere."""
+def test_the_readme_install_lines_work_in_a_fresh_venv(release_checkout, tmp_path):
+    """The README's lines after `make dist`, exactly as written, in one shell from the clean clone's root; then a
+    one-episode run on the canned engine from that venv, and no torch anywhere."""
     lines = readme_install_lines()
     assert lines[0] == "make dist" and lines[1].startswith("python -m venv ")
-    installs = [shlex.split(line) for line in lines[2:] if line.startswith("pip install ")]
-    commands = [shlex.split(line) for line in lines[2:] if not line.startswith("pip install ")]
-    assert installs and all("--find-links" in args and "dist" in args for args in installs)
-    work = tmp_path / "checkout"
-    work.mkdir()
-    (work / "dist").symlink_to(dist_dir)  # the README's lines run as written, from a checkout with dist/ built
-    with FreshVenv.create(timeout=120) as venv:
-        for args in installs:
-            uv_pip_install(venv, args[2:], cwd=work)  # `pip install ARGS`, run as `uv pip install ARGS`
-        for args in commands:
-            done = venv.run(args, cwd=work, timeout=120, check=False)
-            assert done.returncode == 0, f"{' '.join(args)}: {done.stderr[-3000:]}"
-        torch = venv.run(["python", "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
-                         timeout=60)
-        assert torch.stdout.strip() == "True", "installing the core and a plugin pulled in torch"
-        listed = json.loads(venv.run(["scaffold", "list-plugins", "--json"], cwd=work, timeout=120).stdout)
-        gsm8k = {p["name"]: p for p in listed}["gsm8k"]
-        assert gsm8k["status"] == "ok" and gsm8k["distribution"] == "scaffold-gsm8k"
-        assert gsm8k["components"]["task"] == ["gsm8k"]
-        where = venv.run(["python", "-c", "import scaffold_core, scaffold_gsm8k; print(scaffold_core.__file__, "
-                          "scaffold_gsm8k.__file__)"], cwd=tmp_path, timeout=60).stdout
-        assert str(REPO) not in where and str(venv.path) in where  # installed from the wheels, not the checkout
-        config = work / "one.yaml"
-        config.write_text("task: {name: gsm8k, source: sample, limit: 1}\n"
-                          "engine: {name: benchmark_canned, response: \"#### 33\"}\n")
-        ran = venv.run(["scaffold", "run", str(config), "-o", str(work / "run"), "--no-progress"], cwd=work,
-                       timeout=300, check=False, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                       HF_DATASETS_CACHE=str(tmp_path / "hf"), SCAFFOLD_CACHE_DIR=str(tmp_path / "cache"))
-        assert ran.returncode == 0, ran.stderr[-3000:]
-        metrics = json.loads((work / "run" / "metrics.json").read_text())
-        assert metrics["episodes"] == 1 and metrics["completed"] == 1
+    assert any(line.startswith("pip install --find-links dist ") for line in lines)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _shell_env(home)
+    script = "\n".join(["set -euo pipefail", *lines[1:]])
+    done = run_bounded(["bash", "-c", script], cwd=release_checkout, env=env, timeout=1500, check=False)
+    assert done.returncode == 0, f"the README's lines failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "gsm8k" in done.stdout and "scaffold-gsm8k" in done.stdout  # `scaffold list-plugins`'s table
+    venv_bin = home / "scaffold-env" / "bin"
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return run_bounded([str(venv_bin / args[0]), *args[1:]], cwd=tmp_path, timeout=300, check=False,
+                           env={**env, "VIRTUAL_ENV": str(home / "scaffold-env"),
+                                "PATH": os.pathsep.join([str(venv_bin), env["PATH"]]), **extra})
+
+    torch = run("python", "-c", "import importlib.util as u; print(u.find_spec('torch') is None)")
+    assert torch.stdout.strip() == "True", "installing the core and a plugin pulled in torch"
+    listed = json.loads(run("scaffold", "list-plugins", "--json").stdout)
+    gsm8k = {p["name"]: p for p in listed}["gsm8k"]
+    assert gsm8k["status"] == "ok" and gsm8k["distribution"] == "scaffold-gsm8k"
+    assert gsm8k["components"]["task"] == ["gsm8k"]
+    where = run("python", "-c", "import scaffold_core, scaffold_gsm8k; print(scaffold_core.__file__, "
+                "scaffold_gsm8k.__file__)").stdout
+    assert str(REPO) not in where and str(release_checkout) not in where and str(home) in where  # from the wheels
+    config = tmp_path / "one.yaml"
+    config.write_text("task: {name: gsm8k, source: sample, limit: 1}\n"
+                      "engine: {name: benchmark_canned, response: \"#### 33\"}\n")
+    ran = run("scaffold", "run", str(config), "-o", str(tmp_path / "run"), "--no-progress", HF_HUB_OFFLINE="1",
+              HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf"),
+              SCAFFOLD_CACHE_DIR=str(tmp_path / "cache"))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["episodes"] == 1 and metrics["completed"] == 1
 
 
 def test_the_release_workflow_builds_with_the_same_script_and_publishes_only_on_a_tag():

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ..tool import UNISOLATED_METRIC
 from .metrics import truncation_warning, unscored_warning
 
 
@@ -77,11 +78,20 @@ def print_summary(metrics: dict[str, Any]) -> None:
     unscored = unscored_warning(metrics)
     if unscored:
         print(unscored, file=sys.stderr)
-    warning = truncation_warning(metrics.get("truncated_fraction", 0.0))
-    if warning:
-        print("\n" + "!" * 78 + "\n" + warning + "\n" + "!" * 78, file=sys.stderr)
+    for warning in (truncation_warning(metrics.get("truncated_fraction", 0.0)), unisolated_warning(metrics)):
+        if warning:
+            print("\n" + "!" * 78 + "\n" + warning + "\n" + "!" * 78, file=sys.stderr)
     if metrics.get("interrupted"):
         print(f"scaffold: interrupted by {metrics['interrupted']}; continue with --resume", file=sys.stderr)
+
+
+def unisolated_warning(metrics: dict[str, Any]) -> str | None:
+    """The loud message for runs whose agents ran model-written code without kernel isolation, else None."""
+    if not metrics.get(UNISOLATED_METRIC):
+        return None
+    return (f"WARNING: this run's agents had tools that ran model-written code without kernel isolation "
+            f"({UNISOLATED_METRIC}: {metrics[UNISOLATED_METRIC]:g} per episode; isolation: none). Only run trusted "
+            "code this way; remove isolation: none to run it in the bubblewrap jail.")
 
 
 def report_failures(metrics: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,12 +42,22 @@ from scaffold_core.errors import (
 from scaffold_core.generation import AwaitTask, VerificationTask
 from scaffold_core.plugins import current_path, current_registry
 from scaffold_core.tokenizers import encode
-from scaffold_core.tool import Tool, ToolContext, ToolResult, check_tool
+from scaffold_core.tool import (
+    UNISOLATED_METRIC,
+    Tool,
+    ToolContext,
+    ToolResult,
+    bounded,
+    check_tool,
+    unisolated_tools,
+)
 from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, call_timeout, run_tool_call, unrunnable
 
 from .controller import samples_in_parallel
 from .conversation import Conversation, DriftReport
 from .template import render_text
+
+log = logging.getLogger("scaffold.agent")
 
 #: What the model is told before its last turn when the turn or token budget is about to run out.
 DEFAULT_ANSWER_NOW = ("You have used up your budget for tool calls. Do not call any more tools: "
@@ -109,12 +120,40 @@ def build_format(spec: Any, path: str) -> Any:
     return fmt
 
 
+#: Arguments nested deeper than this are logged as (bounded) text: run files must stay writable and readable.
+MAX_LOGGED_DEPTH = 64
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests dicts and lists (iteratively: any depth)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            items = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            items = list(item)
+        else:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_LOGGED_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in items)
+    return deepest
+
+
 def _jsonable(value: Any) -> Any:
+    """``value`` when it is plain JSON of reasonable depth, else a bounded text standing for it."""
     try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-    return value
+        if _depth(value) <= MAX_LOGGED_DEPTH:
+            json.dumps(value)
+            return value
+    except Exception:  # not JSON (TypeError), a NaN (ValueError), an integer too long to print
+        pass
+    try:
+        return bounded(repr(value))
+    except Exception:  # RecursionError
+        return f"<{type(value).__name__} that cannot be shown>"
 
 
 @dataclass
@@ -131,6 +170,24 @@ class _Tally:
                 self.errors[result.error or "failed"] = self.errors.get(result.error or "failed", 0) + 1
             self.log.append({"turn": turn, "id": call.id, "name": call.name, "arguments": _jsonable(call.arguments),
                              "ok": result.ok, "error": result.error, "metadata": _jsonable(result.metadata)})
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return "(no message)"
+
+
+_WARNED_FORMATS: set[str] = set()
+
+
+def _warn_parse_raised(format_name: str, exc: BaseException) -> None:
+    """Say once per format that its parse() raised (a format should return unreadable calls with error set)."""
+    if format_name not in _WARNED_FORMATS:
+        _WARNED_FORMATS.add(format_name)
+        log.warning("tool format %r raised %s in parse(); the model got a parse_error result instead (a format "
+                    "returns unreadable calls with error set)", format_name, type(exc).__name__)
 
 
 class AgentController(Controller):
@@ -297,10 +354,11 @@ class AgentController(Controller):
     def _parse(self, content: str) -> list[ToolCall]:
         try:
             calls = self.format.parse(content)
-        except Exception as exc:
-            raise EpisodeError(f"tool format {self.format_name!r} raised {type(exc).__name__} in parse(): {exc}; "
-                               "a format returns unreadable calls with error set instead",
-                               component="tool_format") from exc
+        except Exception as exc:  # the model's text made the format fail: the model reads a parse error
+            _warn_parse_raised(self.format_name, exc)
+            return [ToolCall("", bounded(content), id="call_0", text=content,
+                             error=f"the tool calls in this reply could not be read ({type(exc).__name__}: "
+                                   f"{bounded(_message(exc), 300)}); write each call as the tool descriptions say")]
         if not isinstance(calls, list) or not all(isinstance(c, ToolCall) for c in calls):
             raise EpisodeError(f"tool format {self.format_name!r}: parse() must return a list of ToolCall",
                                component="tool_format")
@@ -379,6 +437,9 @@ class AgentController(Controller):
             "tool_calls": tally.log,
             "tool_format": self.format_name,
         }
+        unisolated = unisolated_tools(self.tools.values())
+        if unisolated:
+            metadata["unisolated_tools"] = unisolated
         if report is not None:
             metadata["drift"] = report.to_dict()
         sample = Sample(
@@ -402,6 +463,9 @@ class AgentController(Controller):
             "context_exhausted": float(end == "context"),
         }
         metrics.update({f"tool_error_{kind}": float(n) for kind, n in tally.errors.items()})
+        unisolated = unisolated_tools(self.tools.values())
+        if unisolated:  # tools that ran model-written code without kernel isolation: the summary warns
+            metrics[UNISOLATED_METRIC] = float(len(unisolated))
         if report is not None:
             metrics["drift"] = float(report.drift)
             metrics["drift_template"] = float(report.kind == "template")

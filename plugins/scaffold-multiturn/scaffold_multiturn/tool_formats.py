@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from scaffold_core.tool import ToolResult
+from scaffold_core.tool import ToolResult, bounded, json_problem
 from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, format_error, result_text
 
 from .template import render_text
@@ -45,6 +45,9 @@ DEFAULT_TOOLS_PROMPT = (
     "When you have what you need, reply without a tool call."
 )
 
+#: Longest call id taken from the model (longer ones are replaced by ``call_<n>``) and tool name kept whole.
+MAX_ID_CHARS = 128
+MAX_NAME_CHARS = 128
 _TAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,40}$")
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
@@ -90,10 +93,8 @@ def _read_call(body: str, raw: str, index: int, opening: str, closing: str) -> T
     shape = f'write {opening}{{"name": "<tool name>", "arguments": {{...}}}}{closing}'
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return ToolCall("", body, id=f"call_{index}", text=raw,
-                        error=f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                              f"{shape}")
+    except Exception as exc:  # not only JSONDecodeError: RecursionError, ValueError (a 5000-digit integer)
+        return ToolCall("", body, id=f"call_{index}", text=raw, error=f"{json_problem(exc, 'the tool call')}; {shape}")
     if not isinstance(obj, dict):
         return ToolCall("", body, id=f"call_{index}", text=raw,
                         error=f"the tool call must be a JSON object, got {type(obj).__name__}; {shape}")
@@ -103,8 +104,9 @@ def _read_call(body: str, raw: str, index: int, opening: str, closing: str) -> T
                         error=f'the tool call has no "name" naming the tool; {shape}')
     arguments = obj.get("arguments", obj.get("parameters", {}))
     given = obj.get("id")
-    call_id = given if isinstance(given, str) and given else f"call_{index}"
-    return ToolCall(name.strip(), arguments, id=call_id, text=raw)
+    call_id = given if isinstance(given, str) and 0 < len(given) <= MAX_ID_CHARS else f"call_{index}"
+    # A tool name is at most 64 characters: a longer one is unknown anyway, and goes back to the model cut short.
+    return ToolCall(bounded(name.strip(), MAX_NAME_CHARS), arguments, id=call_id, text=raw)
 
 
 def _spec_lines(tools: Sequence[Any]) -> str:

@@ -121,3 +121,40 @@ def test_example_on_the_real_model(plugins, smollm2_engine):
         assert 0 < len(trained) <= 48 and all(traj.logprobs[i] <= 0.0 for i in trained)
         assert all(traj.versions[i] == -1 and traj.logprobs[i] == 0.0
                    for i, m in enumerate(traj.loss_mask) if not m)
+
+
+@pytest.mark.parametrize("isolation", ["none", "bubblewrap"])
+def test_a_python_tool_without_kernel_isolation_is_in_the_metrics_and_the_summary(plugins, tmp_path, capsys,
+                                                                                     isolation):
+    """isolation: none warns at start, and the run's metrics and summary say so; the default jail is not named."""
+    from scaffold_core.run.summary import print_summary
+
+    if "python" not in plugins.registry.names("tool"):
+        pytest.skip("needs scaffold-tools installed")
+    canned = json.dumps('Let me compute:\n<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}'
+                        "\n</tool_call>")
+    tools = json.dumps([{"name": "python", "isolation": isolation}])
+    config = load_config(EXAMPLE, ["engine.name=benchmark_canned", f"engine.response={canned}", "task.limit=1",
+                                   f"controller.tools={tools}", "controller.max_turns=2",
+                                   "controller.max_total_tokens=8192", "rollout.progress=false"],
+                         registry=plugins.registry)
+    try:
+        metrics = Rollout(config, output_dir=tmp_path / "run", plugins=plugins).run()
+    except Exception as exc:  # where bubblewrap cannot run, the default python tool refuses to start
+        if isolation == "bubblewrap" and "bubblewrap" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    started = capsys.readouterr().err
+    assert metrics["completed"] == 1 and metrics["tool_calls"] == 1.0 and metrics["tool_errors"] == 0.0
+    [episode] = ledger(tmp_path / "run")
+    assert episode["samples"][0]["metadata"]["tool_calls"][0]["metadata"]["isolation"] == isolation
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    print_summary(metrics)
+    summary = capsys.readouterr().err
+    if isolation == "none":
+        assert "isolation: none" in started and "WARNING" in started
+        assert metrics["unisolated_tools"] == 1.0 and saved["unisolated_tools"] == 1.0
+        assert episode["samples"][0]["metadata"]["unisolated_tools"] == ["python"]
+        assert "without kernel isolation" in summary
+    else:
+        assert "unisolated_tools" not in saved and "without kernel isolation" not in started + summary

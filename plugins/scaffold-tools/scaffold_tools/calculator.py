@@ -201,6 +201,12 @@ def evaluate(expression: str, *, max_length: int = 1000, max_digits: int = 1000,
     if len(text) > max_length:
         raise CalculatorError(f"the expression is {len(text)} characters long (the limit is {max_length})",
                               kind="limit")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON's "\ud800" escape gives one; it is half a character, not text
+        raise CalculatorError(f"the expression contains a lone surrogate ({text[exc.start]!r} at character "
+                              f"{exc.start}), half of a UTF-16 pair and not a character; write plain "
+                              "arithmetic") from None
     text = text.replace("^", "**")  # models often write powers as ^ (bitwise xor is not supported anyway)
     try:
         tree = ast.parse(text, mode="eval")
@@ -208,8 +214,10 @@ def evaluate(expression: str, *, max_length: int = 1000, max_digits: int = 1000,
         if "too many nested" in str(exc.msg):
             raise CalculatorError("the expression is too deeply nested", kind="limit") from None
         raise CalculatorError(f"cannot parse the expression: {exc.msg}") from None
-    except (RecursionError, MemoryError, ValueError):
+    except (RecursionError, MemoryError):
         raise CalculatorError("the expression is too deeply nested", kind="limit") from None
+    except ValueError as exc:  # e.g. a NUL character
+        raise CalculatorError(f"cannot parse the expression: {exc}") from None
     try:
         return _Evaluator(max_digits, max_exponent).eval(tree)
     except CalculatorError:

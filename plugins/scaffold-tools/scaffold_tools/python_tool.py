@@ -1,31 +1,53 @@
-"""The ``python`` tool: run a short Python program in a limited child process and return its output.
+"""The ``python`` tool: run a short Python program in a jail and return its output.
 
-A convenience sandbox for model-written code, not a security boundary: see ``docs/tools.md``
-(what holds, what does not, and how to put a real one in front). The machinery is in
-:mod:`scaffold_tools.sandbox` and :mod:`scaffold_tools.sandbox_boot`.
+By default every program runs under bubblewrap (:mod:`scaffold_tools.jail`): fresh namespaces, an
+unprivileged user, a read-only view of only the Python runtime, a private size-capped work directory,
+no network. Where that is not available the tool refuses to start, saying how to get it; only
+``isolation: none`` runs programs without kernel isolation, and says so loudly (at start, in every
+result's metadata, and through the agent in the run's metrics). What holds and what does not:
+``docs/tools.md``. The machinery is in :mod:`scaffold_tools.sandbox` and :mod:`scaffold_tools.sandbox_boot`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
+import threading
 import weakref
 from typing import Any, Literal
 
 from scaffold_core.errors import ConfigError
 from scaffold_core.tool import Tool, ToolContext, ToolResult
 
-from .sandbox import SandboxLimits, SandboxRun, namespaces_available, run_python
+from .jail import USERNS_HINT, Jail, JailUnavailable, check_bwrap, host_uid
+from .jail_root import JailRootError, build_jail_root, cache_dir, describe_runtime
+from .sandbox import SandboxLimits, SandboxRun, compiled_boot, run_python
+
+log = logging.getLogger("scaffold.tools.python")
 
 #: Extra seconds :func:`scaffold_core.tool.invoke_tool` allows beyond the program's wall-clock limit,
 #: for starting the interpreter and cleaning up.
 STARTUP_MARGIN_S = 5.0
 NO_OUTPUT = "(no output: the program printed nothing; use print() to show results)"
+UNISOLATED_WARNING = (
+    "WARNING: the python tool runs with isolation: none. Programs the model writes run as this user, "
+    "with only resource limits and an audit hook (not a security boundary) between them and your files, "
+    "keys and network. Use it only for code you trust; remove isolation: none to run them under bubblewrap.")
+REMOVED_NAMESPACES = ("the python tool's option namespaces was replaced by isolation: bubblewrap (the default: "
+                      "each program in a kernel jail; the tool refuses to start without one) or isolation: none "
+                      "(no kernel isolation, for trusted code only); remove namespaces: {value!r}")
+
+
+def _check_positive(**values: float) -> None:
+    for option, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{option} must be positive, got {value}")
 
 
 class PythonTool(Tool):
-    """Runs Python code in a separate, limited process and returns what it printed."""
+    """Runs Python code in a jail and returns what it printed."""
 
     name = "python"
     description = (
@@ -44,17 +66,17 @@ class PythonTool(Tool):
     }
 
     def __init__(self, timeout: float = 10.0, cpu_seconds: int = 5, memory_mb: int = 512,
-                 file_mb: int = 16, max_output_bytes: int = 8192, max_open_files: int = 64,
+                 file_mb: int = 16, workdir_mb: int = 64, max_output_bytes: int = 8192, max_open_files: int = 64,
                  max_processes: int = 32, max_code_bytes: int = 100_000, max_concurrent: int = 0,
-                 namespaces: Literal["auto", "on", "off"] = "auto", site_packages: bool = False,
-                 print_last_expression: bool = True, python: str | None = None,
-                 tmp_root: str | None = None):
-        checks = {"timeout": timeout, "cpu_seconds": cpu_seconds, "memory_mb": memory_mb, "file_mb": file_mb,
-                  "max_output_bytes": max_output_bytes, "max_open_files": max_open_files,
-                  "max_processes": max_processes, "max_code_bytes": max_code_bytes}
-        for option, value in checks.items():
-            if not value > 0:
-                raise ValueError(f"{option} must be positive, got {value}")
+                 isolation: Literal["bubblewrap", "none"] = "bubblewrap", audit_hook: bool = True,
+                 site_packages: bool | list[str] = False, print_last_expression: bool = True,
+                 python: str | None = None, bwrap: str | None = None, tmp_root: str | None = None,
+                 namespaces: Any = None):
+        if namespaces is not None:
+            raise ValueError(REMOVED_NAMESPACES.format(value=namespaces))
+        _check_positive(timeout=timeout, cpu_seconds=cpu_seconds, memory_mb=memory_mb, file_mb=file_mb,
+                        workdir_mb=workdir_mb, max_output_bytes=max_output_bytes, max_open_files=max_open_files,
+                        max_processes=max_processes, max_code_bytes=max_code_bytes)
         if memory_mb < 32:
             raise ValueError(f"memory_mb must be at least 32 (the interpreter itself needs about 20), got {memory_mb}")
         if max_open_files < 16:
@@ -65,40 +87,77 @@ class PythonTool(Tool):
             raise ValueError(f"python {python!r} is not an executable file; give the path of a Python interpreter")
         if tmp_root is not None and not os.path.isdir(tmp_root):
             raise ValueError(f"tmp_root {tmp_root!r} is not a directory")
+        if isolation not in ("bubblewrap", "none"):
+            raise ValueError(f"isolation must be bubblewrap or none, got {isolation!r}")
         self.limits = SandboxLimits(
             wall_seconds=float(timeout), cpu_seconds=int(cpu_seconds), memory_mb=int(memory_mb),
             file_mb=int(file_mb), max_output_bytes=int(max_output_bytes), max_open_files=int(max_open_files),
-            max_processes=int(max_processes))
+            max_processes=int(max_processes), workdir_mb=int(workdir_mb))
         self.timeout = float(timeout) + STARTUP_MARGIN_S
         self.max_code_bytes = max_code_bytes
         self.max_concurrent = max_concurrent or os.cpu_count() or 1
-        self.namespaces = namespaces
+        #: "bubblewrap" or "none": how model-written code is isolated (agents report tools with "none").
+        self.isolation = isolation
+        self.audit_hook = audit_hook
         self.site_packages = site_packages
         self.print_last_expression = print_last_expression
         self.python = python or sys.executable
+        self.bwrap = bwrap
         self.tmp_root = tmp_root
-        self._use_namespaces: bool | None = None
+        self._jail: Jail | None = None
+        self._site_dirs: tuple[str, ...] = ()
+        self._boot: str | None = None
+        self._ready = False
+        self._warned = False
+        self._prepare_lock = threading.Lock()
         # One semaphore per event loop (a run may use several loops over its life, e.g. in tests).
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary())
 
     async def start(self) -> None:
-        """Decide once whether to use namespaces; ``namespaces: on`` fails here when they are unavailable."""
-        await self._namespaces()
+        """Set the jail up and run one program in it; raises :class:`ConfigError` (one line, with the fix)
+        where kernel isolation is unavailable. With ``isolation: none``, warns loudly instead."""
+        await self._prepare()
+        if self._jail is not None:
+            run = await self._run("print(1)")
+            if run.status != "ok" or run.stdout != "1\n":
+                detail = (run.stderr.strip().splitlines() or [f"exit status {run.exit_code}"])[-1]
+                raise ConfigError(f"python tool: bubblewrap could not run a program ({detail}); "
+                                  f"{USERNS_HINT}, or set isolation: none to run without kernel isolation "
+                                  "(unsafe for untrusted code)")
 
-    async def _namespaces(self) -> bool:
-        if self._use_namespaces is None:
-            if self.namespaces == "off":
-                self._use_namespaces = False
+    async def _prepare(self) -> None:
+        if not self._ready:
+            await asyncio.to_thread(self._prepare_sync)
+
+    def _prepare_sync(self) -> None:
+        with self._prepare_lock:
+            if self._ready:
+                return
+            if self.isolation == "none":
+                self._warn_unisolated()
+                if self.python == sys.executable:
+                    self._boot = compiled_boot(cache_dir(None).with_name("python-boot"))
+                if self.site_packages:
+                    self._site_dirs = describe_runtime(self.python, self.site_packages).site_packages
             else:
-                available = await asyncio.to_thread(namespaces_available)
-                if self.namespaces == "on" and not available:
-                    raise ConfigError(
-                        "python tool: namespaces: on, but `unshare --user --map-root-user --net` does not work on "
-                        "this host (unprivileged user namespaces are disabled, or unshare is missing); "
-                        "set namespaces: auto to run without them")
-                self._use_namespaces = available
-        return self._use_namespaces
+                try:
+                    bwrap = check_bwrap(self.bwrap)
+                    runtime = describe_runtime(self.python, self.site_packages)
+                    root = build_jail_root(runtime, cache_dir(host_uid()), host_uid())
+                except (JailUnavailable, JailRootError) as exc:
+                    text = str(exc)
+                    raise ConfigError(text if text.startswith("python tool") else f"python tool: {text}") from None
+                self._site_dirs = runtime.site_packages
+                self._jail = Jail(bwrap, root, self.limits.workdir_mb << 20)
+            self._ready = True
+
+    def _warn_unisolated(self) -> None:
+        if not self._warned:
+            self._warned = True
+            bar = "!" * 78
+            print(f"\n{bar}\n{UNISOLATED_WARNING}\n{bar}", file=sys.stderr)
+            log.warning("python tool: isolation: none (no kernel isolation)")
 
     def _slot(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -107,25 +166,33 @@ class PythonTool(Tool):
             slot = self._slots[loop] = asyncio.Semaphore(self.max_concurrent)
         return slot
 
+    async def _run(self, code: str) -> SandboxRun:
+        async with self._slot():
+            return await run_python(code, self.limits, jail=self._jail, python=self.python,
+                                    site_packages=self._site_dirs, audit_hook=self.audit_hook,
+                                    print_last_expression=self.print_last_expression, tmp_root=self.tmp_root,
+                                    boot=self._boot)
+
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         code = arguments["code"]
-        size = len(code.encode("utf-8", errors="replace"))
+        try:
+            size = len(code.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            return ToolResult.failure(
+                "bad_arguments", f"the program contains a lone surrogate ({code[exc.start]!r} at character "
+                f"{exc.start}), which is not text Python can run; write the character itself instead")
         if size > self.max_code_bytes:
             return ToolResult.failure("limit", f"the program is {size} bytes long; the limit is {self.max_code_bytes}")
         if not code.strip():
             return ToolResult.failure("bad_arguments", "the program is empty; send Python code in `code`")
-        namespaces = await self._namespaces()
-        async with self._slot():
-            run = await run_python(code, self.limits, python=self.python, site_packages=self.site_packages,
-                                   namespaces=namespaces, print_last_expression=self.print_last_expression,
-                                   tmp_root=self.tmp_root)
-        return self.result(run)
+        await self._prepare()
+        return self.result(await self._run(code))
 
     def result(self, run: SandboxRun) -> ToolResult:
         """The ToolResult for a finished run: stdout, plus stderr and a note when it did not end well."""
         metadata = {"exit_code": run.exit_code, "status": run.status, "stdout_bytes": run.stdout_bytes,
-                    "stderr_bytes": run.stderr_bytes, "truncated": run.truncated,
-                    "network_namespace": run.network_namespace, "run_s": run.duration_s}
+                    "stderr_bytes": run.stderr_bytes, "truncated": run.truncated, "isolation": run.isolation,
+                    "run_s": run.duration_s}
         if run.status == "ok":
             return ToolResult(content=run.stdout if run.stdout else NO_OUTPUT, metadata=metadata)
         limits = self.limits

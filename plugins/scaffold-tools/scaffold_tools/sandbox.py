@@ -2,25 +2,24 @@
 
 One call, :func:`run_python`, does everything and always cleans up:
 
-* a private temporary directory becomes the child's working directory, ``HOME`` and ``TMPDIR``;
-  it is removed afterwards, whatever happened (also when the caller is cancelled);
-* the child is ``python -I [-S] -B -u -X utf8 sandbox_boot.py CONFIG`` in a new session (its own
-  process group), with stdin from ``/dev/null`` and a minimal environment; ``sandbox_boot`` sets
-  the resource limits and installs the audit hook before the program runs (see that module);
-* where the host lets unprivileged users create namespaces (``unshare --user --map-root-user
-  --net`` works; checked once per process), the child also runs in a fresh user and network
-  namespace: no network interfaces but a loopback that is down;
+* with a :class:`~scaffold_tools.jail.Jail` (``isolation: bubblewrap``, the default), the child is
+  ``bwrap ... python -I -S -B -u -X utf8 /scaffold-sandbox/boot.py CONFIG`` (see :mod:`scaffold_tools.jail`):
+  the program is handed over through a memory file and written into the jail's private tmpfs; nothing
+  is written on the host, and the tmpfs goes when the jail does;
+* without one (``isolation: none``), a private temporary directory on the host becomes the child's
+  working directory, ``HOME`` and ``TMPDIR``, and is removed afterwards; the child is
+  ``python -I -S -B -u -X utf8 sandbox_boot.py CONFIG`` with a minimal environment;
+* either way the child starts in a new session (its own process group) with stdin from ``/dev/null``;
+  ``sandbox_boot`` sets the resource limits and installs the audit hook before the program runs;
 * stdout and stderr are read concurrently, keeping the first and last halves of
   ``max_output_bytes`` each; a program that prints far more is stopped;
 * on the wall-clock timeout, the caller's cancellation, or normal exit, the whole process group
-  is killed with SIGKILL and reaped.
+  is killed with SIGKILL and reaped (in the jail, the PID namespace dies with its first process).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 import os
 import shutil
 import signal
@@ -32,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .sandbox_boot import EXIT_MEMORY, EXIT_SETUP
+from .jail import Jail, jail_environment
+from .sandbox_boot import EXIT_MEMORY, EXIT_SETUP, encode_config
 
 BOOT = Path(__file__).with_name("sandbox_boot.py")
 #: The leak guard of scaffold's test suite marks processes with this variable; passing it on lets the
@@ -54,6 +54,7 @@ class SandboxLimits:
     max_output_bytes: int = 8192
     max_open_files: int = 64
     max_processes: int = 32
+    workdir_mb: int = 64
 
 
 @dataclass
@@ -69,43 +70,42 @@ class SandboxRun:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     truncated: bool = False
-    network_namespace: bool = False
+    #: "bubblewrap" or "none".
+    isolation: str = "none"
     duration_s: float = 0.0
     workdir: str = ""
     notes: list[str] = field(default_factory=list)
 
 
-@functools.cache
-def namespaces_available() -> bool:
-    """Whether ``unshare --user --map-root-user --net`` works here (checked once per process)."""
-    unshare = shutil.which("unshare")
-    if unshare is None or not sys.platform.startswith("linux"):
-        return False
-    try:
-        proc = subprocess.run([unshare, "--user", "--map-root-user", "--net", "--", "true"],
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return proc.returncode == 0
+def _passed_env() -> list[tuple[str, str]]:
+    return [(name, os.environ[name]) for name in PASSED_ENV if name in os.environ]
 
 
-def _command(python: str, *, site_packages: bool, namespaces: bool, config: dict) -> list[str]:
-    cmd = []
-    if namespaces:
-        cmd += [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--"]
-    cmd += [python, "-I"]
-    if not site_packages:
-        cmd.append("-S")
-    cmd += ["-B", "-u", "-X", "utf8", str(BOOT), json.dumps(config)]
-    return cmd
+def _unjailed_command(python: str, config: dict, boot: str | None) -> list[str]:
+    return [python, "-I", "-S", "-B", "-u", "-X", "utf8", boot or str(BOOT), encode_config(config)]
 
 
-def _environment(workdir: str) -> dict[str, str]:
-    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-    for name in PASSED_ENV:
-        if name in os.environ:
-            env[name] = os.environ[name]
-    return env
+def compiled_boot(cache: Path) -> str:
+    """The boot file compiled by this interpreter into ``cache`` (a script given as source is compiled again
+    at every start); for ``isolation: none`` with the default interpreter."""
+    import hashlib
+    import py_compile
+
+    source = BOOT.read_bytes()
+    key = hashlib.sha256(source + sys.version.encode() + sys.executable.encode()).hexdigest()[:20]
+    target = cache / f"sandbox_boot-{key}.pyc"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = cache / f".{target.name}.{os.getpid()}"
+        py_compile.compile(str(BOOT), cfile=str(staging), dfile=str(BOOT), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        os.replace(staging, target)
+    return str(target)
+
+
+def _unjailed_environment(workdir: str) -> dict[str, str]:
+    return {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
+            **dict(_passed_env())}
 
 
 class _Capture:
@@ -182,50 +182,74 @@ def _remove_tree(path: str) -> None:
         shutil.rmtree(path, onerror=retry_or_gone)
 
 
-async def run_python(code: str, limits: SandboxLimits, *, python: str | None = None,
-                     site_packages: bool = False, namespaces: bool = False,
-                     print_last_expression: bool = True, tmp_root: str | None = None) -> SandboxRun:
+def _config(limits: SandboxLimits, *, jailed: bool, audit_hook: bool, print_last_expression: bool,
+            site_packages: tuple[str, ...]) -> dict:
+    return {
+        "cpu_seconds": limits.cpu_seconds,
+        "memory_bytes": limits.memory_mb << 20,
+        "memory_mb": limits.memory_mb,
+        "file_bytes": limits.file_mb << 20,
+        "max_open_files": limits.max_open_files,
+        # The kernel counts RLIMIT_NPROC per user (per user namespace, since Linux 5.14) and never applies it
+        # to root: only the jail, entered as an unprivileged user in a namespace of its own, gives the program
+        # a count of its own. Outside it, a low limit would count every process of the user.
+        "max_processes": limits.max_processes if jailed else None,
+        "print_last_expression": print_last_expression,
+        "jailed": jailed,
+        "audit_hook": audit_hook,
+        "site_packages": list(site_packages),
+    }
+
+
+async def run_python(code: str, limits: SandboxLimits, *, jail: Jail | None = None, python: str | None = None,
+                     site_packages: tuple[str, ...] = (), audit_hook: bool = True,
+                     print_last_expression: bool = True, tmp_root: str | None = None,
+                     boot: str | None = None) -> SandboxRun:
     """Run ``code`` under ``limits`` and return what it printed and how it ended.
 
-    Never leaves a process or a file behind, also when cancelled. ``namespaces=True`` runs the child
-    under ``unshare`` and needs :func:`namespaces_available`.
+    With ``jail``, the program runs in it (``python``, ``tmp_root`` and ``boot`` are not used: the jail has
+    its own runtime, boot file and work directory). Without, ``boot`` may name a compiled boot file
+    (:func:`compiled_boot`). Never leaves a process or a file behind, also when cancelled.
     """
     started = time.monotonic()
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix="scaffold-python-", dir=tmp_root))
+    config = _config(limits, jailed=jail is not None, audit_hook=audit_hook,
+                     print_last_expression=print_last_expression, site_packages=site_packages)
     out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
     proc: asyncio.subprocess.Process | None = None
+    workdir, code_fd = "", -1
     try:
-        Path(workdir, "main.py").write_text(code, encoding="utf-8")
-        config = {
-            "cpu_seconds": limits.cpu_seconds,
-            "memory_bytes": limits.memory_mb << 20,
-            "memory_mb": limits.memory_mb,
-            "file_bytes": limits.file_mb << 20,
-            "max_open_files": limits.max_open_files,
-            # The kernel counts RLIMIT_NPROC per user; only a fresh user namespace gives the program a
-            # count of its own (and for root it is not enforced at all). Outside one, a low limit would
-            # count every process of the user and could keep the program from starting a thread.
-            "max_processes": limits.max_processes if namespaces else None,
-            "print_last_expression": print_last_expression,
-        }
-        command = _command(python or sys.executable, site_packages=site_packages, namespaces=namespaces,
-                           config=config)
-        proc, exited = await _start(command, workdir)
+        if jail is not None:
+            code_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
+            os.write(code_fd, code.encode("utf-8", errors="replace"))
+            os.lseek(code_fd, 0, os.SEEK_SET)
+            env = jail_environment(_passed_env())
+            command = jail.command(encode_config(config), code_fd, env)
+            proc, exited = await _start(command, "/", dict(_passed_env()), (code_fd,))
+        else:
+            workdir = os.path.realpath(tempfile.mkdtemp(prefix="scaffold-python-", dir=tmp_root))
+            Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="replace")
+            command = _unjailed_command(python or sys.executable, config, boot)
+            proc, exited = await _start(command, workdir, _unjailed_environment(workdir), ())
         status = await _supervise(proc, exited, out, err, limits)
     finally:
+        if code_fd >= 0:
+            os.close(code_fd)
         if proc is not None and proc.returncode is None:  # cancelled, or something above failed
             _kill_group(proc)
             try:
                 await asyncio.wait_for(proc.wait(), timeout=10)
             except BaseException:  # cancelled again: the event loop's child watcher still reaps it
                 pass
-        await _remove_workdir(workdir)
+        if workdir:
+            await _remove_workdir(workdir)
+    stderr = err.text()
     if status == "ok" and proc.returncode != 0:
-        status = _status_of(proc.returncode)
+        status = _status_of(proc.returncode, jailed=jail is not None, stderr=stderr)
     return SandboxRun(
-        stdout=out.text(), stderr=err.text(), exit_code=proc.returncode, status=status,
+        stdout=out.text(), stderr=stderr, exit_code=proc.returncode, status=status,
         stdout_bytes=out.total, stderr_bytes=err.total, truncated=out.truncated or err.truncated,
-        network_namespace=namespaces, duration_s=round(time.monotonic() - started, 6), workdir=workdir)
+        isolation="bubblewrap" if jail is not None else "none", duration_s=round(time.monotonic() - started, 6),
+        workdir=workdir)
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
@@ -241,13 +265,14 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
         self.exited.set()
 
 
-async def _start(command: list[str], workdir: str) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
+async def _start(command: list[str], cwd: str, env: dict[str, str],
+                 pass_fds: tuple[int, ...]) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
     """Start the child in its own session (so its process group can be killed as a whole)."""
     loop = asyncio.get_running_loop()
     exited = asyncio.Event()
     transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(exited, loop), *command, cwd=workdir, env=_environment(workdir),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        lambda: _Protocol(exited, loop), *command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
     return asyncio.subprocess.Process(transport, protocol, loop), exited
 
 
@@ -298,13 +323,19 @@ async def _remove_workdir(workdir: str) -> None:
         raise
 
 
-def _status_of(returncode: int | None) -> str:
+#: What bubblewrap and setpriv print when they, not the program, fail.
+_JAIL_ERRORS = ("bwrap: ", "setpriv: ")
+
+
+def _status_of(returncode: int | None, *, jailed: bool = False, stderr: str = "") -> str:
     if returncode == EXIT_MEMORY:
         return "memory"
-    if returncode == EXIT_SETUP:
+    if returncode == EXIT_SETUP or (jailed and returncode == 1 and stderr.startswith(_JAIL_ERRORS)):
         return "setup"
-    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
-        # Nothing of ours sent SIGKILL (that is a timeout or an overrun, set above): the kernel did, at
-        # the hard CPU limit, one second after SIGXCPU was ignored or could not be handled.
+    # Nothing of ours sent SIGKILL (that is a timeout or an overrun, set above): the kernel did, at the
+    # hard CPU limit, one second after SIGXCPU was ignored or could not be handled. bubblewrap reports a
+    # program killed by signal N as exit status 128 + N.
+    cpu_signals = (signal.SIGXCPU, signal.SIGKILL)
+    if returncode in tuple(-s for s in cpu_signals) or (jailed and returncode in tuple(128 + s for s in cpu_signals)):
         return "cpu"
     return "error"

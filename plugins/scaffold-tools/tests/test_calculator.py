@@ -169,3 +169,12 @@ def test_evaluate_raises_calculator_error_with_a_kind():
 def test_definition_is_valid():
     check_tool(CalculatorTool())
     assert CalculatorTool().spec()["function"]["parameters"]["required"] == ["expression"]
+
+
+def test_a_lone_surrogate_is_reported_as_what_it_is():
+    """JSON's "\\ud800" escape decodes to half of a UTF-16 pair: not a nesting problem, not a crash."""
+    result = asyncio.run(invoke_tool(CalculatorTool(), '{"expression": "1 + \\ud800"}', ToolContext("ep", "c")))
+    assert result.error == "bad_arguments"
+    assert "lone surrogate ('\\ud800' at character 4)" in result.content and "nested" not in result.content
+    nul = asyncio.run(invoke_tool(CalculatorTool(), {"expression": "1 + \x00"}, ToolContext("ep", "c")))
+    assert nul.error == "bad_arguments" and "cannot parse the expression" in nul.content

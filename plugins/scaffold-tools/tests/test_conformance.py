@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jail_helpers import bubblewrap_or_skip
+
 import scaffold_tools
 from scaffold_core.testing.conformance import ToolConformance
 
@@ -18,6 +20,10 @@ class TestPythonConformance(ToolConformance):
     calls = [{"code": "print(sum(range(10)))"}, {"code": "import math\nprint(math.factorial(6))"}]
     slow_arguments = {"code": "import time\ntime.sleep(60)"}
     timeout_probe = 1.0
+
+    def make_tool(self):
+        bubblewrap_or_skip()  # the default python tool refuses to start without it
+        return super().make_tool()
 
 
 class TestSearchConformance(ToolConformance):

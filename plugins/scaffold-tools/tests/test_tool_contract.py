@@ -131,6 +131,45 @@ def test_unparseable_arguments_give_a_parse_error():
     assert "not valid JSON" in result.content and tool.calls == 0
 
 
+NESTED = '{"a": ' * 2000 + "1" + "}" * 2000  # about 12 KB: past the parser's recursion limit
+
+
+@pytest.mark.parametrize("arguments, says", [
+    (NESTED, "the arguments are nested too deeply to read"),
+    ('{"a": ' + "5" * 5000 + ', "b": 1}', "hold an integer of more than"),
+    ("[" * 100_000, "nested too deeply"),
+])
+def test_arguments_that_break_the_json_reader_are_parse_errors(arguments, says):
+    """RecursionError (deep nesting) and ValueError (a 5000-digit integer) are read errors the model reads."""
+    tool = Adder()
+    result = run(invoke_tool(tool, arguments, ctx()))
+    assert result.error == "parse_error" and says in result.content and tool.calls == 0, result.content
+    assert len(result.content) < 600
+
+
+def test_a_huge_bad_argument_is_not_echoed_whole():
+    huge = "x" * 10_000_000
+    for arguments in ({"a": 1, "b": huge}, {"a": huge, "b": huge, "c": huge, "d": huge}, [huge]):
+        result = run(invoke_tool(Adder(), arguments, ctx()))
+        assert result.error == "bad_arguments" and len(result.content) < 2000, len(result.content)
+        assert "more characters]" in result.content or "..." in result.content
+    unknown = unknown_tool(huge, ["add"])
+    assert unknown.error == "unknown_tool" and len(unknown.content) < 400
+
+
+def test_deeply_nested_argument_values_are_bad_arguments_not_crashes():
+    deep: object = 1
+    for _ in range(5000):
+        deep = {"a": deep}
+    result = run(invoke_tool(Adder(), {"a": deep, "b": 1}, ctx()))
+    assert result.error == "bad_arguments" and len(result.content) < 2000, result.content
+
+
+def test_a_tool_failing_with_a_huge_message_is_reported_bounded():
+    result = run(invoke_tool(Raiser(RuntimeError("y" * 10_000_000)), {}, ctx()))
+    assert result.error == "failed" and "more characters]" in result.content and len(result.content) < 1200
+
+
 def test_timeout_is_respected_and_cancels_the_call():
     tool = Sleeper()
     start = time.monotonic()
