@@ -164,7 +164,7 @@ class DatasetTask(Task):
                 return None
             row["messages"] = messages
         if self.answer is not None:
-            row["answer"] = _json_value(record.get(self.answer))
+            row["answer"] = json_value(record.get(self.answer))
         given = record.get(self.id) if self.id is not None else None
         row_id = str(given).strip() if given is not None and str(given).strip() else f"{self.split}-{index}"
         if row_id in seen:
@@ -256,7 +256,7 @@ def _messages(value: Any) -> list[dict[str, str]] | None:
     return out
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """``value`` if it is JSON (references are written to episodes.jsonl), else its text."""
     try:
         json.dumps(value, allow_nan=False)
