@@ -79,7 +79,8 @@ class Verdict:
         return self.reward > 0
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"reward": self.reward, "extracted": self.extracted, "key": self.key, "reason": self.reason}
+        out: dict[str, Any] = {"reward": self.reward, "extracted": self.extracted, "key": self.key,
+                               "reason": self.reason}
         if self.metrics:
             out["metrics"] = dict(self.metrics)
         return out

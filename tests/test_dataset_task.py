@@ -80,7 +80,8 @@ def test_csv_and_parquet_files_and_a_split_mapping(tmp_path):
     parquet = tmp_path / "qa.parquet"
     pq.write_table(pa.table({"text": ["a?", "b?"], "gold": ["A", "B"]}), parquet)
     task = DatasetTask(path="parquet", data_files={"train": str(parquet)}, split="train", prompt="text", answer="gold")
-    assert [(r["prompt"], r["answer"], r["id"]) for r in task.load()] == [("a?", "A", "train-0"), ("b?", "B", "train-1")]
+    assert [(r["prompt"], r["answer"], r["id"]) for r in task.load()] == [("a?", "A", "train-0"),
+                                                                          ("b?", "B", "train-1")]
 
 
 def test_shuffle_is_seeded_and_limit_applies_after_it():
@@ -102,7 +103,8 @@ def test_empty_prompts_and_duplicate_ids_are_skipped_and_counted(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"prompt": "query"}, r"^task\.prompt: column 'query' is not in .*d\.jsonl \(its columns: q, a\); set task\.prompt"),
+    ({"prompt": "query"},
+     r"^task\.prompt: column 'query' is not in .*d\.jsonl \(its columns: q, a\); set task\.prompt"),
     ({"prompt": "q", "answer": "gold"}, r"^task\.answer: column 'gold' is not in .*d\.jsonl"),
     ({"prompt": "q", "id": "key"}, r"^task\.id: column 'key' is not in"),
     ({"messages": "chat"}, r"^task\.messages: column 'chat' is not in"),

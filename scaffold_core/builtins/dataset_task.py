@@ -158,7 +158,7 @@ class DatasetTask(Task):
                 return None
             row["prompt"] = text
         else:
-            messages = _messages(record.get(self.messages_column))
+            messages = _messages(record.get(self.messages_column or ""))
             if messages is None:
                 self.skipped["messages not a list of {role, content}"] += 1
                 return None

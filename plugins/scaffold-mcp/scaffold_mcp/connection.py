@@ -32,8 +32,10 @@ class McpServerGone(ScaffoldError):
 
 def _reason(exc: BaseException) -> str:
     """One line for an error the SDK or the transport raised (exception groups unwrapped)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    inner = getattr(exc, "exceptions", None)
+    while isinstance(inner, tuple) and inner:  # an exception group: its first exception says why
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", None)
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, ServerProcessError):
         return text
@@ -106,7 +108,7 @@ class McpConnection:
             if self.spec.url is None:
                 transport: Any = stdio_client(StdioServerParameters(
                     command=self.spec.command[0], args=list(self.spec.command[1:]), env=self.spec.env or None,
-                    cwd=self.spec.cwd), errlog=self._log)
+                    cwd=self.spec.cwd), errlog=self._log)  # type: ignore[arg-type]
             else:
                 if self.spec.command:
                     self._process = HttpServerProcess(self.spec, self._log)  # type: ignore[arg-type]

@@ -157,7 +157,8 @@ class HttpServerProcess:
         host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
         while True:
             if self.process.returncode is not None:
-                raise ServerProcessError(f"it exited with code {self.process.returncode} before serving {self.spec.url}")
+                raise ServerProcessError(
+                    f"it exited with code {self.process.returncode} before serving {self.spec.url}")
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=1.0)
             except (OSError, asyncio.TimeoutError):

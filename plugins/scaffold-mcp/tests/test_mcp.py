@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-
 import scaffold_mcp
+from scaffold_mcp.toolset import McpStartError, McpToolSet
+
 import scaffold_multiturn
 from scaffold_core.errors import ConfigError
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
 from scaffold_core.testing.conformance import ToolConformance
 from scaffold_core.tool import ToolContext, check_tool, invoke_tool, is_tool_set
-from scaffold_mcp.toolset import McpStartError, McpToolSet
 
 SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 STDIO = [sys.executable, SERVER]
@@ -230,9 +230,8 @@ def _call(name: str, **arguments: Any) -> str:
 
 
 def _agent_run(server: Any, script: Any, rows: list[dict[str, Any]]) -> list[Any]:
-    from scaffold_multiturn.trajectory import MultiTurnTrajectoryMaker
-
     from scaffold_core.builtins.verifiers import ExactMatchVerifier
+    from scaffold_multiturn.trajectory import MultiTurnTrajectoryMaker
 
     registry = plugin_set(mcp=scaffold_mcp, multiturn=scaffold_multiturn).registry
     agent = registry.create("controller", "agent", {"tools": [{"name": "mcp", "server": server}], "max_turns": 3},

@@ -108,7 +108,7 @@ def build_tools_and_sets(specs: Any, path: str) -> tuple[dict[str, Any], list[tu
 
 def add_tool(tools: dict[str, Any], tool: Any, where: str) -> None:
     """Check ``tool`` and add it to ``tools`` under its name; a clash with a tool already there is an error."""
-    if tools.get(getattr(tool, "name", None)) is tool:
+    if tools.get(str(getattr(tool, "name", ""))) is tool:
         return  # already there (a tool set's tools, added by an earlier start)
     try:
         check_tool(tool)

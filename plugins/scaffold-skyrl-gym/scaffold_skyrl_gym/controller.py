@@ -95,7 +95,8 @@ class GymEnvController(Controller):
             ground_truth = ctx.reference if isinstance(ctx.reference, (str, int, float)) else None
             extras = {} if ground_truth is None else {"reward_spec": {"method": "rule",
                                                                      "ground_truth": str(ground_truth)}}
-        config = row.get("env_config") if isinstance(row.get("env_config"), dict) else self.env_args
+        config = row.get("env_config")
+        config = config if isinstance(config, dict) else self.env_args
         return str(env_id), dict(config), {**extras, "max_turns": self.max_turns}
 
     def play(self, ctx: EpisodeContext):

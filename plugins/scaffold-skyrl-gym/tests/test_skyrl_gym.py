@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import scaffold_skyrl_gym
 
 import scaffold_multiturn
-import scaffold_skyrl_gym
 from scaffold_core.errors import ConfigError, DataError
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.testing import ScriptedEngine, make_contexts, plugin_set, run_episodes
@@ -227,7 +227,8 @@ def _spider_db(root: Path) -> Path:
 def test_text2sql_on_a_local_database_rewards_equal_the_libraries(tmp_path):
     db_path = _spider_db(tmp_path / "sql")
     rows = [{"prompt": [{"role": "user", "content": "Names of items over 10?"}], "env_class": "text2sql",
-             "db_id": "shop", "data": "spider", "reward_spec": {"ground_truth": "SELECT name FROM items WHERE price > 10"}}]
+             "db_id": "shop", "data": "spider",
+             "reward_spec": {"ground_truth": "SELECT name FROM items WHERE price > 10"}}]
     actions = ["<think>look</think><sql>SELECT * FROM items</sql>",
                "<think>filter</think><solution>SELECT name FROM items WHERE price >= 11</solution>"]
 

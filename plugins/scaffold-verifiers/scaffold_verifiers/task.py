@@ -65,7 +65,7 @@ class VerifiersTask(Task):
         return iter(view)
 
     def load(self) -> list[dict[str, Any]]:
-        rows = []
+        rows: list[dict[str, Any]] = []
         seen: set[str] = set()
         for task in itertools.islice(self._tasks(), self.limit):
             if not rows:

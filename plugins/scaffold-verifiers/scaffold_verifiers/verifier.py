@@ -52,15 +52,18 @@ class VerifiersRubric(Verifier):
         low, high = (float(x) for x in reward_range)
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise ValueError(f"reward_range must be two finite numbers, low < high; got {reward_range!r}")
-        self.reward_range = (low, high)
+        setattr(self, "reward_range", (low, high))  # noqa: B010 - an instance value of the class-level contract
 
     def verify(self, response: str, reference: Reference) -> Verdict:
         if not isinstance(reference, dict) or TASK_KEY not in reference or "env" not in reference:
             raise VerifierError(f"the verifiers verifier scores the verifiers task's rows; got reference "
                                 f"{str(reference)[:80]!r}: use task: {{name: verifiers, env: ...}}")
-        loaded = loaded_environment(str(reference["env"]), dict(reference.get("env_args") or {}))
-        task = loaded.make_task(reference[TASK_KEY])
-        trace = one_turn_trace(task, list(reference["messages"]), response)
+        env_args: Any = reference.get("env_args") or {}
+        data: Any = reference[TASK_KEY]
+        messages: Any = reference["messages"]
+        loaded = loaded_environment(str(reference["env"]), dict(env_args))
+        task = loaded.make_task(data)
+        trace = one_turn_trace(task, list(messages), response)
         asyncio.run(task.score(trace))
         return verdict_of(trace)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import pkgutil
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +19,8 @@ import pytest
 vf = pytest.importorskip("verifiers.v1")
 
 import scaffold_verifiers  # noqa: E402
+from scaffold_verifiers.task import VerifiersTask  # noqa: E402
+
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.errors import ConfigError  # noqa: E402
 from scaffold_core.plugins import get_plugins  # noqa: E402
@@ -26,8 +28,6 @@ from scaffold_core.run.rollout import Rollout  # noqa: E402
 from scaffold_core.sampling import SamplingParams  # noqa: E402
 from scaffold_core.testing import ScriptedEngine, make_contexts, plugin_set, run_episodes  # noqa: E402
 from scaffold_core.testing.conformance import TaskConformance, VerifierConformance  # noqa: E402
-from scaffold_verifiers.environment import UnsupportedEnvironment  # noqa: E402
-from scaffold_verifiers.task import VerifiersTask  # noqa: E402
 
 ENVS = Path(__file__).resolve().parent / "envs"
 BONUS = {"task": {"rewards": {"bonus": {"fn": "scaffold_vf_qa:bonus", "weight": 0.5}}}}
@@ -234,4 +234,4 @@ def test_scaffold_train_runs_two_steps_on_a_verifiers_environment(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "train_metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
-    assert all(re.fullmatch(r"-?[\d.e+-]+", str(s["metrics"]["loss"])) for s in steps), steps
+    assert all(math.isfinite(s["loss"]) and 0.0 <= s["reward_mean"] <= 1.5 for s in steps), steps
