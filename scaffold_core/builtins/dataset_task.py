@@ -153,7 +153,10 @@ class DatasetTask(Task):
             text = record.get(self.prompt)
             if isinstance(text, (int, float)) and not isinstance(text, bool):
                 text = str(text)
-            if not isinstance(text, str) or not text.strip():
+            if not isinstance(text, str):
+                self.skipped["prompt not text"] += 1
+                return None
+            if not text.strip():
                 self.skipped["empty prompt"] += 1
                 return None
             row["prompt"] = text

@@ -37,13 +37,17 @@ class McpToolSet(ToolSet):
     * ``prefix``: put before every tool name (``fs_``), to tell two servers' tools apart.
     * ``timeout``: seconds one call may take (default 30).
     * ``startup_timeout``: seconds the server gets to start and list its tools (default 60).
+    * ``max_output_chars``: a result's text is cut to this many characters (default 20,000), with a note
+      saying so, so one call cannot flood the conversation.
     """
 
     name = "mcp"
 
     def __init__(self, server: str | list[str] | dict[str, Any], tools: list[str] | None = None,
                  exclude: list[str] | None = None, prefix: str = "", timeout: float = 30.0,
-                 startup_timeout: float = 60.0):
+                 startup_timeout: float = 60.0, max_output_chars: int = 20_000):
+        if max_output_chars < 100:
+            raise ValueError(f"max_output_chars must be >= 100, got {max_output_chars}")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         if not startup_timeout > 0:
@@ -56,6 +60,7 @@ class McpToolSet(ToolSet):
         self.prefix = prefix
         self.timeout = float(timeout)
         self.startup_timeout = float(startup_timeout)
+        self.max_output_chars = max_output_chars
         self.connection: McpConnection | None = None
         self._tools: list[McpTool] | None = None
         self._users = 0
@@ -111,7 +116,7 @@ class McpToolSet(ToolSet):
         except Exception as exc:
             text = " ".join(str(exc).split())
             return ToolResult.failure("failed", f"MCP server {label}: {type(exc).__name__}: {text}")
-        return _result(result)
+        return _result(result, self.max_output_chars)
 
 
 class McpTool(Tool):
@@ -147,8 +152,9 @@ def _tool_name(name: str) -> str:
     return cleaned
 
 
-def _result(result: Any) -> ToolResult:
-    """A ToolResult from the server's CallToolResult: its text blocks joined; an error result failed."""
+def _result(result: Any, limit: int) -> ToolResult:
+    """A ToolResult from the server's CallToolResult: its text blocks joined (cut to ``limit`` characters);
+    an error result failed."""
     parts = []
     for block in getattr(result, "content", None) or []:
         text = getattr(block, "text", None)
@@ -162,6 +168,8 @@ def _result(result: Any) -> ToolResult:
     structured = getattr(result, "structured_content", None)
     if not content and structured is not None:
         content = json.dumps(structured, ensure_ascii=False)
+    if len(content) > limit:
+        content = content[:limit] + f"\n[output cut: {len(content)} characters, the first {limit} shown]"
     if getattr(result, "is_error", False):
         return ToolResult.failure("failed", content or "the MCP tool reported an error")
     return ToolResult(content=content)

@@ -279,3 +279,18 @@ def test_an_agent_whose_server_dies_gets_tool_errors_and_completes():
     assert [(c["name"], c["ok"]) for c in calls] == [("crash", False), ("add", False)]
     assert result.samples[0].reward == 1.0
     assert result.metrics["tool_errors"] == 2.0
+
+
+def test_results_are_the_text_of_the_content_cut_to_max_output_chars():
+    import mcp_types
+
+    from scaffold_mcp.toolset import _result
+
+    long = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text="x" * 500)])
+    cut = _result(long, 100)
+    assert cut.ok and cut.content.startswith("x" * 100 + "\n[output cut: 500 characters, the first 100 shown]")
+    image = mcp_types.CallToolResult(content=[mcp_types.ImageContent(type="image", data="AAAA", mime_type="image/png"),
+                                              mcp_types.TextContent(type="text", text="a chart")])
+    assert _result(image, 1000).content == "[image image/png content]\na chart"
+    failed = _result(mcp_types.CallToolResult(content=[], is_error=True), 1000)
+    assert not failed.ok and failed.content == "the MCP tool reported an error"

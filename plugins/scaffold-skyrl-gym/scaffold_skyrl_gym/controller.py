@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from scaffold_core.controller import Controller
@@ -46,13 +47,19 @@ class GymEnvController(Controller):
     * ``reward`` (``sum``): the episode's reward, the sum of the step rewards or the ``last`` one.
     * ``max_total_tokens`` (none): the conversation never grows past this many tokens.
     * ``step_timeout`` (120 s): bound on one ``init``/``step`` call.
+    * ``env_threads`` (32): worker threads the run's environment calls share (started with the run), so
+      calls of concurrent episodes do not wait for each other's slow steps.
     * ``samples`` (1): independent conversations per prompt, run concurrently.
     * ``drift_check`` (true): compare the ids with a fresh render of the whole conversation.
     """
 
+    shared = ("_executor",)
+
     def __init__(self, env: str | None = None, env_args: dict[str, Any] | None = None, max_turns: int = 5,
                  reward: Literal["sum", "last"] = "sum", max_total_tokens: int | None = None,
-                 step_timeout: float = 120.0, samples: int = 1, drift_check: bool = True):
+                 step_timeout: float = 120.0, env_threads: int = 32, samples: int = 1, drift_check: bool = True):
+        if env_threads < 1:
+            raise ValueError(f"env_threads must be >= 1, got {env_threads}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if reward not in ("sum", "last"):
@@ -71,6 +78,19 @@ class GymEnvController(Controller):
         self.step_timeout = step_timeout
         self.samples = samples
         self.drift_check = drift_check
+        self.env_threads = env_threads
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def start(self) -> None:
+        """The worker threads of the run's environment calls."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.env_threads, thread_name_prefix="gym-env")
+
+    async def close(self) -> None:
+        """Let the worker threads go (a step still running finishes on its own). Safe twice."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     def process(self, ctx: EpisodeContext):
         if self.samples == 1:
@@ -80,8 +100,14 @@ class GymEnvController(Controller):
 
     # -- one episode --------------------------------------------------------------------------
     def _in_thread(self, what: str, fn: Any, *args: Any) -> AwaitTask:
-        return AwaitTask(lambda: asyncio.to_thread(fn, *args), timeout=self.step_timeout, component="environment",
-                         what=what)
+        executor = self._executor
+
+        def call() -> Any:
+            if executor is None:  # a controller used without start(): the loop's default threads
+                return asyncio.to_thread(fn, *args)
+            return asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+        return AwaitTask(call, timeout=self.step_timeout, component="environment", what=what)
 
     def _spec(self, ctx: EpisodeContext) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """(environment id, its config, its extras) for this episode."""
