@@ -153,11 +153,11 @@ class DatasetTask(Task):
             text = record.get(self.prompt)
             if isinstance(text, (int, float)) and not isinstance(text, bool):
                 text = str(text)
+            if text is None or (isinstance(text, str) and not text.strip()):
+                self.skipped["empty prompt"] += 1
+                return None
             if not isinstance(text, str):
                 self.skipped["prompt not text"] += 1
-                return None
-            if not text.strip():
-                self.skipped["empty prompt"] += 1
                 return None
             row["prompt"] = text
         else:
