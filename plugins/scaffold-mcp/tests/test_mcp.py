@@ -283,7 +283,6 @@ def test_an_agent_whose_server_dies_gets_tool_errors_and_completes():
 
 def test_results_are_the_text_of_the_content_cut_to_max_output_chars():
     import mcp_types
-
     from scaffold_mcp.toolset import _result
 
     long = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text="x" * 500)])
