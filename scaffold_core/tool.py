@@ -47,6 +47,15 @@ Tools register through the ``register_tools`` hook like every other component::
     @hookimpl
     def register_tools(registry):
         registry.add("calculator", CalculatorTool)   # CalculatorTool(**options) builds one
+
+Tool sets
+---------
+
+Some components stand for several tools whose definitions only exist once something has started:
+the tools of a Model Context Protocol server are listed by the server. Such a component is a
+:class:`ToolSet`, registered through the same hook: its ``start()`` brings the source up, then
+``tools()`` gives the tools (each a :class:`Tool`), and ``close()`` releases everything. An agent
+expands a tool set into its tools when the run starts (:func:`is_tool_set` tells the two apart).
 """
 
 from __future__ import annotations
@@ -193,6 +202,40 @@ class Tool:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+class ToolSet:
+    """Base class of tool sets: several tools known once :meth:`start` has run (see the module docstring).
+
+    One tool set serves every episode, like a tool: copying it returns the object itself.
+    """
+
+    #: A short name for messages (what the config calls it).
+    name: str = ""
+
+    async def start(self) -> None:
+        """Bring the source of the tools up; after it, :meth:`tools` gives them. Raise an error saying why not."""
+
+    async def close(self) -> None:
+        """Release what :meth:`start` acquired. Called once at the end of a run, even a failed one; safe twice."""
+
+    def tools(self) -> list[Tool]:  # pragma: no cover - interface
+        """The tools, after :meth:`start`."""
+        raise NotImplementedError
+
+    def __copy__(self) -> ToolSet:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ToolSet:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def is_tool_set(component: Any) -> bool:
+    """True when ``component`` is a tool set (``tools()`` and no ``call``) rather than a single tool."""
+    return callable(getattr(component, "tools", None)) and not callable(getattr(component, "call", None))
 
 
 # -- checking definitions --------------------------------------------------------------------

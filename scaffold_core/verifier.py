@@ -57,13 +57,16 @@ class Verdict:
     answer as found in the response (``None`` if none was found). ``key`` is
     its canonical form (``"18"`` for ``18.00``): answers with equal keys are
     the same answer, which is what ``majority_vote`` counts (:attr:`vote_key`).
-    ``reason`` says why, in a few words.
+    ``reason`` says why, in a few words. ``metrics`` (optional) holds the parts of the reward by name
+    (a rubric's reward functions): kept with the sample in episodes.jsonl and averaged over the run in
+    metrics.json.
     """
 
     reward: float
     extracted: str | None = None
     key: str | None = None
     reason: str = ""
+    metrics: dict[str, float] | None = None
 
     @property
     def vote_key(self) -> str | None:
@@ -76,7 +79,11 @@ class Verdict:
         return self.reward > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reward": self.reward, "extracted": self.extracted, "key": self.key, "reason": self.reason}
+        out: dict[str, Any] = {"reward": self.reward, "extracted": self.extracted, "key": self.key,
+                               "reason": self.reason}
+        if self.metrics:
+            out["metrics"] = dict(self.metrics)
+        return out
 
 
 class Verifier:

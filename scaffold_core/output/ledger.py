@@ -87,6 +87,7 @@ def _record(result: EpisodeResult, trajectories: list[Any]) -> dict[str, Any]:
             "key": v.key if v else None,
             "reward": v.reward if v else None,
             "reason": v.reason if v else None,
+            **({"verdict_metrics": dict(v.metrics)} if v is not None and v.metrics else {}),
             "finish_reason": s.finish_reason,
             "prompt_tokens": len(s.prompt_ids),
             "generated_tokens": s.generated_tokens,
@@ -118,7 +119,7 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
     samples = []
     for s in record.get("samples", []):
         verdict = None if s.get("reward") is None else Verdict(s["reward"], s.get("extracted"), s.get("key"),
-                                                               s.get("reason") or "")
+                                                               s.get("reason") or "", s.get("verdict_metrics"))
         n = int(s.get("generated_tokens", 0))
         samples.append(Sample([], [0] * n, [0.0] * n, [1] * n, s.get("response", ""), s.get("finish_reason", ""),
                               s.get("sample_index", 0), s.get("weight_version"), verdict))

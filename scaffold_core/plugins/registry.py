@@ -67,6 +67,11 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("tool", "python"): "scaffold-tools",
     ("tool", "search"): "scaffold-tools",
     ("trainer", "trl"): "scaffold-trl",
+    ("tool", "mcp"): "scaffold-mcp",
+    ("task", "skyrl_gym"): "scaffold-skyrl-gym[skyrl-gym]",
+    ("controller", "gym_env"): "scaffold-skyrl-gym[skyrl-gym]",
+    ("task", "verifiers"): "scaffold-verifiers[verifiers]",
+    ("verifier", "verifiers"): "scaffold-verifiers[verifiers]",
 }
 
 

@@ -110,6 +110,15 @@ async def gather_or_cancel(coros: list[Any]) -> list[Any]:
     return [t.result() for t in tasks]
 
 
+def verdict_metrics(samples: list[Sample]) -> dict[str, float]:
+    """The parts of the samples' rewards (``Verdict.metrics``), each averaged over the samples that have it."""
+    sums: dict[str, list[float]] = {}
+    for sample in samples:
+        for name, value in ((sample.verdict.metrics or {}) if sample.verdict is not None else {}).items():
+            sums.setdefault(name, []).append(float(value))
+    return {name: sum(values) / len(values) for name, values in sums.items()}
+
+
 class Runtime:
     """Runs episodes of one controller against one engine and verifier."""
 
@@ -262,7 +271,7 @@ class Runtime:
         result = EpisodeResult(
             episode_id=ctx.episode_id, index=ctx.index, status="ok", reference=ctx.reference,
             prompt_text=ctx.prompt_text, samples=samples, chosen=outcome.chosen, answer=outcome.answer,
-            answer_reward=outcome.answer_reward, metrics=dict(outcome.metrics), row=ctx.row,
+            answer_reward=outcome.answer_reward, metrics={**verdict_metrics(samples), **outcome.metrics}, row=ctx.row,
         )
         if self.trajectory_maker is not None:
             try:

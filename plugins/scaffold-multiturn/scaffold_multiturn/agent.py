@@ -49,6 +49,7 @@ from scaffold_core.tool import (
     ToolResult,
     bounded,
     check_tool,
+    is_tool_set,
     unisolated_tools,
 )
 from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, call_timeout, run_tool_call, unrunnable
@@ -88,7 +89,17 @@ def _component(kind: str, spec: Any, path: str) -> Any:
 
 
 def build_tools(specs: Any, path: str) -> dict[str, Any]:
-    """The tools named in ``specs`` (names, ``{name: ..., options...}`` or tool objects), by the name models call."""
+    """The tools named in ``specs`` (names, ``{name: ..., options...}`` or tool objects), by the name models call.
+
+    Tool sets (:class:`~scaffold_core.tool.ToolSet`, e.g. an MCP server's tools) are left out here:
+    :func:`build_tools_and_sets` returns those too, and the agent adds their tools when the run starts.
+    """
+    tools, _ = build_tools_and_sets(specs, path)
+    return tools
+
+
+def build_tools_and_sets(specs: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """(the tools by name, the tool sets with their config paths) that ``specs`` names."""
     if not specs:
         names = ", ".join(current_registry().names("tool")) or "(none installed: pip install scaffold-tools)"
         raise ConfigError(f"{path}: the agent needs at least one tool; choose from: {names} "
@@ -96,18 +107,29 @@ def build_tools(specs: Any, path: str) -> dict[str, Any]:
     if not isinstance(specs, (list, tuple)):
         raise ConfigError(f"{path}: expected a list of tools, got {specs!r}")
     tools: dict[str, Any] = {}
+    sets: list[tuple[str, Any]] = []
     for i, spec in enumerate(specs):
         where = f"{path}[{i}]"
-        tool = spec if callable(getattr(spec, "call", None)) else _component("tool", spec, where)
-        try:
-            check_tool(tool)
-        except ToolDefinitionError as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
-        if tool.name in tools:
-            raise ConfigError(f"{where}: two tools are both called {tool.name!r}; the model could not tell them "
-                              "apart: keep one")
-        tools[tool.name] = tool
-    return tools
+        tool = spec if callable(getattr(spec, "call", None)) or is_tool_set(spec) else _component("tool", spec, where)
+        if is_tool_set(tool):
+            sets.append((where, tool))
+            continue
+        add_tool(tools, tool, where)
+    return tools, sets
+
+
+def add_tool(tools: dict[str, Any], tool: Any, where: str) -> None:
+    """Check ``tool`` and add it to ``tools`` under its name; a clash with a tool already there is an error."""
+    if tools.get(str(getattr(tool, "name", ""))) is tool:
+        return  # already there (a tool set's tools, added by an earlier start)
+    try:
+        check_tool(tool)
+    except ToolDefinitionError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if tool.name in tools:
+        raise ConfigError(f"{where}: two tools are both called {tool.name!r}; the model could not tell them "
+                          "apart: keep one")
+    tools[tool.name] = tool
 
 
 def build_format(spec: Any, path: str) -> Any:
@@ -237,7 +259,8 @@ class AgentController(Controller):
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
         path = current_path("controller")
-        self.tools: dict[str, Tool] = build_tools(tools, f"{path}.tools")
+        self.tools: dict[str, Tool]
+        self.tools, self.tool_sets = build_tools_and_sets(tools, f"{path}.tools")
         self.format: ToolFormat = build_format(format, f"{path}.format")
         self.format_name: str = getattr(self.format, "name", "") or type(self.format).__name__
         self.max_turns = max_turns
@@ -252,16 +275,21 @@ class AgentController(Controller):
         self.drift_check = drift_check
 
     async def start(self) -> None:
-        """Start every tool (once per run, on the run's event loop)."""
+        """Start every tool set and add its tools, then start every tool (once per run, on the run's event loop)."""
+        for where, tool_set in self.tool_sets:
+            await tool_set.start()
+            for tool in tool_set.tools():
+                add_tool(self.tools, tool, where)
         for tool in self.tools.values():
             start = getattr(tool, "start", None)
             if start is not None:
                 await start()
 
     async def close(self) -> None:
-        """Close every tool, even when one fails to close (the first error is raised after all were tried)."""
+        """Close every tool and tool set, even when one fails to close (the first error is raised after all were
+        tried)."""
         errors: list[BaseException] = []
-        for tool in self.tools.values():
+        for tool in [*self.tools.values(), *(tool_set for _, tool_set in self.tool_sets)]:
             close = getattr(tool, "close", None)
             if close is None:
                 continue

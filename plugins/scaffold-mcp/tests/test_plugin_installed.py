@@ -1,0 +1,27 @@
+"""The plugin as a user sees it: listed by `scaffold list-plugins`, and light to load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from scaffold_core.testing.installed import listed_plugin
+
+
+def test_listed_by_scaffold_list_plugins_with_its_components():
+    plugin = listed_plugin("mcp")
+    assert plugin["status"] == "ok", plugin
+    assert plugin["distribution"] == "scaffold-mcp"
+    assert plugin["components"]["tool"] == ["mcp"]
+
+
+def test_registering_imports_neither_its_library_nor_heavy_ones():
+    """`scaffold list-plugins` stays fast: registering the components imports mcp (and torch, transformers)
+    only when they are used."""
+    code = ("import json, sys, scaffold_mcp\n"
+            "from scaffold_core.testing import plugin_set\n"
+            "plugin_set(under_test=scaffold_mcp)\n"
+            "print(json.dumps(sorted(m for m in ('mcp', 'torch', 'transformers') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], out.stdout

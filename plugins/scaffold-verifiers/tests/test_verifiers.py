@@ -1,0 +1,237 @@
+"""verifiers environments (written in tests/envs against the verifiers.v1 API) as scaffold tasks: prompts,
+rubric rewards equal to the library's own scoring of the same completions, per-function values kept, and a
+one-line error for every environment that needs more than one turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+vf = pytest.importorskip("verifiers.v1")
+
+import scaffold_verifiers  # noqa: E402
+from scaffold_verifiers.task import VerifiersTask  # noqa: E402
+
+from scaffold_core.config import load_config  # noqa: E402
+from scaffold_core.errors import ConfigError  # noqa: E402
+from scaffold_core.plugins import get_plugins  # noqa: E402
+from scaffold_core.run.rollout import Rollout  # noqa: E402
+from scaffold_core.sampling import SamplingParams  # noqa: E402
+from scaffold_core.testing import ScriptedEngine, make_contexts, plugin_set, run_episodes  # noqa: E402
+from scaffold_core.testing.conformance import TaskConformance, VerifierConformance  # noqa: E402
+
+ENVS = Path(__file__).resolve().parent / "envs"
+BONUS = {"task": {"rewards": {"bonus": {"fn": "scaffold_vf_qa:bonus", "weight": 0.5}}}}
+
+
+def registry() -> Any:
+    plugins = plugin_set(verifiers=scaffold_verifiers)
+    assert not plugins.registry.broken, plugins.registry.broken
+    return plugins.registry
+
+
+def build_task(env: str, **options: Any) -> Any:
+    return registry().create("task", "verifiers", {"env": env, **options}, path="task")
+
+
+def play(task: Any, respond: Any) -> list[Any]:
+    """Every row of ``task`` through scaffold's runtime (scripted engine), scored by the default verifier."""
+    verifier = registry().create("verifier", "verifiers", {}, path="verifier")
+    engine = ScriptedEngine(respond)
+    contexts = make_contexts(task, engine.tokenizer, SamplingParams(max_tokens=200, temperature=1.0, seed=1))
+    from scaffold_core.builtins.controllers import NativeController
+
+    return run_episodes(contexts, engine=engine, controller=NativeController(samples=3), verifier=verifier,
+                        timeout=120)
+
+
+def library_score(env: str, env_args: dict[str, Any], index: int, completion: str) -> Any:
+    """The library scoring ``completion`` on its own: the task from its own taskset, the null harness's
+    messages, a trace of that exchange, ``await task.score(trace)`` (what vf-replay does)."""
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.trace import AgentInfo, TraceTask
+    from verifiers.v1.utils.loaders import load_taskset, taskset_config_type
+
+    taskset = load_taskset(taskset_config_type(env).model_validate({**env_args, "id": env}))
+    task = list(taskset)[index]
+    data = task.data
+    prompt = [vf.UserMessage(content=data.prompt)] if isinstance(data.prompt, str) else list(data.prompt)
+    messages = ([vf.SystemMessage(content=data.system_prompt)] if data.system_prompt else []) + prompt
+    trace = vf.Trace(task=TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
+                     agent=AgentInfo(config=vf.AgentConfig()))
+    for i, message in enumerate([*messages, vf.AssistantMessage(content=completion)]):
+        trace.nodes.append(MessageNode(parent=i - 1 if i else None, message=message,
+                                       sampled=message.role == "assistant"))
+    asyncio.run(task.score(trace))
+    return trace
+
+
+# -- single-turn environments with a rubric ----------------------------------------------------------------
+
+
+def test_prompts_are_the_null_harness_messages_few_shot_included():
+    arith = build_task("scaffold_vf_arith", env_args={"n": 2})
+    rows = arith.load()
+    assert [r["id"] for r in rows] == ["sum-1", "sum-2"]
+    assert arith.messages(rows[1]) == [{"role": "system", "content": "You are a careful calculator."},
+                                       {"role": "user", "content": "What is 2 + 5? End with '#### <answer>'."}]
+    qa = build_task("scaffold_vf_qa", limit=1)
+    assert qa.messages(qa.load()[0]) == [
+        {"role": "system", "content": "Answer with the city only."}, {"role": "user", "content": "Capital of Italy?"},
+        {"role": "assistant", "content": "Rome"}, {"role": "user", "content": "Capital of France?"}]
+
+
+@pytest.mark.parametrize("env, env_args, completions", [
+    ("scaffold_vf_arith", {"n": 4}, ["#### {answer}", "#### 0", "It is {answer}."]),
+    ("scaffold_vf_qa", BONUS, ["{answer}", "It is {answer}", "Rome"]),
+])
+def test_rewards_and_each_functions_value_equal_the_librarys_own_scoring(env, env_args, completions):
+    """Three completions per task (right, wrong, half right) through scaffold's runtime and verifier pool; the
+    same completions scored by the library itself; weighted rewards and every function's value agree."""
+    task = build_task(env, env_args=env_args)
+    answers = {row["id"]: row["verifiers_task"]["answer"] for row in task.load()}
+
+    def respond(prompt: str, request: Any) -> str:
+        row_id = request.request_id.split("/")[0]
+        sample = int(request.request_id.split("/")[2])
+        return completions[sample].format(answer=answers[row_id])
+
+    results = play(task, respond)
+    assert all(r.ok for r in results), [r.error for r in results]
+    rewards = set()
+    for index, result in enumerate(results):
+        for sample in result.samples:
+            mine = sample.verdict
+            theirs = library_score(env, env_args, index, sample.text)
+            assert mine.reward == pytest.approx(theirs.reward), (sample.text, mine, theirs.rewards)
+            expected = {f"reward/{k}": r.score for k, r in theirs.rewards.items()}
+            expected.update({f"metric/{k}": v for k, v in theirs.metrics.items()})
+            assert mine.metrics == pytest.approx(expected)
+            rewards.add(mine.reward)
+        assert set(result.metrics) >= {k for s in result.samples for k in s.verdict.metrics}
+    assert len(rewards) >= 3  # right, wrong and half-right completions really differ
+
+
+def test_a_run_keeps_each_reward_functions_value_with_the_sample_and_in_metrics(tmp_path):
+    sys_path = os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")])
+    os.environ["PYTHONPATH"] = sys_path  # a worker process would import the environment too
+    plugins = get_plugins()
+    if "verifiers" not in plugins.registry.names("task"):
+        pytest.skip("scaffold-verifiers is not installed in this environment")
+    config = load_config(data={"task": {"name": "verifiers", "env": "scaffold_vf_arith", "env_args": {"n": 3}},
+                               "engine": {"name": "benchmark_canned", "response": "#### 4"},
+                               "rollout": {"progress": False}}, registry=plugins.registry)
+    assert config.verifier.name == "verifiers"
+    metrics = Rollout(config, output_dir=tmp_path / "run", plugins=plugins).run()
+    assert (metrics["completed"], metrics["failed"]) == (3, 0)
+    assert metrics["reward/correct"] == pytest.approx(1 / 3) and metrics["reward/formatted"] == 1.0
+    episodes = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    first = next(e for e in episodes if e["episode_id"] == "sum-1")["samples"][0]
+    assert first["reward"] == 1.25 and first["verdict_metrics"] == {"reward/correct": 1.0, "reward/formatted": 1.0,
+                                                                     "metric/reply_chars": 6.0}
+
+
+class TestVerifiersTaskConformance(TaskConformance):
+    """The judge-free environment: rows load, prompts build, each answer passes the rubric, wrong ones get 0."""
+
+    plugin = scaffold_verifiers
+    name = "verifiers"
+    options = {"env": "scaffold_vf_qa"}
+
+    def gold_response(self, row: dict[str, Any], reference: Any) -> str:
+        return reference["verifiers_task"]["answer"]
+
+    def wrong_responses(self, row, reference, others):
+        return ["", "I don't know.", *(o["verifiers_task"]["answer"] for _, o in others[:1])]
+
+
+def _qa_references() -> list[Any]:
+    task = VerifiersTask(env="scaffold_vf_qa")
+    return [task.reference(row) for row in task.load()]
+
+
+class TestVerifiersRubricConformance(VerifierConformance):
+    plugin = scaffold_verifiers
+    name = "verifiers"
+    gold = [(ref["verifiers_task"]["answer"], ref) for ref in _qa_references()]
+    wrong = [("Madrid", ref) for ref in _qa_references()] + [("", _qa_references()[0])]
+    time_limit = 30.0
+
+
+# -- what is not single-turn -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env, env_args, why", [
+    ("scaffold_vf_tools", {}, r"it gives the model tools \(toolsets\)\): its own rollout loop needs an OpenAI client "
+                              r"bound to a `scaffold serve` session"),
+    ("scaffold_vf_game", {}, r"it defines its own Env"),
+    ("scaffold_vf_arith", {"task": {"judges": [{"id": "reference"}]}}, r"its rubric has judges .*: its judges need a "
+                                                                        r"model client"),
+])
+def test_environments_that_need_more_than_one_turn_fail_in_one_line(env, env_args, why):
+    with pytest.raises(ConfigError, match=why) as info:
+        build_task(env, env_args=env_args)
+    assert "\n" not in str(info.value) and "does not have yet" in str(info.value)
+
+
+def test_a_harness_other_than_null_is_refused():
+    with pytest.raises(ConfigError, match=r"task\.harness: 'bash' runs a program of its own"):
+        build_task("scaffold_vf_arith", harness="bash")
+
+
+def test_bad_ids_and_arguments_are_one_line_config_errors():
+    with pytest.raises(ConfigError, match=r"verifiers environment 'no_such_env' could not be loaded") as missing:
+        build_task("no_such_env")
+    with pytest.raises(ConfigError, match=r"task\.env_args: .*'scaffold_vf_arith' rejected its arguments: "
+                                          r"ValidationError: .*nn") as bad:
+        build_task("scaffold_vf_arith", env_args={"nn": 3})
+    assert "\n" not in str(missing.value) + str(bad.value)
+
+
+SHIPPED = sorted(m.name for m in pkgutil.iter_modules(__import__("verifiers.v1.tasksets",
+                                                                  fromlist=["x"]).__path__))
+
+
+@pytest.mark.parametrize("env", SHIPPED)
+def test_every_environment_shipped_with_verifiers_gives_a_one_line_answer(env):
+    """The tasksets inside verifiers 0.4 all need a service, a container or a game engine and play several
+    turns: each is refused with one line (never a traceback); none is silently run as something else."""
+    minimal = {"openenv": {"base_url": "http://127.0.0.1:9"}, "nemo_gym": {"dataset": "rows.jsonl"}}
+    with pytest.raises(ConfigError) as info:
+        build_task(env, env_args=minimal.get(env, {}))
+    text = str(info.value)
+    assert "\n" not in text
+    assert "is not single-turn" in text or "could not be loaded" in text, text
+
+
+# -- training on the embedded engine ---------------------------------------------------------------------
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_scaffold_train_runs_two_steps_on_a_verifiers_environment(tmp_path):
+    pytest.importorskip("scaffold_trl")
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({
+        "task": {"name": "verifiers", "env": "scaffold_vf_qa", "env_args": BONUS},
+        "engine": {"name": "transformers", "threads": 2, "max_batch_size": 8},
+        "sampling": {"max_tokens": 8, "temperature": 1.0},
+        "trainer": {"name": "trl", "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
+                    "micro_batch_size": 4, "learning_rate": 1e-5, "seed": 0, "threads": 2},
+    }), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", str(config), "-o", str(tmp_path / "run"),
+                          "--no-progress"], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "train_metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(math.isfinite(s["loss"]) and 0.0 <= s["reward_mean"] <= 1.5 for s in steps), steps
