@@ -10,10 +10,26 @@ PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # The stamp is keyed on the content of every pyproject file: edit one and the next make reinstalls.
 STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+# Debian packages the tests need beyond Python, in one list: chromium for the report's browser test
+# (tests/test_report_browser.py, driven by Playwright; no browser is ever downloaded). `make setup` installs
+# the missing ones when it runs as root with apt-get, and otherwise names them (that test then skips, or fails
+# under CI=true).
+DEB_PACKAGES := chromium
 
-.PHONY: setup run test lint bench dist clean-venv
+.PHONY: setup run test lint bench dist clean-venv deb-packages
 
-setup: $(STAMP)
+setup: deb-packages $(STAMP)
+
+deb-packages:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+		echo "missing Debian packages (install them as root with apt-get):" $$missing; \
+	fi
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

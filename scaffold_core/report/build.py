@@ -71,10 +71,10 @@ def _read_episodes(report: Report, tokenizer: Any, registry: Any, max_episodes: 
         tokenizer, report.tokens_from = tokenizer_for_run(report.config, registry)
     else:
         report.tokens_from = "the run's engine tokenizer" if tokenizer is not None else "no tokenizer given"
-    texts = token_texts(tokenizer, vocab.index)
-    if vocab.index and not texts:
+    texts = token_texts(tokenizer, vocab.ids)
+    if vocab.ids and not texts:
         report.tokens_from = f"token ids only: {report.tokens_from}"
-    report.vocab, report.vocab_ids = vocab.table(texts)
+    report.vocab = vocab.table(texts)
 
 
 def build_report(directory: str | Path, *, output: str | Path | None = None, tokenizer: Any = _NO_TOKENIZER,

@@ -23,8 +23,7 @@ class Report:
     steps: list[dict[str, Any]] = field(default_factory=list)
     stats: Stats | None = None
     episodes: list[dict[str, Any]] = field(default_factory=list)
-    vocab: list[Any] = field(default_factory=list)
-    vocab_ids: list[int] = field(default_factory=list)
+    vocab: dict[str, str] = field(default_factory=dict)
     tokens_from: str = ""
     versions: dict[str, Any] = field(default_factory=dict)
     versions_recorded: bool = False

@@ -6,8 +6,8 @@ trajectory browser carries whole: all of them up to a bound, past it a
 stratified random sample (by status and by how the episode's answers were
 rewarded, seeded), so a large run still gives a page of a few megabytes.
 :func:`episode_detail` turns one whole record into the page's compact form:
-token ids as indices into one shared table of token texts, logprobs in
-hundredths, loss mask and versions as runs.
+token ids with one shared table of their texts, logprobs in hundredths,
+loss mask and versions as runs.
 """
 
 from __future__ import annotations
@@ -110,27 +110,35 @@ def choose(strata: list[tuple[int, str, int]], max_episodes: int = MAX_EPISODES,
 
 
 class Vocab:
-    """Token ids -> small indices into one table of token texts shared by every episode of the page."""
+    """The distinct token ids the page's episodes use (their texts go in one shared table, keyed by id)."""
 
     def __init__(self) -> None:
-        self.index: dict[int, int] = {}
+        self.ids: set[int] = set()
 
     def add(self, ids: list[int]) -> list[int]:
-        index = self.index
-        return [index.setdefault(i, len(index)) for i in ids]
+        self.ids.update(ids)
+        return ids
 
-    def table(self, texts: dict[int, str]) -> tuple[list[Any], list[int]]:
-        """(each index's token text, or its id (an int) when there is no text; each index's token id)."""
-        out: list[Any] = [None] * len(self.index)
-        ids = [0] * len(self.index)
-        for token, at in self.index.items():
-            out[at] = texts.get(token, token)
-            ids[at] = token
-        return out, ids
+    def table(self, texts: dict[int, str]) -> dict[str, str]:
+        """id (as a string: a JSON key) -> its token text, for the ids that have one."""
+        return {str(token): texts[token] for token in self.ids if token in texts}
+
+
+def _centi(values: list[Any]) -> list[int]:
+    """Logprobs in hundredths of a nat, as integers (0 for anything that is not a finite number)."""
+    import numpy as np
+
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return [round(v * 100) if isinstance(v, (int, float)) and math.isfinite(v) else 0 for v in values]
+    return np.rint(np.nan_to_num(array * 100, nan=0.0, posinf=0.0, neginf=0.0)).astype(np.int64).tolist()
 
 
 def _runs(values: list[int]) -> list[int]:
     """[value, length, value, length, ...] of consecutive equal values."""
+    if values and values.count(values[0]) == len(values):  # the common case: one run (C speed)
+        return [values[0], len(values)]
     out: list[int] = []
     for value in values:
         if out and out[-2] == value:
@@ -169,8 +177,7 @@ def _sample(sample: dict[str, Any], row: dict[str, Any] | None, vocab: Vocab) ->
     start = int(row.get("prompt_len") or 0)
     ids = row["input_ids"][start:]
     out["t"] = vocab.add(ids)
-    out["lp"] = [round(lp * 100) if isinstance(lp, (int, float)) and math.isfinite(lp) else 0
-                 for lp in (row.get("logprobs") or [])[start:]]
+    out["lp"] = _centi((row.get("logprobs") or [])[start:])
     out["m"] = _runs(list((row.get("loss_mask") or [])[start:]))
     out["ver"] = _runs(list((row.get("versions") or [])[start:]))
     turns = [t for t in meta.get("turns") or [] if isinstance(t, dict)]

@@ -33,8 +33,11 @@ def asset(name: str) -> str:
 
 
 def script_json(data: Any) -> str:
-    """``data`` as JSON safe inside a ``<script>`` element: no ``<`` appears raw (``</script>``, ``<!--``)."""
-    text = dumps_compact(data).decode("utf-8")
+    """``data`` as JSON safe inside a ``<script>`` element: no ``<`` appears raw (``</script>``, ``<!--``);
+    a NaN or infinity becomes null (``JSON.parse`` accepts no other spelling)."""
+    import orjson
+
+    text = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -373,7 +376,7 @@ def render(report: Report) -> str:
                 training_section(report), trajectories_section(report)]
     present = {anchor for anchor, _ in SECTIONS if f'<section id="{anchor}"' in "".join(sections)}
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS if a in present)
-    data = {"episodes": report.episodes, "vocab": report.vocab, "vocab_ids": report.vocab_ids, "kind": report.kind}
+    data = {"episodes": report.episodes, "vocab": report.vocab, "kind": report.kind}
     title = f"{report.kind} · {report.directory.name or report.directory}"
     stamp = time.strftime("%Y-%m-%d %H:%M")
     header = (f'<header><div class="brand">scaffold report</div><h1>{escape(title)}</h1>'

@@ -7,7 +7,7 @@
   if (!list) { return; }
   var detail = document.getElementById("detail");
   var tip = document.getElementById("tip");
-  var VOCAB = DATA.vocab || [], IDS = DATA.vocab_ids || [];
+  var VOCAB = DATA.vocab || {};
   var PAGE = 400;
   var rows = [], shown = [], limit = PAGE, active = -1, shade = true;
 
@@ -218,9 +218,9 @@
     }
     return out;
   }
-  function piece(local) {
-    var text = VOCAB[local];
-    return typeof text === "string" ? text : "⟨" + (IDS[local] !== undefined ? IDS[local] : text) + "⟩";
+  function piece(id) {
+    var text = VOCAB[id];
+    return typeof text === "string" ? text : "⟨" + id + "⟩";
   }
   function segments(mask) {
     var segs = [], start = 0;
@@ -316,8 +316,8 @@
   function hover(ev) {
     var span = ev.target.closest ? ev.target.closest(".t") : null;
     if (!span || !span._info) { tip.hidden = true; return; }
-    var info = span._info, s = info.s, local = s.t[info.i];
-    var lines = ["token " + JSON.stringify(piece(local)) + "   id " + (IDS[local] !== undefined ? IDS[local] : "?"),
+    var info = span._info, s = info.s, id = s.t[info.i];
+    var lines = ["token " + JSON.stringify(piece(id)) + "   id " + id,
                  "position " + info.i + " of the output"];
     if (info.mask) {
       var lp = (s.lp[info.i] || 0) / 100;
