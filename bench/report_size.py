@@ -97,8 +97,8 @@ def write_run(directory: Path, problems: int, answers: int) -> None:
             out.append(episode(i, answers, rng, maker))
         out.close()
         (directory / "config.yaml").write_text(
-            "task: {name: gsm8k, source: hub, split: test}\ncontroller: {name: repeat, n: %d, controller: "
-            "{name: native}}\nengine: {name: benchmark_canned}\nverifier: {name: exact_match}\n" % answers)
+            "task: {name: gsm8k, source: hub, split: test}\ncontroller: {name: repeat, n: " + str(answers)
+            + ", controller: {name: native}}\nengine: {name: benchmark_canned}\nverifier: {name: exact_match}\n")
         finalize_run_dir(directory, {}, hooks=Hooks(plugins.pm), save_dataset=False)
     finally:
         out.release()

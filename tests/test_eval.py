@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from scaffold_core.cli import main
 from scaffold_core.errors import ConfigError
 from scaffold_core.eval.command import run_eval

@@ -60,14 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.set_defaults(handler=cmd_train)
 
-    p = sub.add_parser("report", help="write one offline report.html for a run, eval or train directory")
-    p.add_argument("run_dir", help="the directory a `scaffold run`, `eval` or `train` wrote")
-    p.add_argument("-o", "--output", help="where to write the page (default: RUN_DIR/report.html)")
-    p.add_argument("--max-episodes", type=int, default=None, metavar="N",
-                   help="episodes the trajectory browser carries in full (default 300; past it, a stratified sample)")
-    p.add_argument("--tokenizer", help="a local tokenizer or model folder for the token texts (default: the run's "
-                                       "engine's)")
-    p.set_defaults(handler=cmd_report)
+    _report_parser(sub)
 
     p = sub.add_parser("score", help="re-score saved responses with a verifier")
     p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
@@ -110,6 +103,17 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.set_defaults(handler=cmd_eval)
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write one offline report.html for a run, eval or train directory")
+    p.add_argument("run_dir", help="the directory a `scaffold run`, `eval` or `train` wrote")
+    p.add_argument("-o", "--output", help="where to write the page (default: RUN_DIR/report.html)")
+    p.add_argument("--max-episodes", type=int, default=None, metavar="N",
+                   help="episodes the trajectory browser carries in full (default 300; past it, a stratified sample)")
+    p.add_argument("--tokenizer", help="a local tokenizer or model folder for the token texts (default: the run's "
+                                       "engine's)")
+    p.set_defaults(handler=cmd_report)
 
 
 def _override_options(p: argparse.ArgumentParser, example: str) -> None:
@@ -194,6 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.append("output.overwrite=true")
     config = load_config(args.config, overrides)  # validates everything before any model loads
     progress = False if args.no_progress else None
+    report_options = {}  # the engine's tokenizer, when it ran in this process, gives the report its token texts
     if config.rollout.workers > 1 or config.rollout.launcher != "local":
         from ..launch import run_workers
 
@@ -206,12 +211,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                           force_config=args.force_config)
         print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
         metrics = rollout.run()
+        if getattr(rollout.components.engine, "tokenizer", None) is not None:
+            report_options["tokenizer"] = rollout.components.engine.tokenizer
     print_summary(metrics)
     if not args.no_report and metrics.get("output_dir"):
         from ..report.build import report_at_end
 
-        engine = None if config.rollout.workers > 1 or config.rollout.launcher != "local" else rollout.components.engine
-        report_at_end(metrics["output_dir"], **({"tokenizer": engine.tokenizer} if engine is not None else {}))
+        report_at_end(metrics["output_dir"], **report_options)
     limit = config.rollout.max_failed_fraction
     code = exit_code_for(metrics, limit)
     reason = exit_reason(code, metrics, limit)

@@ -81,8 +81,8 @@ def answers_of(head: dict[str, Any]) -> list[Answer]:
     answers = []
     for branch in sorted(runs):
         run = runs[branch]
-        found = next((s["metadata"]["branch_answer"] for s in run
-                      if isinstance(s["metadata"].get("branch_answer"), dict)), {})
+        found: dict[str, Any] = next((s["metadata"]["branch_answer"] for s in run
+                                      if isinstance(s["metadata"].get("branch_answer"), dict)), {})
         chosen = next((s for s in run if s.get("sample_index") == found.get("sample")), None)
         answers.append(Answer(key=found.get("key"), reward=_usable(found.get("reward")),
                               tokens=sum(int(s.get("generated_tokens") or 0) for s in run), branch=branch,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..output.files import atomic_write_text
+from ..output.ledger import ledger_paths
 from ..output.reader import (
     EVAL_FILE,
     METRICS_FILE,
@@ -24,7 +25,6 @@ from ..output.reader import (
     read_train_steps,
     run_kind,
 )
-from ..output.ledger import ledger_paths
 from .contents import Report
 from .episodes import DETAIL_BYTES, MAX_EPISODES, Vocab, choose, episode_detail, scan
 from .page import render

@@ -57,7 +57,8 @@ def _number(value: Any, digits: int = 3) -> str:
 def _card(label: str, value: str, note: str = "", tone: str = "") -> str:
     cls = f"card {tone}".strip()
     sub = f'<div class="card-note">{escape(note)}</div>' if note else ""
-    return f'<div class="{cls}"><div class="card-label">{escape(label)}</div><div class="card-value">{value}</div>{sub}</div>'
+    return (f'<div class="{cls}"><div class="card-label">{escape(label)}</div><div class="card-value">{value}</div>'
+            f"{sub}</div>")
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
@@ -110,7 +111,8 @@ def _cards(report: Report) -> str:
         cards.append(_card("generated tokens", _number(m.get("generated_tokens")),
                            f"{_number(m.get('tokens_per_s'), 1)} tok/s"))
         truncated = float(m.get("truncated_fraction") or 0.0)
-        cards.append(_card("truncated", f"{truncated:.1%}", "stopped at max_tokens", tone="bad" if truncated > 0.2 else ""))
+        cards.append(_card("truncated", f"{truncated:.1%}", "stopped at max_tokens",
+                           tone="bad" if truncated > 0.2 else ""))
     if report.train_summary:
         t = report.train_summary
         cards.append(_card("steps", _number(t.get("steps")), f"{_number(t.get('wall_s'), 1)} s"))
@@ -188,8 +190,8 @@ def rewards_section(report: Report) -> str:
     charts = []
     labels, counts, tips, edges = histogram_bins(stats.rewards)
     if counts:
-        low, high = edges[0], max(stats.rewards)
-        colors = [_mix(PALETTE[1], PALETTE[2], (edge - low) / (high - low) if high > low else 1.0) for edge in edges]
+        low, high = min(0.0, edges[0]), max(1.0, max(stats.rewards))  # 0 wrong (vermillion) .. 1 right (green)
+        colors = [_mix(PALETTE[1], PALETTE[2], (edge - low) / (high - low)) for edge in edges]
         charts.append(bar_chart(labels, counts, tips=tips, colors=colors, title="Reward per sample",
                                 x_label="reward", y_label="samples"))
     solved = _solve_rate(stats)
@@ -306,7 +308,7 @@ def training_section(report: Report) -> str:
     steps = report.steps
     if not steps:
         return ""
-    charts = []
+    charts: list[str] = []
     for title, y_label, keys, spread in TRAIN_CHARTS:
         series = []
         for i, key in enumerate(keys):

@@ -54,7 +54,7 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     start = math.floor(low / step + 1e-9) * step
-    ticks = []
+    ticks: list[float] = []
     value = start
     while value <= high + step * 1e-6 + (1e-12 if step < 1 else 0) or len(ticks) < 2:
         ticks.append(round(value, 12))
@@ -159,7 +159,8 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
             out.append(f'<polygon class="band" points="{upper} {lower}" fill="{color}"/>')
         points = [(x, y) for x, y in s.points if math.isfinite(y) and (x > 0 or not log_x)]
         if points:
-            path = " ".join(f"{'M' if j == 0 else 'L'}{axes.x(x):.1f},{axes.y(y):.1f}" for j, (x, y) in enumerate(points))
+            path = " ".join(f"{'M' if j == 0 else 'L'}{axes.x(x):.1f},{axes.y(y):.1f}"
+                            for j, (x, y) in enumerate(points))
             dash = ' stroke-dasharray="5 4"' if s.dashed else ""
             out.append(f'<path class="line" d="{path}" stroke="{color}"{dash}/>')
         if markers and len(points) <= 64:
