@@ -142,3 +142,17 @@ def test_versions_are_the_evals_own_record(eval_dir, dice_plugins, tmp_path):
     (out / "eval.json").write_text(json.dumps(figures))
     report = read_report(out, tokenizer=None, registry=dice_plugins.registry)
     assert report.versions_recorded and report.versions["scaffold-core"] == "9.9.9-recorded"
+
+
+def test_token_texts_come_from_the_saved_engine_or_are_missing_with_a_reason(dice_plugins, tmp_path):
+    from scaffold_core.errors import ConfigError
+    from scaffold_core.report.tokens import load_tokenizer, token_texts, tokenizer_for_run
+
+    tokenizer, source = tokenizer_for_run({"engine": {"name": "benchmark_canned"}}, dice_plugins.registry)
+    assert source == "the benchmark_canned engine's tokenizer"
+    assert token_texts(tokenizer, [2, 6 + ord("a"), 6 + ord("a")]) == {2: "<|end|>", 6 + ord("a"): "a"}
+    assert tokenizer_for_run({"engine": {"name": "gone"}}, dice_plugins.registry)[0] is None
+    assert tokenizer_for_run({}, dice_plugins.registry) == (None, "the run saved no engine in config.yaml")
+    assert token_texts(None, [1, 2]) == {}
+    with pytest.raises(ConfigError, match="--tokenizer"):
+        load_tokenizer(str(tmp_path / "no-such-tokenizer"))

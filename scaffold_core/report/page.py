@@ -250,10 +250,13 @@ def scaling_section(report: Report) -> str:
     rows = ev["by_k"]
     names = [n for n in ev.get("metrics") or EVAL_NAMES if n in rows[0]]
     labels = dict(EVAL_NAMES)
+    plotted = list(names)
     if "best_of_n@k" in names and all(r["best_of_n@k"]["value"] == r["pass@k"]["value"] for r in rows):
-        labels["best_of_n@k"] = "best-of-N@k (= pass@k)"  # picked by the run's own verifier: an oracle
+        # picked by the run's own verifier, best-of-N is pass@k (an oracle): one line for both
+        labels["pass@k"] = f"pass@k (= best-of-N@k by {ev.get('select', 'reward')})"
+        plotted.remove("best_of_n@k")
     vs_k, vs_tokens = [], []
-    for i, name in enumerate(names):
+    for i, name in enumerate(plotted):
         color = PALETTE[i % len(PALETTE)]
         pts = [(r["k"], r[name]["value"]) for r in rows if r[name]["value"] is not None]
         band = [(r["k"], *r[name]["ci"]) for r in rows if r[name].get("ci")]
@@ -323,7 +326,7 @@ def training_section(report: Report) -> str:
         if series:
             suffix = " (± reward_std)" if spread and series[0].band else ""
             charts.append(line_chart(series, title=title + suffix, x_label="optimizer step", y_label=y_label,
-                                     markers=len(steps) <= 40))
+                                     markers=len(steps) <= 40, legend=True))
     missing = [k for _, _, keys, _ in TRAIN_CHARTS for k in keys[:1] if not any(_is_number(s.get(k)) for s in steps)]
     note = (f'<p class="note">Not reported by this trainer: {escape(", ".join(missing))}.</p>' if missing else "")
     return (f'<section id="training"><h2>Training</h2><p class="note">{len(steps):,} optimizer steps from '

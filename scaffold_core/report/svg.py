@@ -144,8 +144,9 @@ def _frame(axes: _Axes, title: str, x_label: str, y_label: str, width: int, heig
 
 def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str, log_x: int = 0,
                y_range: tuple[float, float] | None = None, width: int = WIDTH, height: int = HEIGHT,
-               markers: bool = True) -> str:
-    """Lines (with their bands) on shared axes; ``log_x`` 2 or 10 for a log x axis."""
+               markers: bool = True, legend: bool | None = None) -> str:
+    """Lines (with their bands) on shared axes; ``log_x`` 2 or 10 for a log x axis; a legend when there are
+    several series (or ``legend`` says so)."""
     xs = [x for s in series for x, _ in s.points] + [b[0] for s in series for b in s.band]
     ys = [y for s in series for _, y in s.points] + [v for s in series for b in s.band for v in b[1:]]
     axes = _Axes(xs, ys, log_x, y_range, width, height)
@@ -168,7 +169,7 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
                 tip = s.labels[j] if j < len(s.labels) else f"{s.name}: x={_fmt(x)}, y={_fmt(y)}"
                 out.append(f'<circle class="point" cx="{axes.x(x):.1f}" cy="{axes.y(y):.1f}" r="3.2" fill="{color}">'
                            f"<title>{escape(tip)}</title></circle>")
-    if len(series) > 1:
+    if legend or (legend is None and len(series) > 1):
         out.extend(_legend([(s.name, s.color or PALETTE[i % len(PALETTE)], s.dashed) for i, s in enumerate(series)],
                            axes))
     out.append("</svg>")
@@ -176,7 +177,9 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
 
 
 def _legend(entries: list[tuple[str, str, bool]], axes: _Axes) -> list[str]:
-    out = [f'<g class="legend" transform="translate({axes.left + 8} {axes.top + 4})">']
+    width = 34 + 6.6 * max(len(name) for name, _, _ in entries)
+    out = [f'<g class="legend" transform="translate({axes.left + 8} {axes.top + 4})">',
+           f'<rect class="legend-box" x="-4" y="-3" width="{width:.0f}" height="{16 * len(entries) + 4}" rx="4"/>']
     for i, (name, color, dashed) in enumerate(entries):
         y = i * 16
         dash = ' stroke-dasharray="5 4"' if dashed else ""

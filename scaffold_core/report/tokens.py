@@ -75,10 +75,11 @@ def _hf_tokenizer(model: Any) -> tuple[Any, str]:
             location = str(cached)
         else:
             kwargs = {"gguf_file": source.gguf_file}
+    name = source.gguf_file or source.location
     try:
-        return AutoTokenizer.from_pretrained(location, local_files_only=True, **kwargs), f"tokenizer of {source.label}"
+        return AutoTokenizer.from_pretrained(location, local_files_only=True, **kwargs), f"the tokenizer of {name}"
     except Exception as exc:
-        return None, f"no tokenizer for {source.label} ({type(exc).__name__}: {exc}); pass --tokenizer"
+        return None, f"no tokenizer for {name} ({type(exc).__name__}: {exc}); pass --tokenizer"
 
 
 def load_tokenizer(name: str) -> Any:
