@@ -156,3 +156,31 @@ def test_token_texts_come_from_the_saved_engine_or_are_missing_with_a_reason(dic
     assert token_texts(None, [1, 2]) == {}
     with pytest.raises(ConfigError, match="--tokenizer"):
         load_tokenizer(str(tmp_path / "no-such-tokenizer"))
+
+
+def test_odd_records_from_plugins_still_make_a_page(tmp_path):
+    """Metadata a plugin filled oddly (turns without positions, tool calls that are not dicts, a NaN reward)
+    is shown as far as it makes sense, never a failed report."""
+    from scaffold_core.episode import EpisodeResult, Sample
+    from scaffold_core.output.rundir import RunOutput
+    from scaffold_core.trajectory import TrainingSample
+    from scaffold_core.verifier import Verdict
+
+    sample = Sample([10, 11], [20, 21, 22], [-0.1, -2.0, -0.5], [1, 0, 1], "odd", "stop", 0, "v7",
+                    Verdict(float("nan"), None, None, "?"),
+                    metadata={"turns": [{"start": "x"}, {"start": 2, "end": 3, "index": 0}],
+                              "tool_calls": ["junk", {"turn": 0, "name": 5, "arguments": {"a": [1, None]}}]})
+    row = TrainingSample([10, 11, 20, 21, 22], [0, 0, 1, 0, 1], [0.0, 0.0, -0.1, 0.0, -0.5], [-1, -1, 7, -1, 7],
+                         0.0, 0.0, "e1", 0, "e1", 2, "stop")
+    out = RunOutput(tmp_path / "run")
+    try:
+        out.append(EpisodeResult("e1", 0, "ok", reference={"value": 3}, prompt_text="p", samples=[sample],
+                                 trajectories=[row]))
+    finally:
+        out.close()
+        out.release()
+    html = build_report(tmp_path / "run", tokenizer=None).read_text()
+    detail = page_data(html)["episodes"][0]["s"][0]
+    assert detail["r"] is None and detail["tu"] == [[0, 1, 0]] and detail["m"] == [1, 1, 0, 1, 1, 1]
+    assert detail["ver"] == [7, 1, -1, 1, 7, 1] and detail["lp"] == [-10, 0, -50]
+    assert [c["n"] for c in detail["tc"]] == [5]

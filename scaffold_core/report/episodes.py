@@ -180,10 +180,10 @@ def _sample(sample: dict[str, Any], row: dict[str, Any] | None, vocab: Vocab) ->
     out["lp"] = _centi((row.get("logprobs") or [])[start:])
     out["m"] = _runs(list((row.get("loss_mask") or [])[start:]))
     out["ver"] = _runs(list((row.get("versions") or [])[start:]))
-    turns = [t for t in meta.get("turns") or [] if isinstance(t, dict)]
+    turns = [[t["start"] - start, t["end"] - start, t.get("index")] for t in meta.get("turns") or []
+             if isinstance(t, dict) and isinstance(t.get("start"), int) and isinstance(t.get("end"), int)]
     if turns:
-        out["tu"] = [[int(t.get("start", start)) - start, int(t.get("end", start)) - start, t.get("index")]
-                     for t in turns]
+        out["tu"] = turns
     calls = [c for c in meta.get("tool_calls") or [] if isinstance(c, dict)]
     if calls:
         out["tc"] = [{"turn": c.get("turn"), "n": c.get("name"), "a": c.get("arguments"), "ok": c.get("ok"),
