@@ -130,3 +130,19 @@ def test_cli_no_report_writes_none(test_plugins, tmp_path, capsys):
     assert not (tmp_path / "plain" / "report.html").exists()
     assert main(["run", str(config), "-o", str(tmp_path / "with"), "--no-progress"]) == 0
     assert (tmp_path / "with" / "report.html").is_file()
+
+
+def test_a_report_that_cannot_be_written_is_a_warning_not_a_failed_run(test_plugins, tmp_path, capsys, monkeypatch):
+    import scaffold_core.report.build as build
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(build, "build_report", broken)
+    config = tmp_path / "run.yaml"
+    config.write_text("task: {name: arithmetic, count: 2}\nengine: {name: benchmark_canned, response: '42'}\n")
+    assert main(["run", str(config), "-o", str(tmp_path / "out"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: the report could not be written (OSError: disk full)" in err
+    assert f"scaffold report {tmp_path / 'out'}" in err
+    assert (tmp_path / "out" / "metrics.json").is_file() and not (tmp_path / "out" / "report.html").exists()
