@@ -151,8 +151,8 @@ def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = N
 
         plugins = get_plugins()
     registry = plugins.registry
-    if select not in SELECTIONS:
-        registry.get("verifier", select, path="--select")  # an unknown name fails here, before any model loads
+    if select not in SELECTIONS:  # an unknown name, or one that cannot be built, fails here before any model loads
+        registry.create("verifier", select, {}, path="--select")
     n = answers_per_run(config, ks, Path(output_dir) if output_dir is not None else None, resume)
     config = repeat_config(config, n, registry)
     metrics, directory, tokenizer = run_answers(config, output_dir=output_dir, resume=resume, progress=progress,
