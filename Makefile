@@ -11,8 +11,9 @@ PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # System (Debian) packages the project needs, as package:command. `make setup` installs the missing ones when it
-# runs as root with apt-get, and otherwise says what to install. bubblewrap: the python tool's jail.
-SYSTEM_PACKAGES := bubblewrap:bwrap util-linux:setpriv libc-bin:ldd
+# runs as root with apt-get, and otherwise says what to install. bubblewrap (with setpriv and ldd): the python
+# tool's jail; chromium: the report's browser test (driven by Playwright; no browser is ever downloaded).
+SYSTEM_PACKAGES := bubblewrap:bwrap util-linux:setpriv libc-bin:ldd chromium:chromium
 
 .PHONY: setup system-packages run test lint bench dist clean-venv
 

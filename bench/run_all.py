@@ -27,6 +27,7 @@ SCRIPTS = [
     ("task loading with a limit", "task_loading.py", []),
     ("port contention", "ports.py", []),
     ("GRPO with TRL on scaffold rollouts", "train_trl.py", []),
+    ("report of a 1,319 x 8 eval: size and build time", "report_size.py", []),
 ]
 
 

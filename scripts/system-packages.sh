@@ -30,5 +30,5 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 fi
 echo "scaffold: missing system packages:$missing (SYSTEM_PACKAGES in the Makefile says what needs them)." \
      "Install them (Debian/Ubuntu: sudo apt-get install$missing; Fedora: sudo dnf install$missing);" \
-     "until then what needs them refuses to run (the python tool: without bubblewrap)." >&2
+     "until then what needs them refuses to run (the python tool without bubblewrap) or its tests fail in CI." >&2
 exit 0

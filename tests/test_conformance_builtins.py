@@ -64,6 +64,16 @@ class TestBestOfN(ControllerConformance):
     options = {"samples": 3, "generator": {"name": "native", "samples": 2}}
 
 
+class TestRepeat(ControllerConformance):
+    name = "repeat"
+    options = {"n": 3}
+
+
+class TestRepeatOfAVote(ControllerConformance):
+    name = "repeat"
+    options = {"n": 2, "controller": {"name": "majority_vote", "samples": 3}}
+
+
 class TestSingleTurn(TrajectoryMakerConformance):
     name = "single_turn"
 

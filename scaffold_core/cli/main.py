@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
-from ..errors import ScaffoldError
+from ..errors import ConfigError, ScaffoldError
 from ..run.summary import ExitCode, exit_code_for, exit_reason, print_summary
 from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
 
@@ -45,7 +45,10 @@ def _parser() -> argparse.ArgumentParser:
                         "config-history.jsonl)")
     p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.set_defaults(handler=cmd_run)
+
+    _eval_parser(sub)
 
     p = sub.add_parser("train", help="train a policy on scaffold's rollouts with the configured trainer plugin")
     p.add_argument("config", help="YAML config file with a trainer section (e.g. trainer: {name: trl})")
@@ -54,7 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output directory for checkpoints and metrics (overrides output.dir)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous training run in the directory")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.set_defaults(handler=cmd_train)
+
+    _report_parser(sub)
 
     p = sub.add_parser("score", help="re-score saved responses with a verifier")
     p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
@@ -73,6 +79,41 @@ def _parser() -> argparse.ArgumentParser:
                    help="the folder to create scaffold-NAME/ in, created when missing (default: the current one)")
     p.set_defaults(handler=cmd_new_plugin)
     return parser
+
+
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="max(k) answers per problem with any controller, then pass@k, pass^k, "
+                                    "majority@k and best-of-N@k per k, with bootstrap intervals")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--k", default="1,2,4,8,16", help="the ks to report, comma-separated (default 1,2,4,8,16); "
+                                                     "max(k) answers are drawn per problem")
+    _override_options(p, "task.limit=50")
+    p.add_argument("-o", "--output", help="output directory (overrides output.dir)")
+    p.add_argument("--resume", action="store_true", help="continue an eval in the output directory, or reuse its "
+                                                         "answers to compute the figures again")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
+    p.add_argument("--force-config", action="store_true",
+                   help="with --resume: continue even though the config differs from the saved one")
+    p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
+    p.add_argument("--select", default="reward", metavar="SCORE",
+                   help="how best-of-N picks: reward (the run's verifier, default), logprob (the mean token "
+                        "logprob), or the name of another installed verifier (a reward model) scoring each answer")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="bootstrap resamples over problems for the 95%% intervals (0: none; default 1000)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    p.set_defaults(handler=cmd_eval)
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write one offline report.html for a run, eval or train directory")
+    p.add_argument("run_dir", help="the directory a `scaffold run`, `eval` or `train` wrote")
+    p.add_argument("-o", "--output", help="where to write the page (default: RUN_DIR/report.html)")
+    p.add_argument("--max-episodes", type=int, default=None, metavar="N",
+                   help="episodes the trajectory browser carries in full (default 300; past it, a stratified sample)")
+    p.add_argument("--tokenizer", help="a local tokenizer or model folder for the token texts (default: the run's "
+                                       "engine's)")
+    p.set_defaults(handler=cmd_report)
 
 
 def _override_options(p: argparse.ArgumentParser, example: str) -> None:
@@ -157,6 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.append("output.overwrite=true")
     config = load_config(args.config, overrides)  # validates everything before any model loads
     progress = False if args.no_progress else None
+    report_options = {}  # the engine's tokenizer, when it ran in this process, gives the report its token texts
     if config.rollout.workers > 1 or config.rollout.launcher != "local":
         from ..launch import run_workers
 
@@ -169,7 +211,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                           force_config=args.force_config)
         print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
         metrics = rollout.run()
+        if getattr(rollout.components.engine, "tokenizer", None) is not None:
+            report_options["tokenizer"] = rollout.components.engine.tokenizer
     print_summary(metrics)
+    if not args.no_report and metrics.get("output_dir"):
+        from ..report.build import report_at_end
+
+        report_at_end(metrics["output_dir"], **report_options)
     limit = config.rollout.max_failed_fraction
     code = exit_code_for(metrics, limit)
     reason = exit_reason(code, metrics, limit)
@@ -190,6 +238,67 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = run_training(config, output_dir, progress=False if args.no_progress else None,
                            overwrite=args.overwrite or config.output.overwrite)
     print(json.dumps(summary, indent=2, default=str))
+    if not args.no_report:
+        from ..report.build import report_at_end
+
+        report_at_end(output_dir)
+    return ExitCode.OK
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..eval.command import format_table, run_eval
+    from ..eval.figures import Bootstrap, parse_ks
+    from ..run.metrics import truncation_warning, unscored_warning
+    from ..run.summary import failure_report
+
+    try:
+        ks = parse_ks(args.k)
+        bootstrap = Bootstrap(resamples=args.bootstrap)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"rollout.workers={args.workers}")
+    if args.overwrite:
+        overrides.append("output.overwrite=true")
+    config = load_config(args.config, overrides)  # validates everything before any model loads
+    result = run_eval(config, ks, output_dir=args.output, resume=args.resume,
+                      progress=False if args.no_progress else None, force_config=args.force_config,
+                      select=args.select, bootstrap=bootstrap)
+    print(format_table(result.figures))
+    metrics = result.metrics
+    for message in (failure_report(metrics), unscored_warning(metrics), truncation_warning(
+            metrics.get("truncated_fraction", 0.0))):
+        if message:
+            print(message, file=sys.stderr)
+    print(f"scaffold: figures: {result.directory / 'eval.json'}", file=sys.stderr)
+    if not args.no_report:
+        from ..report.build import report_at_end
+
+        report_at_end(result.directory, **({"tokenizer": result.tokenizer} if result.tokenizer is not None else {}))
+    limit = config.rollout.max_failed_fraction
+    code = exit_code_for(metrics, limit)
+    reason = exit_reason(code, metrics, limit)
+    if reason:
+        print(reason, file=sys.stderr)
+    return code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..report.build import build_report
+
+    options: dict = {}
+    if args.tokenizer:
+        from ..report.tokens import load_tokenizer
+
+        options["tokenizer"] = load_tokenizer(args.tokenizer)
+    if args.max_episodes is not None and args.max_episodes < 0:
+        raise ConfigError(f"--max-episodes: {args.max_episodes} is not >= 0")
+    if args.max_episodes is not None:  # asked for: carried whatever their size
+        options.update(max_episodes=args.max_episodes, budget=sys.maxsize)
+    path = build_report(args.run_dir, output=args.output, **options)
+    print(path)
     return ExitCode.OK
 
 

@@ -92,6 +92,14 @@ def _cache_key(source: ModelSource) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+def cached_model_dir(source: ModelSource) -> Path | None:
+    """The converted-model folder of a GGUF source (model and tokenizer), when a complete one is cached."""
+    if not source.gguf_file:
+        return None
+    target = cache_root() / "models" / _cache_key(source)
+    return target if (target / "complete").exists() else None
+
+
 def require_torch() -> tuple[Any, Any]:
     try:
         import torch

@@ -1,8 +1,9 @@
 """A run's output directory: the episode ledger, the files derived from it, and the directory itself.
 
 ``files`` (atomic writes, paths that cannot escape), ``ledger`` (one line per
-finished episode), ``derived`` (samples, failures, trajectories dataset) and
-``rundir`` (preparing a directory for a fresh, resumed or overwritten run).
+finished episode), ``derived`` (samples, failures, trajectories dataset),
+``rundir`` (preparing a directory for a fresh, resumed or overwritten run) and
+``reader`` (reading a finished directory back: what ``eval`` and ``report`` use).
 """
 
 from .derived import extra_features, save_trajectories, write_derived

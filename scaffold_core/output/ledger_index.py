@@ -177,6 +177,16 @@ class LedgerIndex:
         for line in self._winners.tolist():
             yield self._read(line)
 
+    def heads(self) -> Iterator[dict[str, Any]]:
+        """Every episode's record without its trajectories, in ``(index, episode_id)`` order (the order of
+        :meth:`records`; the token lists are not parsed)."""
+        for line in self._winners.tolist():
+            yield self._head(line)
+
+    def record(self, position: int) -> dict[str, Any]:
+        """The whole record at ``position`` of :meth:`records`' order; raises LedgerChanged as they do."""
+        return self._read(int(self._winners[position]))
+
     def parts(self, count: int) -> list[LedgerSlice]:
         """The records of :meth:`records` cut into ``count`` consecutive slices of about equal length."""
         import numpy as np

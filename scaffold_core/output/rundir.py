@@ -14,6 +14,7 @@ Files (see docs/reliability.md for the guarantees):
   (``datasets.load_from_disk(dir + "/trajectories")``).
 * ``metrics.json`` and ``config.yaml``: written atomically (temp file + rename).
 * ``config-history.jsonl``: the config changes a ``--force-config`` resume continued with.
+* ``eval.json`` (``scaffold eval``'s figures) and ``report.html`` (the offline report), written at the end.
 * ``.scaffold.lock``: the lock the run holds while it runs (one run per directory).
 
 No file is written through a symbolic link (see :mod:`scaffold_core.output.files`); files are 0600
@@ -44,11 +45,12 @@ from .files import (
 )
 from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_line, ledger_paths
 from .lock import LOCK_FILE, RunLock
+from .reader import EVAL_FILE, REPORT_FILE
 from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, record_forced_change
 
 #: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers), never anything else.
 RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", CONFIG_FILE, "workers",
-             CONFIG_HISTORY)
+             CONFIG_HISTORY, EVAL_FILE, REPORT_FILE)
 #: The run files that are folders.
 FOLDERS = ("trajectories", "workers")
 #: Files that hold episodes: while every one is missing or empty, no episode has run in the directory yet.

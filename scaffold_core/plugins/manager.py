@@ -48,6 +48,7 @@ BUILTIN = BUILTIN_PLUGIN
 #: Built-in plugin modules, registered exactly like third-party plugins.
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "scaffold_core.builtins.controllers",
+    "scaffold_core.builtins.repeat",
     "scaffold_core.builtins.engines",
     "scaffold_core.builtins.tasks",
     "scaffold_core.builtins.trajectories",

@@ -16,10 +16,9 @@ from typing import Any, TextIO
 
 from ..errors import ConfigError
 from ..output.files import atomic_write_text
+from ..output.reader import TRAIN_METRICS as METRICS_FILE
+from ..output.reader import TRAIN_SUMMARY as SUMMARY_FILE
 from ..trainer import STEP_METRICS, TrainJob, TrainStep
-
-METRICS_FILE = "train_metrics.jsonl"
-SUMMARY_FILE = "train_summary.json"
 
 
 def train_output_dir(config: Any, output: str | None) -> Path:

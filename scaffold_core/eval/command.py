@@ -1,0 +1,184 @@
+"""``scaffold eval``: ``max(k)`` answers per problem with the configured controller, then the figures per k.
+
+The configured controller is wrapped in the built-in ``repeat`` controller
+(``n = max(k)`` independent runs per problem, see
+:mod:`scaffold_core.builtins.repeat`) and the run is an ordinary run: the same
+output directory, ledger, resume and workers. At the end the figures are
+computed from the ledger (:mod:`.figures`) and written to ``eval.json`` with
+the config and the versions that produced them.
+
+``--resume`` continues a run in the same directory, or reuses a finished one:
+its answers are kept, and the figures are computed again for the ks asked for
+(up to the answers per problem it has).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import ComponentConfig, Config
+from ..errors import ConfigError
+from ..output.files import atomic_write_text
+from ..output.reader import EVAL_FILE, EpisodeReader, read_config
+from ..run.provenance import versions
+from .answers import Problems, read_problems
+from .figures import METRICS, Bootstrap, eval_figures
+
+#: How best-of-N picks among k answers: ``reward`` (the run's verifier), ``logprob`` (the model's mean
+#: token logprob), or the name of another installed verifier (a reward model) scoring each answer.
+SELECTIONS = ("reward", "logprob")
+TIES = ("every answer tied for first place (equal vote counts for majority@k, equal scores for best_of_n@k) is "
+        "equally likely to be picked: a tie earns the fraction of the tied answers that are correct; answers "
+        "without a key cast no vote, and k answers with no vote earn 0")
+FORMAT = 1
+
+
+@dataclass
+class EvalResult:
+    """What ``scaffold eval`` produced: the run's metrics, ``eval.json``'s content, where, the engine tokenizer."""
+
+    metrics: dict[str, Any]
+    figures: dict[str, Any]
+    directory: Path
+    tokenizer: Any = None
+
+
+def answers_per_run(config: Config, ks: list[int], output_dir: Path | None, resume: bool) -> int:
+    """``max(ks)``, or, resuming a run with more answers per problem, that run's number (its answers are kept)."""
+    n = max(ks)
+    if not resume or output_dir is None:
+        return n
+    saved = read_config(output_dir)
+    controller = (saved[1].get("controller") if saved else None) or {}
+    if controller.get("name") != "repeat" or not isinstance(controller.get("n"), int):
+        return n
+    if controller["n"] < n:
+        raise ConfigError(f"--k: {output_dir} holds {controller['n']} answers per problem, fewer than k={n}; ask "
+                          f"for k up to {controller['n']}, or evaluate into a new directory with -o")
+    return int(controller["n"])
+
+
+def repeat_config(config: Config, n: int, registry: Any) -> Config:
+    """``config`` with its controller run ``n`` times per problem by ``repeat`` (re-wrapped if it already is)."""
+    inner = config.controller
+    if inner.name == "repeat":
+        spec = inner.options.get("controller") or {"name": "native"}
+        inner = ComponentConfig(spec if isinstance(spec, str) else spec.get("name", "native"),
+                                {} if isinstance(spec, str) else {k: v for k, v in spec.items() if k != "name"})
+    wrapped = ComponentConfig("repeat", {"n": n, "controller": inner.to_dict()})
+    registry.create("controller", "repeat", wrapped.options, path="controller")  # a ConfigError before any load
+    config.controller = wrapped
+    return config
+
+
+def run_answers(config: Config, *, output_dir: str | Path | None, resume: bool, progress: bool | None,
+                force_config: bool, plugins: Any = None) -> tuple[dict[str, Any], Path, Any]:
+    """Run the (wrapped) config as ``scaffold run`` would: (metrics, output directory, engine tokenizer)."""
+    if config.rollout.workers > 1 or config.rollout.launcher != "local":
+        from ..launch import run_workers
+
+        metrics = run_workers(config, output_dir=output_dir, resume=resume, progress=progress,
+                              force_config=force_config)
+        return metrics, Path(metrics.get("output_dir") or output_dir or "."), None
+    import sys
+
+    from ..run.rollout import Rollout
+
+    rollout = Rollout(config, output_dir=output_dir, resume=resume, progress=progress, force_config=force_config,
+                      plugins=plugins)
+    print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
+    metrics = rollout.run()
+    return metrics, rollout.dir, getattr(rollout.components.engine, "tokenizer", None)
+
+
+def score_answers(problems: Problems, select: str, registry: Any, timeout: float = 30.0) -> None:
+    """Set each answer's selection score for best-of-N: its reward, its mean logprob, or another verifier's."""
+    answers = [(p, a) for p in problems.problems for a in p.answers]
+    if select == "reward":
+        for _, a in answers:
+            a.score = a.reward
+        return
+    if select == "logprob":
+        for _, a in answers:
+            a.score = a.logprob
+        return
+    verifier = registry.create("verifier", select, {}, path="--select")
+    verdicts = asyncio.run(_verify(verifier, select, [(a.response, p.reference) for p, a in answers], timeout))
+    for (_, a), verdict in zip(answers, verdicts):
+        a.score = verdict
+
+
+async def _verify(verifier: Any, name: str, items: list[tuple[str, Any]], timeout: float) -> list[float | None]:
+    from ..errors import VerifierError
+    from ..run.verifier_pool import VerifierPool
+
+    pool = VerifierPool(verifier, timeout=timeout, workers=2, name=name)
+    out: list[float | None] = []
+    try:
+        for item in items:  # one at a time: an answer the scorer cannot score ranks last, the others still count
+            try:
+                out.append((await pool.verify_many([item]))[0].reward)
+            except VerifierError:
+                out.append(None)
+        return out
+    finally:
+        pool.close()
+
+
+def compute_eval(directory: Path, ks: list[int], *, select: str = "reward", registry: Any = None,
+                 bootstrap: Bootstrap | None = None) -> dict[str, Any]:
+    """The figures of the run in ``directory`` for ``ks`` (what ``eval.json`` holds, less config and versions)."""
+    with EpisodeReader(directory) as reader:
+        problems = read_problems(reader.heads())
+    score_answers(problems, select, registry)
+    bootstrap = bootstrap or Bootstrap()
+    figures = eval_figures(problems, ks, bootstrap=bootstrap)
+    return {"format": FORMAT, "k": ks, "metrics": list(METRICS), "select": select, "ties": TIES,
+            "bootstrap": {"resamples": bootstrap.resamples, "confidence": bootstrap.confidence,
+                          "seed": bootstrap.seed, "over": "problems"}, **figures}
+
+
+def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = None, resume: bool = False,
+             progress: bool | None = None, force_config: bool = False, select: str = "reward",
+             bootstrap: Bootstrap | None = None, plugins: Any = None) -> EvalResult:
+    """Run ``config`` with ``max(ks)`` answers per problem, compute the figures, write ``eval.json``."""
+    if plugins is None:
+        from ..plugins import get_plugins
+
+        plugins = get_plugins()
+    registry = plugins.registry
+    if select not in SELECTIONS:  # an unknown name, or one that cannot be built, fails here before any model loads
+        registry.create("verifier", select, {}, path="--select")
+    n = answers_per_run(config, ks, Path(output_dir) if output_dir is not None else None, resume)
+    config = repeat_config(config, n, registry)
+    metrics, directory, tokenizer = run_answers(config, output_dir=output_dir, resume=resume, progress=progress,
+                                                force_config=force_config, plugins=plugins)
+    figures = compute_eval(directory, ks, select=select, registry=registry, bootstrap=bootstrap)
+    figures.update(answers_per_problem=n, run={k: metrics.get(k) for k in (
+        "episodes", "completed", "failed", "accuracy", "reward_mean", "generated_tokens", "truncated_fraction",
+        "wall_s", "tokens_per_s")}, config=config.to_dict(), versions=versions(config.to_dict(), registry))
+    atomic_write_text(directory / EVAL_FILE, json.dumps(figures, indent=2) + "\n", private=config.output.private)
+    return EvalResult(metrics, figures, directory, tokenizer)
+
+
+def format_table(figures: dict[str, Any]) -> str:
+    """The figures as a text table: one row per k, each figure with its interval."""
+    head = ["k", "problems", *figures.get("metrics", METRICS), "tokens/problem"]
+    rows = [head]
+    for entry in figures["by_k"]:
+        cells = [str(entry["k"]), str(entry["problems"])]
+        for name in [*figures.get("metrics", METRICS), "tokens_per_problem"]:
+            fig = entry[name]
+            value, ci = fig["value"], fig["ci"]
+            digits = 0 if name == "tokens_per_problem" else 3
+            text = "-" if value is None else f"{value:.{digits}f}"
+            if ci is not None and value is not None:
+                text += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+            cells.append(text)
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)

@@ -1,0 +1,191 @@
+"""The episodes side of a report: statistics over every episode, and the sample the browser shows in full.
+
+:func:`scan` reads every episode's head once (no token lists) for the counts
+and distributions the charts show. :func:`choose` picks the episodes the
+trajectory browser carries whole: all of them up to a bound, past it a
+stratified random sample (by status and by how the episode's answers were
+rewarded, seeded), so a large run still gives a page of a few megabytes.
+:func:`episode_detail` turns one whole record into the page's compact form:
+token ids with one shared table of their texts, logprobs in hundredths,
+loss mask and versions as runs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..eval.answers import answers_of
+
+#: Episodes the browser carries in full at most, and the page bytes their tokens may take (estimated).
+MAX_EPISODES = 300
+DETAIL_BYTES = 6_000_000
+#: Page bytes per generated token (id, logprob) and per sample besides its tokens, for the estimate.
+BYTES_PER_TOKEN = 8
+BYTES_PER_SAMPLE = 160
+
+
+@dataclass
+class Stats:
+    """What every episode's head contributes to the charts and the summary."""
+
+    episodes: int = 0
+    failed: int = 0
+    samples: int = 0
+    unscored: int = 0
+    rewards: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    finish: Counter[str] = field(default_factory=Counter)
+    solved: Counter[tuple[int, int]] = field(default_factory=Counter)  # (correct answers, answers) per episode
+    failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+    strata: list[tuple[int, str, int]] = field(default_factory=list)  # (position, stratum, estimated bytes)
+
+
+def _reward(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def scan(heads: Any) -> Stats:
+    """Counts and distributions over every episode head (in the order the browser numbers them)."""
+    stats = Stats()
+    for position, head in enumerate(heads):
+        stats.episodes += 1
+        if head.get("status") != "ok":
+            stats.failed += 1
+            first = (str(head.get("error") or "no reason given").strip().splitlines() or [""])[0][:200]
+            stats.failures[(str(head.get("error_component") or "episode"), first)] += 1
+            stats.strata.append((position, "failed", 400 + len(str(head.get("error") or ""))))
+            continue
+        size = len(head.get("prompt") or "") + 200
+        for sample in head.get("samples") or []:
+            stats.samples += 1
+            reward = _reward(sample.get("reward"))
+            if reward is None:
+                stats.unscored += 1
+            else:
+                stats.rewards.append(reward)
+            tokens = int(sample.get("generated_tokens") or 0)
+            stats.tokens.append(tokens)
+            stats.finish[str(sample.get("finish_reason") or "?")] += 1
+            size += BYTES_PER_SAMPLE + BYTES_PER_TOKEN * tokens
+        answers = [a for a in answers_of(head) if a.reward is not None]
+        correct = sum(1 for a in answers if a.correct)
+        if answers:
+            stats.solved[(correct, len(answers))] += 1
+        kind = "unscored" if not answers else "none" if not correct else "all" if correct == len(answers) else "some"
+        stats.strata.append((position, kind, size))
+    return stats
+
+
+def choose(strata: list[tuple[int, str, int]], max_episodes: int = MAX_EPISODES, budget: int = DETAIL_BYTES,
+           seed: int = 0) -> list[int]:
+    """Positions of the episodes the browser carries: all when they fit, else a stratified random sample.
+
+    The bound is ``max_episodes`` and the estimated ``budget`` bytes, whichever is smaller. Each stratum
+    (failed; answers all right, some right, none right, unscored) gets a share proportional to its size,
+    and at least a few episodes when it has them, so rare failures still show.
+    """
+    if not strata or max_episodes <= 0:
+        return []
+    mean = sum(size for _, _, size in strata) / len(strata)
+    cap = max(1, min(max_episodes, int(budget / max(mean, 1.0))))
+    if len(strata) <= cap:
+        return [p for p, _, _ in strata]
+    groups: dict[str, list[int]] = {}
+    for position, kind, _ in strata:
+        groups.setdefault(kind, []).append(position)
+    floor = max(1, cap // (4 * len(groups)))
+    quota = {kind: min(len(g), max(floor, round(cap * len(g) / len(strata)))) for kind, g in groups.items()}
+    while sum(quota.values()) > cap:  # trim the largest share first
+        largest = max(quota, key=lambda kind: quota[kind])
+        quota[largest] -= 1
+    rng = random.Random(seed)
+    chosen = [p for kind, g in sorted(groups.items()) for p in rng.sample(g, quota[kind])]
+    return sorted(chosen)
+
+
+class Vocab:
+    """The distinct token ids the page's episodes use (their texts go in one shared table, keyed by id)."""
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+
+    def add(self, ids: list[int]) -> list[int]:
+        self.ids.update(ids)
+        return ids
+
+    def table(self, texts: dict[int, str]) -> dict[str, str]:
+        """id (as a string: a JSON key) -> its token text, for the ids that have one."""
+        return {str(token): texts[token] for token in self.ids if token in texts}
+
+
+def _centi(values: list[Any]) -> list[int]:
+    """Logprobs in hundredths of a nat, as integers (0 for anything that is not a finite number)."""
+    import numpy as np
+
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return [round(v * 100) if isinstance(v, (int, float)) and math.isfinite(v) else 0 for v in values]
+    return np.rint(np.nan_to_num(array * 100, nan=0.0, posinf=0.0, neginf=0.0)).astype(np.int64).tolist()
+
+
+def _runs(values: list[int]) -> list[int]:
+    """[value, length, value, length, ...] of consecutive equal values."""
+    if values and values.count(values[0]) == len(values):  # the common case: one run (C speed)
+        return [values[0], len(values)]
+    out: list[int] = []
+    for value in values:
+        if out and out[-2] == value:
+            out[-1] += 1
+        else:
+            out.extend((value, 1))
+    return out
+
+
+def episode_detail(record: dict[str, Any], vocab: Vocab) -> dict[str, Any]:
+    """One whole ledger record in the page's compact form (see the module's docstring)."""
+    out: dict[str, Any] = {"id": record.get("episode_id"), "i": record.get("index"), "st": record.get("status"),
+                           "p": record.get("prompt") or "", "ref": record.get("answer"),
+                           "fa": record.get("final_answer"), "ar": record.get("answer_reward"),
+                           "att": record.get("attempts"), "w": record.get("wall_s")}
+    if record.get("status") != "ok":
+        out.update(err=record.get("error"), ec=record.get("error_component"))
+        return out
+    rows = {t.get("sample_index"): t for t in record.get("trajectories") or [] if isinstance(t, dict)}
+    out["s"] = [_sample(s, rows.get(s.get("sample_index")), vocab) for s in record.get("samples") or []]
+    return out
+
+
+def _sample(sample: dict[str, Any], row: dict[str, Any] | None, vocab: Vocab) -> dict[str, Any]:
+    meta = sample.get("metadata") or {}
+    out: dict[str, Any] = {"si": sample.get("sample_index"), "r": _reward(sample.get("reward")),
+                           "x": sample.get("extracted"), "k": sample.get("key"), "why": sample.get("reason"),
+                           "f": sample.get("finish_reason"), "g": sample.get("generated_tokens"),
+                           "b": meta.get("branch"), "v": sample.get("weight_version"), "end": meta.get("end")}
+    answer = meta.get("branch_answer")
+    if isinstance(answer, dict):
+        out["ba"] = {"x": answer.get("extracted"), "r": _reward(answer.get("reward")), "s": answer.get("sample")}
+    if row is None or not isinstance(row.get("input_ids"), list):
+        out["txt"] = sample.get("response") or ""
+        return out
+    start = int(row.get("prompt_len") or 0)
+    ids = row["input_ids"][start:]
+    out["t"] = vocab.add(ids)
+    out["lp"] = _centi((row.get("logprobs") or [])[start:])
+    out["m"] = _runs(list((row.get("loss_mask") or [])[start:]))
+    out["ver"] = _runs(list((row.get("versions") or [])[start:]))
+    turns = [[t["start"] - start, t["end"] - start, t.get("index")] for t in meta.get("turns") or []
+             if isinstance(t, dict) and isinstance(t.get("start"), int) and isinstance(t.get("end"), int)]
+    if turns:
+        out["tu"] = turns
+    calls = [c for c in meta.get("tool_calls") or [] if isinstance(c, dict)]
+    if calls:
+        out["tc"] = [{"turn": c.get("turn"), "n": c.get("name"), "a": c.get("arguments"), "ok": c.get("ok"),
+                      "e": c.get("error")} for c in calls]
+    return out

@@ -1,0 +1,186 @@
+"""`scaffold report`: one offline page for run, eval and train directories; hostile text stays text; big runs
+are sampled, and the page says so."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from scaffold_core.cli import main
+from scaffold_core.errors import RunDirError
+from scaffold_core.output.reader import EpisodeReader, read_json, read_train_steps, run_kind
+from scaffold_core.report.build import build_report, read_report
+from scaffold_core.run.rollout import Rollout
+from scaffold_core.testing.engines import ScriptedEngine
+
+
+def page_data(html: str) -> dict:
+    found = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S)
+    assert found, "the page has no data block"
+    return json.loads(found.group(1))
+
+
+def test_eval_report_is_one_offline_page_with_charts_and_the_browser(eval_dir, dice_plugins, tmp_path):
+    out = tmp_path / "r"
+    shutil.copytree(eval_dir, out)
+    path = build_report(out, tokenizer=ScriptedEngine().tokenizer, registry=dice_plugins.registry)
+    assert path == out / "report.html"
+    html = path.read_text(encoding="utf-8")
+    # nothing outside the file: no remote scripts, styles, images or fonts
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "@import" not in html and "<link" not in html
+    for section in ("summary", "rewards", "scaling", "trajectories"):
+        assert f'<section id="{section}">' in html
+    assert html.count("<svg") >= 6  # reward, solve rate, finish, tokens, and the two scaling curves
+    assert "Scaling with k" in html and "Scaling with tokens spent" in html
+    data = page_data(html)
+    assert len(data["episodes"]) == 12 and all(len(e["s"]) == 4 for e in data["episodes"])
+    sample = data["episodes"][0]["s"][0]
+    assert len(sample["t"]) == len(sample["lp"]) == sample["m"][1]  # one run of loss mask 1 over the output
+    assert all(isinstance(data["vocab"][str(i)], str) for i in sample["t"])  # every token's text
+    assert "".join(data["vocab"][str(i)] for i in sample["t"]).startswith(sample["x"] or "")
+
+
+def test_text_from_the_run_cannot_end_the_script_or_inject_markup(eval_dir, dice_plugins, tmp_path):
+    out = tmp_path / "r"  # the scripted model writes HOSTILE (tests/conftest.py) into some answers
+    shutil.copytree(eval_dir, out)
+    html = build_report(out, tokenizer=ScriptedEngine().tokenizer, registry=dice_plugins.registry).read_text()
+    assert "window.hacked" in html  # the hostile answers are in the page ...
+    assert "</script><script>window.hacked" not in html  # ... never as markup
+    assert "<img src=x" not in html
+    assert html.count("</script>") == 2  # the data block's and the script's own
+    assert "{{JS}}" in html  # a placeholder inside the data stays text; the template is filled once
+
+
+def test_run_report_counts_every_episode_and_samples_the_browser_past_the_bound(dice_plugins, dice_config,
+                                                                                tmp_path):
+    config = dice_config(task={"name": "sums", "count": 40}, controller={"name": "native", "samples": 2})
+    Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    assert run_kind(tmp_path / "run") == "run"
+    path = build_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, max_episodes=10)
+    html = path.read_text()
+    data = page_data(html)
+    assert len(data["episodes"]) == 10
+    assert "Showing <b>10</b> of 40 episodes" in html and "stratified random sample" in html
+    assert "Token texts: token ids only" in html
+    assert data["vocab"] == {}  # no tokenizer: ids are shown, and the page says so
+    assert '<section id="scaling">' not in html  # a plain run has no eval figures
+    # the charts count all 40 episodes' 80 samples, not the 10 carried
+    bars = re.search(r"Reward per sample.*?</svg>", html, re.S).group(0)
+    counts = [int(c.replace(",", "")) for c in re.findall(r"<title>[^<]*?: ([\d,]+)</title>", bars)]
+    assert sum(counts) + json.loads((tmp_path / "run" / "metrics.json").read_text())["unscored_samples"] == 80
+
+
+def test_a_stratified_sample_keeps_rare_failures(tmp_path):
+    from scaffold_core.report.episodes import choose
+
+    strata = [(i, "none", 1000) for i in range(990)] + [(990 + i, "failed", 500) for i in range(10)]
+    chosen = choose(strata, max_episodes=100)
+    assert len(chosen) == 100 and chosen == sorted(chosen)
+    assert sum(1 for p in chosen if p >= 990) >= 6
+    assert choose(strata, max_episodes=100) == chosen  # seeded
+    assert len(choose(strata, max_episodes=10_000, budget=50_000)) == 50  # the byte budget binds first
+
+
+def test_failed_episodes_show_their_causes(dice_plugins, dice_config, tmp_path):
+    config = dice_config(task={"name": "sums", "count": 4}, rollout={"max_failed_fraction": 1.0})
+    rollout = Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False)
+    rollout.components.engine.fail = lambda prompt: "11 +" in prompt or "12 +" in prompt
+    rollout.run()
+    html = build_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry).read_text()
+    assert "Failure causes" in html and "injected engine failure" in html
+    statuses = [e["st"] for e in page_data(html)["episodes"]]
+    assert statuses.count("failed") == 2 and statuses.count("ok") == 2
+
+
+def test_train_report_plots_each_step(test_plugins, tmp_path, capsys):
+    config = tmp_path / "train.yaml"
+    config.write_text("task: {name: arithmetic, count: 3}\nengine: {name: benchmark_canned, response: '42'}\n"
+                      "trainer: {name: rollout_only, steps: 3, group: 2}\n")
+    assert main(["train", str(config), "-o", str(tmp_path / "t"), "--no-progress"]) == 0
+    assert run_kind(tmp_path / "t") == "train"
+    assert [s["step"] for s in read_train_steps(tmp_path / "t")] == [1, 2, 3]
+    html = (tmp_path / "t" / "report.html").read_text()
+    assert '<section id="training">' in html and "3 optimizer steps" in html
+    assert "Reward" in html and "Weight version" in html and "Staleness" in html
+    assert "Not reported by this trainer: loss, entropy" in html  # rollout_only trains nothing
+    assert "no episode ledger" in html
+
+
+def test_report_command_and_its_errors(eval_dir, tmp_path, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(eval_dir, out)
+    assert main(["report", str(out), "-o", str(tmp_path / "page.html"), "--max-episodes", "3"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "page.html")
+    assert len(page_data((tmp_path / "page.html").read_text())["episodes"]) == 3
+    assert main(["report", str(tmp_path / "missing")]) == 1
+    assert "no such run directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunDirError, match="not a run directory"):
+        run_kind(tmp_path / "empty")
+    (out / "eval.json").write_text("{torn")
+    with pytest.raises(RunDirError, match="not valid JSON"):
+        read_json(out, "eval.json")
+
+
+def test_reader_gives_heads_without_tokens_and_whole_records_by_position(eval_dir):
+    with EpisodeReader(eval_dir) as reader:
+        heads = list(reader.heads())
+        assert len(reader) == 12 and "trajectories" not in heads[0]
+        record = reader.record(5)
+        assert record["episode_id"] == heads[5]["episode_id"] and len(record["trajectories"]) == 4
+
+
+def test_versions_are_the_evals_own_record(eval_dir, dice_plugins, tmp_path):
+    out = tmp_path / "r"
+    shutil.copytree(eval_dir, out)
+    figures = json.loads((out / "eval.json").read_text())
+    figures["versions"]["scaffold-core"] = "9.9.9-recorded"
+    (out / "eval.json").write_text(json.dumps(figures))
+    report = read_report(out, tokenizer=None, registry=dice_plugins.registry)
+    assert report.versions_recorded and report.versions["scaffold-core"] == "9.9.9-recorded"
+
+
+def test_token_texts_come_from_the_saved_engine_or_are_missing_with_a_reason(dice_plugins, tmp_path):
+    from scaffold_core.errors import ConfigError
+    from scaffold_core.report.tokens import load_tokenizer, token_texts, tokenizer_for_run
+
+    tokenizer, source = tokenizer_for_run({"engine": {"name": "benchmark_canned"}}, dice_plugins.registry)
+    assert source == "the benchmark_canned engine's tokenizer"
+    assert token_texts(tokenizer, [2, 6 + ord("a"), 6 + ord("a")]) == {2: "<|end|>", 6 + ord("a"): "a"}
+    assert tokenizer_for_run({"engine": {"name": "gone"}}, dice_plugins.registry)[0] is None
+    assert tokenizer_for_run({}, dice_plugins.registry) == (None, "the run saved no engine in config.yaml")
+    assert token_texts(None, [1, 2]) == {}
+    with pytest.raises(ConfigError, match="--tokenizer"):
+        load_tokenizer(str(tmp_path / "no-such-tokenizer"))
+
+
+def test_odd_records_from_plugins_still_make_a_page(tmp_path):
+    """Metadata a plugin filled oddly (turns without positions, tool calls that are not dicts, a NaN reward)
+    is shown as far as it makes sense, never a failed report."""
+    from scaffold_core.episode import EpisodeResult, Sample
+    from scaffold_core.output.rundir import RunOutput
+    from scaffold_core.trajectory import TrainingSample
+    from scaffold_core.verifier import Verdict
+
+    sample = Sample([10, 11], [20, 21, 22], [-0.1, -2.0, -0.5], [1, 0, 1], "odd", "stop", 0, "v7",
+                    Verdict(float("nan"), None, None, "?"),
+                    metadata={"turns": [{"start": "x"}, {"start": 2, "end": 3, "index": 0}],
+                              "tool_calls": ["junk", {"turn": 0, "name": 5, "arguments": {"a": [1, None]}}]})
+    row = TrainingSample([10, 11, 20, 21, 22], [0, 0, 1, 0, 1], [0.0, 0.0, -0.1, 0.0, -0.5], [-1, -1, 7, -1, 7],
+                         0.0, 0.0, "e1", 0, "e1", 2, "stop")
+    out = RunOutput(tmp_path / "run")
+    try:
+        out.append(EpisodeResult("e1", 0, "ok", reference={"value": 3}, prompt_text="p", samples=[sample],
+                                 trajectories=[row]))
+    finally:
+        out.close()
+        out.release()
+    html = build_report(tmp_path / "run", tokenizer=None).read_text()
+    detail = page_data(html)["episodes"][0]["s"][0]
+    assert detail["r"] is None and detail["tu"] == [[0, 1, 0]] and detail["m"] == [1, 1, 0, 1, 1, 1]
+    assert detail["ver"] == [7, 1, -1, 1, 7, 1] and detail["lp"] == [-10, 0, -50]
+    assert [c["n"] for c in detail["tc"]] == [5]

@@ -1,0 +1,113 @@
+"""The report in a real browser: headless Chromium (the system's, driven by Playwright) opens report.html from
+disk. No console errors, the charts render, the browser's filters work, and a screenshot is written.
+
+Needs the Debian package ``chromium`` (``make setup`` installs it when run as root) and the ``playwright``
+wheel (the test extra; its driver is in the wheel, no browser is downloaded). Without them the test fails
+in CI (``CI=true``) and is skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scaffold_core.report.build import build_report
+from scaffold_core.testing.engines import ScriptedEngine
+
+CHROMIUM = Path(os.environ.get("SCAFFOLD_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
+#: Chromium as root in a container: no sandbox, no GPU, nothing that reaches the network.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+def need_browser():
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    missing = []
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright wheel (pip install -e '.[test]')")
+    if not CHROMIUM.is_file():
+        missing.append(f"Chromium at {CHROMIUM} (apt-get install chromium, or make setup as root)")
+    if missing:
+        message = "the browser test needs " + " and ".join(missing)
+        if in_ci:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def page(eval_dir, dice_plugins, tmp_path):
+    """(the report of the eval fixture opened in headless Chromium, the errors it logged)."""
+    need_browser()
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "run"
+    shutil.copytree(eval_dir, out)
+    path = build_report(out, tokenizer=ScriptedEngine().tokenizer, registry=dice_plugins.registry)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=60_000)
+        try:
+            tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+            tab.set_default_timeout(15_000)
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.on("request", lambda r: errors.append(f"request {r.url}") if not r.url.startswith("file:") else None)
+            tab.goto(path.as_uri())
+            yield tab, errors
+        finally:
+            browser.close()
+
+
+def test_report_opens_offline_with_charts_and_no_errors(page, tmp_path):
+    tab, errors = page
+    assert tab.locator("svg.chart").count() >= 6
+    assert tab.locator("svg.chart rect.bar").count() > 0 and tab.locator("svg.chart path.line").count() >= 4
+    box = tab.locator("svg.chart").first.bounding_box()
+    assert box and box["width"] > 200 and box["height"] > 100  # laid out, not collapsed
+    assert tab.locator("#list .row").count() == 48  # 12 problems x 4 answers
+    assert tab.locator("#detail .tokens .t").count() > 0  # the first trajectory is shown token by token
+    shot = tmp_path / "report.png"
+    tab.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
+    print(f"screenshot: {shot}")
+    assert errors == []
+
+
+def test_filtering_to_reward_zero_shows_only_such_trajectories(page):
+    tab, errors = page
+    total = tab.locator("#list .row").count()
+    tab.select_option("#f-reward", "0")
+    rewards = tab.locator("#list .row").evaluate_all("rows => rows.map(r => r.dataset.reward)")
+    assert rewards and set(rewards) == {"0"} and len(rewards) < total
+    assert tab.locator("#f-count").inner_text().startswith(f"{len(rewards)} of {total}")
+    tab.select_option("#f-reward", ">0")
+    assert set(tab.locator("#list .row").evaluate_all("rows => rows.map(r => r.dataset.reward)")) == {"1"}
+    tab.select_option("#f-reward", "")
+    tab.select_option("#f-finish", "length")
+    finishes = tab.locator("#list .row").evaluate_all("rows => rows.map(r => r.dataset.finish)")
+    assert finishes and set(finishes) == {"length"}
+    tab.select_option("#f-finish", "")
+    tab.select_option("#f-branch", "branch 2")
+    assert set(tab.locator("#list .row").evaluate_all("rows => rows.map(r => r.dataset.branch)")) == {"branch 2"}
+    assert errors == []
+
+
+def test_hover_shows_logprob_and_version_and_hostile_text_stays_text(page):
+    tab, errors = page
+    tab.fill("#f-search", "sum-01")
+    tab.locator("#list .row").first.click()
+    token = tab.locator("#detail .tokens .t").first
+    token.hover()
+    tip = tab.locator("#tip")
+    assert tip.is_visible()
+    text = tip.inner_text()
+    assert "logprob" in text and "weight version 0" in text and "id " in text
+    tab.locator("#detail details.prompt summary").click()
+    assert "</script><script>window.hacked=1</script>" in tab.locator("#detail details.prompt pre").inner_text()
+    assert tab.evaluate("window.hacked === undefined")
+    assert errors == []
