@@ -59,8 +59,10 @@ class Sample:
     The sequence is ``prompt_ids + output_ids``. ``output_mask`` marks which
     output tokens the model generated (1) and which an environment inserted
     (0, multi-turn only); ``output_logprobs`` are the engine's behaviour
-    logprobs (0.0 where the mask is 0). ``text`` is the response the verifier
-    scores.
+    logprobs (0.0 where the mask is 0). ``versions``, when known, has one
+    entry per output id: the weight version that sampled it (-1 where the
+    mask is 0); ``None`` means every generated token is ``weight_version``'s.
+    ``text`` is the response the verifier scores.
     """
 
     prompt_ids: list[int]
@@ -74,6 +76,7 @@ class Sample:
     verdict: Verdict | None = None
     turn_rewards: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    versions: list[int] | None = None
 
     @classmethod
     def from_task(cls, task: GenerationTask) -> Sample:
@@ -91,6 +94,7 @@ class Sample:
             weight_version=result.weight_version,
             verdict=task.verdict,
             metadata=dict(task.metadata),
+            versions=result.versions,
         )
 
     @property

@@ -232,6 +232,11 @@ class MalformedEngine(ScriptedEngine):
         return GenerationResult([1, 2, 3], [0.0], "stop", "x")
 
 
+class MisversionedEngine(ScriptedEngine):
+    async def generate(self, request):
+        return GenerationResult([1, 2, 3], [0.0] * 3, "stop", "x", 2, versions=[2, 3])
+
+
 class AbortingEngine(ScriptedEngine):
     async def generate(self, request):
         return GenerationResult([], [], "abort", "", meta={"message": "paused for a weight update"})
@@ -241,6 +246,9 @@ def test_malformed_and_aborted_engine_results_fail_the_episode():
     ctxs = make_contexts(ListTask(rows(1)), MalformedEngine().tokenizer)
     r = run_episodes(ctxs, engine=MalformedEngine(), controller=NativeController(), verifier=ExactMatchVerifier())[0]
     assert r.error_component == "engine" and "3 output ids but 1 logprobs" in r.error
+    r = run_episodes(ctxs, engine=MisversionedEngine(), controller=NativeController(),
+                     verifier=ExactMatchVerifier())[0]
+    assert r.error_component == "engine" and "3 output ids but 2 versions" in r.error
     r = run_episodes(ctxs, engine=AbortingEngine(), controller=NativeController(), verifier=ExactMatchVerifier(),
                      retries=2)[0]
     assert r.error_component == "engine" and "aborted" in r.error and "weight update" in r.error

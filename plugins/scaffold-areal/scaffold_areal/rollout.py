@@ -7,8 +7,8 @@ scaffold episode of the configured controller on ``engine`` (through
 engine: ``manage_engine=False``); it is scored by the configured verifier,
 and comes back as AReaL's tensor dict
 (:func:`scaffold_core.train.padding.to_padded_tensor_dict`) with the
-behaviour logprobs AReaL returned and the weight version of every token
-(:mod:`scaffold_areal.samples`), or ``None`` when it is rejected.
+behaviour logprobs and the weight version of every token AReaL returned,
+or ``None`` when it is rejected.
 
 Rejection policy (``None`` excludes the episode from training, as AReaL
 documents; every rejection is logged with its reason and counted in
@@ -46,7 +46,6 @@ from scaffold_core.trajectory import TrainingSample
 from .api import ArealAPI, as_gconfig
 from .engine import ArealEngine, sampling_from_gconfig
 from .samples import SAMPLES, ArealSamples
-from .versions import VersionLedger
 
 log = logging.getLogger("scaffold_areal")
 
@@ -130,10 +129,9 @@ class ScaffoldRollout:
         self.verifier = build_component("verifier", verifier, path="verifier")
         self.task = build_component("task", task, path="task") or PromptTask(
             messages_key, reference_key, to_plain(chat_template_kwargs))
-        self.ledger = VersionLedger()
         self.stats: Counter[str] = Counter()
         self.trajectory_maker = ArealSamples(
-            build_component("trajectory_maker", trajectory, path="trajectory"), self.ledger, samples=samples,
+            build_component("trajectory_maker", trajectory, path="trajectory"), samples=samples,
             reject_truncated=reject_truncated, stats=self.stats)
         self.samples = samples
         self.reject_truncated = reject_truncated
@@ -149,7 +147,7 @@ class ScaffoldRollout:
         held = self._rollouts.get(id(engine))
         if held is None or held[0] is not engine:
             adapter = ArealEngine(engine, request_cls=self.areal.ModelRequest, gconfig=self.gconfig,
-                                  tokenizer=self.tokenizer, ledger=self.ledger)
+                                  tokenizer=self.tokenizer)
             held = (engine, TrainingRollouts(
                 task=self.task, controller=self.controller, engine=adapter, sampling=self.sampling,
                 verifier=self.verifier, trajectory_maker=self.trajectory_maker, max_staleness=self.max_staleness,
@@ -164,8 +162,6 @@ class ScaffoldRollout:
         await rollouts.start()
         row = dict(data)
         group = await rollouts.run_group(row, group_id=f"{row.get('id', 0)}-{uuid.uuid4().hex[:12]}")
-        for episode in group.episodes:  # what a failed episode left in the ledger
-            self.ledger.pop(episode.episode_id)
         self.stats["episodes"] += 1
         samples = self.accepted(group)
         if samples is None:

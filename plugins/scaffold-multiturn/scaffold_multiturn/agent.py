@@ -386,6 +386,7 @@ class AgentController(Controller):
             output_mask=conv.output_mask, text=answer if answer is not None else last.text,
             finish_reason=last.finish_reason, sample_index=ctx.sample_base,
             weight_version=conv.turns[0].weight_version, verdict=verdict, metadata=metadata,
+            versions=conv.output_versions,
         )
         return sample, self._metrics(len(conv.turns), end, forced, tally, report)
 

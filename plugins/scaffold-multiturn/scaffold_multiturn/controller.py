@@ -188,7 +188,7 @@ class MultiTurnChatController(Controller):
             prompt_ids=list(ctx.prompt_ids), output_ids=conv.output_ids, output_logprobs=conv.output_logprobs,
             output_mask=conv.output_mask, text=last.text, finish_reason=last.finish_reason,
             sample_index=ctx.sample_base, weight_version=conv.turns[0].weight_version, verdict=final,
-            turn_rewards=turn_rewards, metadata=metadata,
+            turn_rewards=turn_rewards, metadata=metadata, versions=conv.output_versions,
         )
         return sample, self._metrics(len(conv.turns), end, report)
 

@@ -143,6 +143,7 @@ class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
             for sample in result.samples:
                 assert sample.verdict is not None, "every sample is verified by the end of the episode"
                 assert len(sample.output_ids) == len(sample.output_logprobs) == len(sample.output_mask)
+                assert sample.versions is None or len(sample.versions) == len(sample.output_ids)
             for traj in result.trajectories:
                 traj.check()
 
