@@ -221,9 +221,3 @@ def group_normalized(rewards: Sequence[float], *, std: str = "unbiased", eps: fl
     else:
         spread = math.sqrt(squares / n)
     return [c / (spread + eps) for c in centred]
-
-
-def __getattr__(name: str) -> Any:  # names that moved to another module stay importable from here
-    from ._compat import moved_name
-
-    return moved_name(__name__, name)

@@ -244,7 +244,7 @@ def test_the_worker_entry_point_runs_under_torchrun(test_plugins, tmp_path):
     port = reserve_port(host="127.0.0.1", port_range=control_port_range()).release()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "scaffold_core.worker", str(config),
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "scaffold_core.launch.worker", str(config),
          "-o", str(out)], capture_output=True, text=True, timeout=240, start_new_session=True,
         env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun keeps a log folder in TMPDIR
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,7 +1,5 @@
 """One worker of a multi-worker rollout: ``python -m scaffold_core.launch.worker CONFIG [-o DIR] [--resume]``.
 
-(``python -m scaffold_core.worker`` is the same command under its earlier name.)
-
 It reads its place from torchrun's variables (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``),
 runs the rows with ``index % WORLD_SIZE == RANK`` on its own engine and

@@ -39,12 +39,6 @@ def building(registry: Registry, path: str | None = None) -> Iterator[None]:
         BUILDING.reset(token)
 
 
-def __getattr__(name: str) -> Any:  # names that moved to another module stay importable from here
-    from .._compat import moved_name
-
-    return moved_name(__name__, name)
-
-
 #: The plugin name the core's own components are registered under.
 BUILTIN_PLUGIN = "builtin"
 

@@ -12,10 +12,10 @@ from fractions import Fraction
 import pytest
 
 import scaffold_gsm8k
+from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
-from scaffold_core.hookimpl import hookimpl
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ScriptedEngine, plugin_set
 from scaffold_core.tokenizers import ByteTokenizer
 from scaffold_gsm8k import data

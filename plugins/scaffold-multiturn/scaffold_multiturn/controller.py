@@ -18,7 +18,7 @@ from .environment import EnvironmentFailure, EnvStep, run_step
 def build_environment(spec: Any) -> tuple[Any, str]:
     """(environment, name) from a registered name, a ``{name: ..., options...}`` mapping, or an object."""
     if spec is None:
-        from scaffold_core.registry import current_registry
+        from scaffold_core.plugins import current_registry
 
         names = ", ".join(current_registry().names("environment")) or "(none installed)"
         raise ValueError(f"multiturn_chat needs an environment: set controller.environment to one of: {names} "
@@ -29,7 +29,7 @@ def build_environment(spec: Any) -> tuple[Any, str]:
         spec = {"name": spec}
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ValueError(f"environment must be a registered name or {{name: ..., options...}}, got {spec!r}")
-    from scaffold_core.registry import current_registry
+    from scaffold_core.plugins import current_registry
 
     options = {k: v for k, v in spec.items() if k != "name"}
     try:

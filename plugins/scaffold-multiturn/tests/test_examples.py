@@ -11,7 +11,7 @@ import pytest
 from scaffold_core.config import load_config
 from scaffold_core.engines.canned import CannedBenchmarkEngine
 from scaffold_core.plugins import get_plugins
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "multiturn-gsm8k.yaml"
 
@@ -78,7 +78,7 @@ def test_a_conversation_on_weights_3_then_4_is_saved_with_3s_and_4s_per_token(pl
 
     import scaffold_gsm8k
     import scaffold_multiturn
-    from scaffold_core.plugins.markers import hookimpl
+    from scaffold_core import hookimpl
     from scaffold_core.testing import plugin_set
 
     versioned = types.ModuleType("versioned_engine")

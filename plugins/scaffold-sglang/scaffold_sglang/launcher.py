@@ -35,8 +35,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from scaffold_core.distributed.net import format_url, loopback_host, strip_brackets
 from scaffold_core.errors import MissingDependencyError, ScaffoldError
-from scaffold_core.net import format_url, loopback_host, strip_brackets
 from scaffold_core.output.redact import Redactor, copy_redacted, secret_values
 
 log = logging.getLogger("scaffold.sglang")
@@ -312,7 +312,7 @@ class Launcher:
         return env
 
     def _reserve(self, count: int) -> list[Any]:
-        from scaffold_core.ports import reserve_ports
+        from scaffold_core.distributed.ports import reserve_ports
 
         try:
             return reserve_ports(count, rank=0, world_size=1, host="", port_range=self.port_range,

@@ -439,7 +439,7 @@ def test_unreachable_url_fails_start_within_url_wait_timeout():
 
 def test_aborted_requests_are_rerun_by_the_runtime_after_a_pause_in_abort_mode():
     from scaffold_core.builtins.controllers import NativeController
-    from scaffold_core.runtime import Runtime
+    from scaffold_core.run.runtime import Runtime
     from scaffold_core.testing import ListTask, make_contexts
 
     server = byte_server(backend_options={"token_delay_s": 0.01, "mean_tokens": 30})

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scaffold_core.errors import ConfigError
-from scaffold_core.options import validate_options
+from scaffold_core.plugins.options import validate_options
 from scaffold_core.tool import ToolContext, check_tool, invoke_tool
 from scaffold_tools.python_tool import NO_OUTPUT, PythonTool
 from scaffold_tools.sandbox import namespaces_available
