@@ -4,11 +4,11 @@
   controller, made synchronously when it starts, before anything awaits;
   per-episode data travels in its :class:`EpisodeContext`.
 * Concurrency is bounded by a fixed number of worker coroutines (no thread per
-  request, no task per queued episode).
-* Every await is bounded: each engine request by ``request_timeout``, each
-  verification by the verifier pool's timeout, each episode by
-  ``episode_timeout`` (requests and episodes share a timer per length:
-  ``scaffold_core.run.deadlines``).
+  request, no task per queued episode): the limits' ``concurrency``.
+* Every await is bounded (:class:`~scaffold_core.run.assembly.Limits`): each
+  engine request by ``request_timeout``, each verification by the verifier
+  pool's timeout, each episode by ``episode_timeout`` (requests and episodes
+  share a timer per length: ``scaffold_core.run.deadlines``).
 * An error fails its episode with the component and reason (retried up to
   ``retries`` times when the error is retryable); it never becomes a silent
   zero reward and never stops other episodes.
@@ -29,6 +29,7 @@ from ..episode import EpisodeContext, EpisodeResult, Outcome, Sample
 from ..errors import ControllerError, EngineError, EpisodeError, TrajectoryError, VerifierError
 from ..generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
 from ..plugins.lifecycle import Hooks
+from .assembly import DEFAULT_LIMITS, Limits
 from .deadlines import Deadlines
 from .verifier_pool import VerifierPool
 
@@ -111,7 +112,7 @@ async def gather_or_cancel(coros: list[Any]) -> list[Any]:
 
 
 class Runtime:
-    """Runs episodes of one controller against one engine and verifier."""
+    """Runs episodes of one controller against one engine and verifier, within ``limits``."""
 
     def __init__(
         self,
@@ -122,23 +123,15 @@ class Runtime:
         trajectory_maker: Any = None,
         hooks: Hooks | None = None,
         engine_name: str = "engine",
-        concurrency: int = 64,
-        request_timeout: float = 3600.0,
-        episode_timeout: float = 7200.0,
-        retries: int = 0,
+        limits: Limits = DEFAULT_LIMITS,
     ):
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
         self.engine = engine
         self.prototype = controller
         self.verifier = verifier
         self.trajectory_maker = trajectory_maker
         self.hooks = hooks or Hooks(None)
         self.engine_name = engine_name
-        self.concurrency = concurrency
-        self.request_timeout = request_timeout
-        self.episode_timeout = episode_timeout
-        self.retries = retries
+        self.limits = limits
         self.stopping = False
         self._workers: list[asyncio.Future] = []
         self._deadlines = Deadlines()  # request and episode timeouts: one timer per length, not per wait
@@ -149,7 +142,11 @@ class Runtime:
         contexts: Iterable[EpisodeContext] | AsyncIterable[EpisodeContext],
         on_result: Callable[[EpisodeResult], None] | None = None,
     ) -> int:
-        """Run every episode; call ``on_result`` for each as it finishes. Returns how many ran."""
+        """Run every episode, ``limits.concurrency`` at a time; call ``on_result`` for each as it finishes.
+        Returns how many ran."""
+        workers = self.limits.concurrency
+        if workers is None:
+            raise ValueError("Runtime.run needs a bound on the episodes in flight: limits.concurrency is None")
         if hasattr(contexts, "__aiter__"):
             source: Any = contexts.__aiter__()
             is_async = True
@@ -182,9 +179,9 @@ class Runtime:
                 if on_result is not None:
                     on_result(result)
 
-        self._workers = [asyncio.ensure_future(worker()) for _ in range(self.concurrency)]
+        self._workers = [asyncio.ensure_future(worker()) for _ in range(workers)]
         try:
-            with gc_tuned(gc_threshold(self.concurrency)):
+            with gc_tuned(gc_threshold(workers)):
                 outcomes = await asyncio.gather(*self._workers, return_exceptions=True)
         finally:
             for task in self._workers:
@@ -223,7 +220,7 @@ class Runtime:
             ctx.attempt = attempt
             try:
                 controller = self.episode_controller()  # synchronous, before anything awaits
-                result = await self._deadlines.bounded(self._attempt(controller, ctx), self.episode_timeout)
+                result = await self._deadlines.bounded(self._attempt(controller, ctx), self.limits.episode_timeout)
                 result.attempts = attempt + 1
                 result.wall_s = time.perf_counter() - started
                 return result
@@ -231,14 +228,14 @@ class Runtime:
                 raise
             except (asyncio.TimeoutError, TimeoutError):
                 error, component, retryable = (
-                    f"episode did not finish within {self.episode_timeout:g} s (rollout.episode_timeout)",
+                    f"episode did not finish within {self.limits.episode_timeout:g} s (rollout.episode_timeout)",
                     "timeout", True)
             except EpisodeError as exc:
                 error, component = str(exc), exc.component
                 retryable = isinstance(exc, (EngineError, VerifierError)) and getattr(exc, "retryable", True)
             except Exception as exc:  # a bug in a controller or plugin: fail this episode only
                 error, component, retryable = f"{type(exc).__name__}: {exc}", "controller", False
-            if attempt >= self.retries or not retryable:
+            if attempt >= self.limits.retries or not retryable:
                 return EpisodeResult(
                     episode_id=ctx.episode_id, index=ctx.index, status="failed", reference=ctx.reference,
                     prompt_text=ctx.prompt_text, error=error, error_component=component,
@@ -354,11 +351,11 @@ class Runtime:
 
     async def _call_engine(self, engine: Any, request: GenerationRequest) -> Any:
         try:
-            result = await self._deadlines.bounded(engine.generate(request), self.request_timeout)
+            result = await self._deadlines.bounded(engine.generate(request), self.limits.request_timeout)
         except (asyncio.TimeoutError, TimeoutError):
             raise EngineError(
                 f"engine {self.engine_name!r} did not answer request {request.request_id} within "
-                f"{self.request_timeout:g} s (rollout.request_timeout)", retryable=True) from None
+                f"{self.limits.request_timeout:g} s (rollout.request_timeout)", retryable=True) from None
         except EpisodeError:
             raise
         except asyncio.CancelledError:

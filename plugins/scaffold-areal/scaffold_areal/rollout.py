@@ -37,10 +37,11 @@ import uuid
 from collections import Counter
 from typing import Any, ClassVar
 
+from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.train.adapters import PromptTask, build_component, to_plain
 from scaffold_core.train.padding import to_padded_tensor_dict
 from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
-from scaffold_core.train.staleness import check_policy
+from scaffold_core.train.staleness import StalenessPolicy
 from scaffold_core.trajectory import TrainingSample
 
 from .api import ArealAPI, as_gconfig
@@ -48,9 +49,6 @@ from .engine import ArealEngine, sampling_from_gconfig
 from .samples import SAMPLES, ArealSamples
 
 log = logging.getLogger("scaffold_areal")
-
-#: Episodes in flight are AReaL's to bound (``max_concurrent_rollouts``), not scaffold's.
-UNBOUNDED = 1 << 30
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
@@ -119,7 +117,10 @@ class ScaffoldRollout:
                              "{name: ..., options...}): AReaL trains on its rewards")
         if samples not in SAMPLES:
             raise ValueError(f"samples must be one of {SAMPLES}, got {samples!r}")
-        check_policy(max_staleness, on_stale)
+        self.staleness = StalenessPolicy(max_staleness, on_stale)
+        # Episodes in flight are AReaL's to bound (``max_concurrent_rollouts``), not scaffold's.
+        self.limits = Limits(concurrency=None, request_timeout=request_timeout, episode_timeout=episode_timeout,
+                             verifier_timeout=verifier_timeout, retries=retries)
         self.gconfig = as_gconfig(self.areal, gconfig)
         self.tokenizer = load_tokenizer(tokenizer)
         if hasattr(self.gconfig, "new_with_stop_and_pad_token_ids"):  # as AReaL's RLVR workflow does
@@ -135,11 +136,7 @@ class ScaffoldRollout:
             reject_truncated=reject_truncated, stats=self.stats)
         self.samples = samples
         self.reject_truncated = reject_truncated
-        self.max_staleness = max_staleness
-        self.on_stale = on_stale
         self.turn_ids = self.areal.turn_ids if turn_ids is None else turn_ids
-        self.limits: dict[str, Any] = dict(request_timeout=request_timeout, episode_timeout=episode_timeout,
-                                           verifier_timeout=verifier_timeout, retries=retries)
         self._rollouts: dict[int, tuple[Any, TrainingRollouts]] = {}
 
     def rollouts(self, engine: Any) -> TrainingRollouts:
@@ -148,11 +145,10 @@ class ScaffoldRollout:
         if held is None or held[0] is not engine:
             adapter = ArealEngine(engine, request_cls=self.areal.ModelRequest, gconfig=self.gconfig,
                                   tokenizer=self.tokenizer)
-            held = (engine, TrainingRollouts(
-                task=self.task, controller=self.controller, engine=adapter, sampling=self.sampling,
-                verifier=self.verifier, trajectory_maker=self.trajectory_maker, max_staleness=self.max_staleness,
-                on_stale=self.on_stale, concurrency=UNBOUNDED, engine_name="areal", manage_engine=False,
-                **self.limits))
+            components = Components(task=self.task, controller=self.controller, engine=adapter,
+                                    verifier=self.verifier, trajectory_maker=self.trajectory_maker)
+            held = (engine, TrainingRollouts(components, sampling=self.sampling, limits=self.limits,
+                                             staleness=self.staleness, engine_name="areal", manage_engine=False))
             self._rollouts[id(engine)] = held
         return held[1]
 
