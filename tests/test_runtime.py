@@ -689,7 +689,7 @@ def test_branch_contexts_get_their_own_copies_of_everything_mutable():
 
 
 def test_branch_copies_keep_shared_references_and_cycles():
-    from scaffold_core.episode import copy_data
+    from scaffold_core._cloning import copy_data
 
     shared = [1]
     data = {"a": shared, "b": shared, "t": (1, [2])}

@@ -109,7 +109,7 @@ class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
 
     def test_clone_shares_no_mutable_state(self) -> None:
         """A clone shares no list, dict, set or sub-controller with its prototype."""
-        from ...controller import shared_names
+        from ..._cloning import shared_names
 
         prototype = self.make_controller()
         allowed = set(self.shared_attributes) | set(shared_names(type(prototype)))  # declared shared handles
