@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
 from ..errors import ScaffoldError
+from ..run.arguments import add_override_arguments, add_run_arguments
 from ..run.summary import ExitCode, exit_code_for, exit_reason, print_summary
 from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
 
@@ -31,18 +32,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print the resolved config, with every default filled in")
     p.add_argument("config", help="YAML config file")
-    _override_options(p, "sampling.max_tokens=256")
+    add_override_arguments(p, "sampling.max_tokens=256")
     p.set_defaults(handler=cmd_config)
 
     p = sub.add_parser("run", help="run a rollout described by a YAML config")
-    p.add_argument("config", help="YAML config file")
-    _override_options(p, "task.limit=4")
-    p.add_argument("-o", "--output", help="output directory (overrides output.dir)")
-    p.add_argument("--resume", action="store_true", help="continue a killed run in the output directory")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
-    p.add_argument("--force-config", action="store_true",
-                   help="with --resume: continue even though the config differs from the saved one (recorded in "
-                        "config-history.jsonl)")
+    add_run_arguments(p)
     p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(handler=cmd_run)
@@ -73,16 +67,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="the folder to create scaffold-NAME/ in, created when missing (default: the current one)")
     p.set_defaults(handler=cmd_new_plugin)
     return parser
-
-
-def _override_options(p: argparse.ArgumentParser, example: str) -> None:
-    from ..config import Unset
-
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"override a key, e.g. --set {example} (repeatable); KEY=null removes it. "
-                        "Setting SECTION.name to another component drops the previous one's options")
-    p.add_argument("--unset", dest="overrides", action="append", type=Unset, metavar="KEY",
-                   help="remove a key or section, so its default applies (repeatable)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
