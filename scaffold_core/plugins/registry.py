@@ -8,14 +8,15 @@ the package at fault.
 from __future__ import annotations
 
 import contextvars
+import copy
 import difflib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
+from ..errors import ConfigError, DuplicateComponentError, PluginLoadError, UnknownComponentError
 from .kinds import KINDS
 from .options import build_component
 
@@ -301,6 +302,31 @@ class Registry:
         info = self.get(kind, name, path=path)
         with building(self, path or kind):
             return info.create(options, path=path or kind)
+
+    def build(self, kind: str, spec: Any, *, path: str | None = None,
+              accepts: Callable[[Any], bool] | None = None) -> Any:
+        """A component from how an option names it: a registered name, a ``{name: ..., options...}`` mapping (its
+        other keys are the options, validated and copied), or an object that is the component already, used as
+        it is (by default anything but plain data; ``accepts`` narrows that, e.g. to objects with a ``step``).
+
+        Anything else raises :class:`ConfigError` naming ``path``; a name nothing registered raises as
+        :meth:`create` does.
+        """
+        where = path or kind
+        if isinstance(spec, str):
+            return self.create(kind, spec, {}, path=where)
+        if isinstance(spec, Mapping):
+            options = dict(spec)
+            name = options.pop("name", None)
+            if isinstance(name, str):
+                return self.create(kind, name, copy.deepcopy(options), path=where)
+        elif accepts(spec) if accepts is not None else not isinstance(spec, _DATA):
+            return spec
+        raise ConfigError(f"{where}: expected a registered {kind} name or {{name: ..., options...}}, got {spec!r}")
+
+
+#: Values that are configuration data, never a component object.
+_DATA = (type(None), bool, int, float, bytes, list, tuple, set, frozenset)
 
 
 def _same_name(a: str, b: str) -> bool:

@@ -19,7 +19,6 @@ format), so the default clone, a deep copy, is all an episode needs.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import re
@@ -64,14 +63,10 @@ ENDS = ("answer", "max_turns", "context")
 # -- building ------------------------------------------------------------------------------
 
 
-def _component(kind: str, spec: Any, path: str) -> Any:
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ConfigError(f"{path}: expected a registered {kind} name or {{name: ..., options...}}, got {spec!r}")
-    options = {k: v for k, v in spec.items() if k != "name"}
+def _component(kind: str, spec: Any, path: str, method: str) -> Any:
+    """The ``kind`` component ``spec`` names, or ``spec`` itself when it has the component's ``method``."""
     try:
-        return current_registry().create(kind, spec["name"], copy.deepcopy(options), path=path)
+        return current_registry().build(kind, spec, path=path, accepts=lambda obj: callable(getattr(obj, method, None)))
     except (UnknownComponentError, PluginLoadError) as exc:
         raise ConfigError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
 
@@ -87,7 +82,7 @@ def build_tools(specs: Any, path: str) -> dict[str, Any]:
     tools: dict[str, Any] = {}
     for i, spec in enumerate(specs):
         where = f"{path}[{i}]"
-        tool = spec if callable(getattr(spec, "call", None)) else _component("tool", spec, where)
+        tool = _component("tool", spec, where, "call")
         try:
             check_tool(tool)
         except ToolDefinitionError as exc:
@@ -101,7 +96,7 @@ def build_tools(specs: Any, path: str) -> dict[str, Any]:
 
 def build_format(spec: Any, path: str) -> Any:
     """The tool-call format ``spec`` names (a name, ``{name: ..., options...}`` or a format object)."""
-    fmt = spec if callable(getattr(spec, "parse", None)) else _component("tool_format", spec, path)
+    fmt = _component("tool_format", spec, path, "parse")
     for method in ("prompt", "parse", "result_messages"):
         if not callable(getattr(fmt, method, None)):
             raise ConfigError(f"{path}: {type(fmt).__name__} has no {method}() method; a tool format implements "

@@ -23,22 +23,19 @@ def build_environment(spec: Any) -> tuple[Any, str]:
         names = ", ".join(current_registry().names("environment")) or "(none installed)"
         raise ValueError(f"multiturn_chat needs an environment: set controller.environment to one of: {names} "
                          "(e.g. environment: {name: verifier_feedback})")
-    if hasattr(spec, "step") and not isinstance(spec, (str, dict)):
-        return spec, type(spec).__name__
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"environment must be a registered name or {{name: ..., options...}}, got {spec!r}")
     from scaffold_core.plugins import current_registry
 
-    options = {k: v for k, v in spec.items() if k != "name"}
     try:
-        env = current_registry().create("environment", spec["name"], options, path="controller.environment")
+        env = current_registry().build("environment", spec, path="controller.environment",
+                                       accepts=lambda obj: hasattr(obj, "step"))
     except (UnknownComponentError, PluginLoadError) as exc:
         raise ConfigError(str(exc)) from exc
+    if env is spec:
+        return spec, type(spec).__name__
+    name = spec if isinstance(spec, str) else spec["name"]
     if not callable(getattr(env, "step", None)):
-        raise ValueError(f"environment {spec['name']!r} built a {type(env).__name__}, which has no step() method")
-    return env, spec["name"]
+        raise ValueError(f"environment {name!r} built a {type(env).__name__}, which has no step() method")
+    return env, name
 
 
 def discounted(reward: float, turns: int, turn_discount: float) -> float:
