@@ -46,10 +46,10 @@ BUILTIN_PLUGIN = "builtin"
 #: Which distribution of this project adds a well-known component, by (kind, name), for install hints.
 KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("task", "gsm8k"): "scaffold-gsm8k",
+    ("task", "multiturn_gsm8k"): "scaffold-gsm8k",
+    ("task", "gsm8k_calculator"): "scaffold-gsm8k",
     ("verifier", "gsm8k"): "scaffold-gsm8k",
     ("verifier", "math_verify"): "scaffold-gsm8k[math-verify]",
-    ("task", "multiturn_gsm8k"): "scaffold-multiturn",
-    ("task", "gsm8k_calculator"): "scaffold-multiturn",
     ("controller", "multiturn_chat"): "scaffold-multiturn",
     ("controller", "agent"): "scaffold-multiturn",
     ("trajectory_maker", "multiturn"): "scaffold-multiturn",
