@@ -42,7 +42,7 @@ _LAZY = {
     "Trainer": "trainer",
     "TrainJob": "trainer",
     "TrainStep": "trainer",
-    "TrainingRollouts": "train.rollouts",
+    "TrainingRollouts": "train.prompt_groups",
 }
 
 __all__ = ["hookimpl", "__version__", *_LAZY]

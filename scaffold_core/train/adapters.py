@@ -2,7 +2,7 @@
 
 Such a trainer owns the dataset, the inference servers and the loop; the
 adapter turns one of its rows into a scaffold episode with
-:class:`~scaffold_core.train.rollouts.TrainingRollouts` (``manage_engine=False``)
+:class:`~scaffold_core.train.prompt_groups.TrainingRollouts` (``manage_engine=False``)
 over an engine adapter of the trainer's servers, and hands back the trainer's
 own format. The pieces here are the trainer-neutral part of that:
 

@@ -3,7 +3,7 @@
 ``arun_episode(engine, data)``: ``data`` (one dataset row) runs as one
 scaffold episode of the configured controller on ``engine`` (through
 :class:`~scaffold_areal.engine.ArealEngine`), with the core's
-:class:`~scaffold_core.train.rollouts.TrainingRollouts` (the trainer owns the
+:class:`~scaffold_core.train.prompt_groups.TrainingRollouts` (the trainer owns the
 engine: ``manage_engine=False``); it is scored by the configured verifier,
 and comes back as AReaL's tensor dict
 (:func:`scaffold_core.train.padding.to_padded_tensor_dict`) with the
@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.train.adapters import PromptTask, build_component, to_plain
 from scaffold_core.train.padding import to_padded_tensor_dict
-from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 from scaffold_core.train.staleness import StalenessPolicy
 from scaffold_core.trajectory import TrainingSample
 

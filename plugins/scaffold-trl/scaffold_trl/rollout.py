@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 
 log = logging.getLogger("scaffold.trl")
 

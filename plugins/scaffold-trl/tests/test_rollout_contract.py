@@ -16,7 +16,7 @@ from scaffold_core.config import load_config
 from scaffold_core.run.assembly import Components
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
-from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 from scaffold_core.trajectory import TrainingSample
 from scaffold_trl.loop_thread import LoopThread
 from scaffold_trl.rollout import REWARD_KEY, PromptIndex, RolloutBridge, scaffold, split_groups, to_trl_output

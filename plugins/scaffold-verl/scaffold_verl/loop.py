@@ -11,7 +11,7 @@ by every loop of the worker with the same options and server manager.
 (``ct_build_initial_tokens`` when the base class has it: same template
 kwargs, same ``prompt_length`` cap), the episode runs the configured
 controller over ``server_manager.generate`` (:mod:`scaffold_verl.engine`)
-with the core's :class:`~scaffold_core.train.rollouts.TrainingRollouts`
+with the core's :class:`~scaffold_core.train.prompt_groups.TrainingRollouts`
 (one group of one episode per call, with this call's sampling; verl owns
 the servers: ``manage_engine=False``), is scored by the configured verifier
 (or left to verl's reward loop), and comes back as an ``AgentLoopOutput``
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.train.adapters import PromptTask, build_component, is_object, to_plain
-from scaffold_core.train.rollouts import TrainingRollouts
+from scaffold_core.train.prompt_groups import TrainingRollouts
 
 from .api import VerlAPI, rollout_lengths
 from .engine import VerlEngine, sampling_from_verl

@@ -15,7 +15,7 @@ from scaffold_core.config import load_config
 from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
-from scaffold_core.train.rollouts import TrainingRollouts
+from scaffold_core.train.prompt_groups import TrainingRollouts
 from scaffold_core.train.staleness import StalenessPolicy, is_stale, oldest_version, staleness
 
 ROWS = [{"id": "a", "question": "1 + 1?", "answer": "2"}, {"id": "b", "question": "2 + 2?", "answer": "4"}]
