@@ -10,8 +10,6 @@ PROJECT_NAME = "scaffold"
 ENTRY_POINT_GROUP = PROJECT_NAME
 #: The distribution that ships ``scaffold_core``.
 CORE_DISTRIBUTION = "scaffold-core"
-#: A plugin's distribution is ``scaffold-<name>`` and its module ``scaffold_<name>``.
-PLUGIN_PREFIX = f"{PROJECT_NAME}-"
 
 
 @functools.cache

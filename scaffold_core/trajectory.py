@@ -114,11 +114,6 @@ def usable_reward(sample: Any) -> float | None:
     return float(reward)
 
 
-def has_reward(sample: Any) -> bool:
-    """True when the sample carries a usable reward (see :func:`usable_reward`)."""
-    return usable_reward(sample) is not None
-
-
 def check_missing_reward_policy(policy: str) -> str:
     if policy not in MISSING_REWARD_POLICIES:
         raise ValueError(f"missing_reward must be 'drop' or 'fail', got {policy!r}")

@@ -188,11 +188,6 @@ class Registry:
                 for kind, table in self._components.items()
                 for name, providers in sorted(table.items()) if len(providers) > 1]
 
-    @property
-    def conflicts(self) -> list[DuplicateComponentError]:
-        """The clashes (the earlier name of :meth:`clashes`)."""
-        return self.clashes()
-
     def check(self) -> None:
         """Raise the first clash, if any (for callers that want none at all)."""
         clashes = self.clashes()
