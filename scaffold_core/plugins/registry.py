@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._meta import bare_name, split_name
 from ..errors import ConfigError, DuplicateComponentError, PluginLoadError, UnknownComponentError
 from .kinds import KINDS
 from .options import build_component
@@ -69,21 +70,6 @@ def install_command(requirement: str) -> str:
     """How to install one of this project's distributions: its packages are built from a checkout
     (``make dist``), not published on a package index."""
     return f"pip install --find-links dist {_shell_quote(requirement)}"
-
-
-def split_name(name: str) -> tuple[str | None, str]:
-    """``"scaffold-dupe:hello"`` -> ``("scaffold-dupe", "hello")``; ``"hello"`` -> ``(None, "hello")``.
-
-    A component name may be qualified by the plugin (entry-point name, ``builtin`` for the core's
-    own) or the distribution that provides it, to choose between providers of one name.
-    """
-    qualifier, sep, bare = name.rpartition(":")
-    return (qualifier or None) if sep else None, bare
-
-
-def bare_name(name: str) -> str:
-    """The component name without a ``plugin:`` or ``dist:`` qualifier."""
-    return split_name(name)[1]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._meta import bare_name
 from ..config import Config
 from ..distributed.env import DistEnv
 from ..distributed.ports import rank_slice
@@ -20,7 +21,6 @@ from ..errors import DataError
 from ..output import LEDGER, RunOutput, expand_output_dir
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
-from ..plugins.registry import bare_name
 from ..task import episode_context, episode_id_of
 from .assembly import Components, Limits, started
 from .finalize import finalize_run_dir
