@@ -121,7 +121,7 @@ def test_the_readme_install_lines_work_in_a_fresh_venv(dist_dir, tmp_path, uv_pi
         listed = json.loads(venv.run(["scaffold", "list-plugins", "--json"], cwd=work, timeout=120).stdout)
         gsm8k = {p["name"]: p for p in listed}["gsm8k"]
         assert gsm8k["status"] == "ok" and gsm8k["distribution"] == "scaffold-gsm8k"
-        assert gsm8k["components"]["task"] == ["gsm8k"]
+        assert gsm8k["components"]["task"] == ["gsm8k", "gsm8k_calculator", "multiturn_gsm8k"]
         where = venv.run(["python", "-c", "import scaffold_core, scaffold_gsm8k; print(scaffold_core.__file__, "
                           "scaffold_gsm8k.__file__)"], cwd=tmp_path, timeout=60).stdout
         assert str(REPO) not in where and str(venv.path) in where  # installed from the wheels, not the checkout
