@@ -27,6 +27,7 @@ from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.engines.canned import CannedBenchmarkEngine
 from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.run.assembly import Limits
 from scaffold_core.run.runtime import Runtime
 from scaffold_core.run.verifier_pool import VerifierPool
 from scaffold_core.sampling import SamplingParams
@@ -87,7 +88,7 @@ async def measure(controller: Any, engine: Any, episodes: int, concurrency: int)
 
     await _start(controller)
     runtime = Runtime(engine=engine, controller=controller, verifier=pool, trajectory_maker=MultiTurnTrajectoryMaker(),
-                      concurrency=concurrency, request_timeout=120)
+                      limits=Limits(concurrency=concurrency, request_timeout=120))
     start = time.perf_counter()
     try:
         await runtime.run(contexts(engine, episodes), on_result)

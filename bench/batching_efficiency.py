@@ -37,6 +37,7 @@ async def scaffold_tokens_per_s(engine, prompts: list[list[int]], max_tokens: in
                                 temperature: float) -> tuple[float, int]:
     from scaffold_core.builtins.controllers import NativeController
     from scaffold_core.episode import EpisodeContext
+    from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
     from scaffold_core.sampling import SamplingParams
 
@@ -50,7 +51,8 @@ async def scaffold_tokens_per_s(engine, prompts: list[list[int]], max_tokens: in
         assert result.ok, result.error
         tokens += sum(s.generated_tokens for s in result.samples)
 
-    runtime = Runtime(engine=engine, controller=NativeController(), verifier=None, concurrency=len(prompts))
+    runtime = Runtime(engine=engine, controller=NativeController(), verifier=None,
+                      limits=Limits(concurrency=len(prompts)))
     start = time.perf_counter()
     await runtime.run(contexts, on_result)
     return tokens / (time.perf_counter() - start), tokens

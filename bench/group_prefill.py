@@ -74,6 +74,7 @@ async def one_run(engine, prompts: list[list[int]], max_tokens: int, share: bool
     from scaffold_core.builtins.controllers import MajorityVoteController
     from scaffold_core.builtins.verifiers import ExactMatchVerifier
     from scaffold_core.episode import EpisodeContext
+    from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
     from scaffold_core.run.verifier_pool import VerifierPool
     from scaffold_core.sampling import SamplingParams
@@ -91,7 +92,7 @@ async def one_run(engine, prompts: list[list[int]], max_tokens: int, share: bool
     engine.share_prefill = share
     pool = VerifierPool(ExactMatchVerifier(), timeout=60, workers=1)
     runtime = Runtime(engine=engine, controller=MajorityVoteController(samples=SAMPLES), verifier=pool,
-                      concurrency=len(prompts))
+                      limits=Limits(concurrency=len(prompts)))
     before = engine.stats()
     start, cpu = time.perf_counter(), time.process_time()
     try:

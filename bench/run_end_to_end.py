@@ -116,7 +116,7 @@ def runtime_only(episodes: int) -> tuple[float, float]:
     """(episodes/s, episodes per CPU-second) of the same episodes through the runtime alone (nothing persisted)."""
     from scaffold_core.config import load_config
     from scaffold_core.plugins import PluginSet
-    from scaffold_core.run.rollout import build_components
+    from scaffold_core.run.assembly import Components, Limits
     from scaffold_core.run.runtime import Runtime
     from scaffold_core.run.verifier_pool import VerifierPool
     from scaffold_core.task import episode_context
@@ -124,7 +124,7 @@ def runtime_only(episodes: int) -> tuple[float, float]:
 
     plugins = PluginSet().load(entry_points=False, extra={"testing": test_plugin})
     config = load_config(data=config_data(episodes, 1), registry=plugins.registry)
-    comps = build_components(config, plugins.registry)
+    comps = Components.from_config(config, plugins.registry)
     sampling = config.sampling.params()
 
     def contexts():
@@ -134,7 +134,7 @@ def runtime_only(episodes: int) -> tuple[float, float]:
     async def main() -> tuple[float, float]:
         pool = VerifierPool(comps.verifier, timeout=30, workers=config.verifier_workers)
         runtime = Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
-                          trajectory_maker=comps.trajectory_maker, concurrency=64)
+                          trajectory_maker=comps.trajectory_maker, limits=Limits(concurrency=64))
         await comps.engine.start()
         t0, c0 = time.perf_counter(), time.process_time()
         n = await runtime.run(contexts(), lambda result: None)

@@ -39,6 +39,7 @@ from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.engines.canned import CannedBenchmarkEngine
 from scaffold_core.episode import EpisodeContext
+from scaffold_core.run.assembly import Limits
 from scaffold_core.run.runtime import Runtime
 from scaffold_core.run.verifier_pool import VerifierPool
 from scaffold_core.sampling import SamplingParams, derive_seed
@@ -102,7 +103,7 @@ async def measure(controller, episodes: int, concurrency: int, context_class: ty
         rewards += sum(len(t.input_ids) for t in result.trajectories)
 
     runtime = Runtime(engine=engine, controller=controller, verifier=pool,
-                      trajectory_maker=SingleTurnTrajectoryMaker(), concurrency=concurrency)
+                      trajectory_maker=SingleTurnTrajectoryMaker(), limits=Limits(concurrency=concurrency))
     start, cpu_start = time.perf_counter(), time.process_time()
     await runtime.run(contexts(engine, episodes, context_class), on_result)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start

@@ -162,7 +162,7 @@ def process_cpu_s(pid: int) -> float | None:
 async def measure(url: str, total: int, in_flight: int, server_pid: int | None = None,
                   profile: int = 0, tokens: int = 4) -> dict:
     from scaffold_core.generation import GenerationRequest
-    from scaffold_core.run.runtime import gc_tuned
+    from scaffold_core.run.aio import gc_tuned
     from scaffold_core.sampling import SamplingParams
     from scaffold_sglang import SGLangEngine
 

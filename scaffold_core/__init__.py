@@ -8,26 +8,9 @@ package: the contracts sit flat in this folder, the machinery in subpackages.
 
 from __future__ import annotations
 
-import sys
-from types import ModuleType
 from typing import Any
 
-from ._compat import install as _install_moved_paths
 from .plugins.markers import hookimpl
-
-
-class _Package(ModuleType):
-    """The package module: ``import scaffold_core.hookimpl`` (the marker's earlier module path, an alias
-    now) must not replace the ``hookimpl`` marker with that module, as importing a submodule normally would."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "hookimpl" and isinstance(value, ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-_install_moved_paths()
 
 #: Public name -> the module that defines it.
 _LAZY = {
@@ -59,7 +42,7 @@ _LAZY = {
     "Trainer": "trainer",
     "TrainJob": "trainer",
     "TrainStep": "trainer",
-    "TrainingRollouts": "train.rollouts",
+    "TrainingRollouts": "train.prompt_groups",
 }
 
 __all__ = ["hookimpl", "__version__", *_LAZY]

@@ -43,7 +43,7 @@ class Engine:
     context_length: int | None = None
     run_info: RunInfo | None = None
     #: The version of the weights new requests are generated with: 0 at start, changed only by
-    #: :meth:`update_weights`. Each result reports the version that produced it.
+    #: :meth:`update_weights`. Each result reports the version(s) that produced it.
     weight_version: int = 0
 
     def attach_run(self, info: RunInfo) -> None:
@@ -77,10 +77,12 @@ class Engine:
         new version (it may not go backwards); by default it is the current
         one plus 1.
 
-        In-flight requests: a request runs on one set of weights. Requests
-        already generating when the update is called finish on the old
-        weights and report the old version; every request that starts after
-        the call returns runs on the new weights and reports the new version.
+        In-flight requests: every request that starts after the call returns
+        runs on the new weights and reports the new version. A request
+        already generating either finishes on the old weights or goes on on
+        the new ones (the embedded engine does this, between two decode
+        steps); either way its result says which version sampled each token
+        (``GenerationResult.versions``, or ``weight_version`` when one did).
         Raises :class:`~scaffold_core.errors.EngineError` when the engine
         cannot load the weights (it then keeps serving the old ones and the
         old version).

@@ -6,50 +6,13 @@ own :class:`EpisodeContext` and its own controller clone.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._cloning import copy_data
 from .generation import GenerationTask
 from .sampling import SamplingParams, mix_seed
 from .verifier import Reference, Verdict
-
-_DATA_ATOMS: frozenset[type] = frozenset({type(None), bool, int, float, str, bytes})
-
-
-def copy_data(value: Any, memo: dict[int, Any] | None = None) -> Any:
-    """A deep copy of JSON-like data (dicts, lists, tuples, scalars), fast; anything else via ``copy.deepcopy``.
-
-    Shared references inside ``value`` stay shared in the copy, and cycles
-    are copied as cycles, exactly as ``copy.deepcopy`` does.
-    """
-    kind = type(value)
-    if kind in _DATA_ATOMS:
-        return value
-    if memo is None:
-        if kind is dict:  # the common case, a flat row of scalars, is a plain dict copy
-            for item in value.values():
-                if type(item) not in _DATA_ATOMS:
-                    break
-            else:
-                return dict(value)
-        memo = {}
-    else:
-        done = memo.get(id(value))
-        if done is not None:
-            return done
-    if kind is dict:
-        copied: dict[Any, Any] = {}
-        memo[id(value)] = copied
-        for key, item in value.items():
-            copied[key] = item if type(item) in _DATA_ATOMS else copy_data(item, memo)
-        return copied
-    if kind is list:
-        items: list[Any] = []
-        memo[id(value)] = items
-        items.extend(item if type(item) in _DATA_ATOMS else copy_data(item, memo) for item in value)
-        return items
-    return copy.deepcopy(value, memo)
 
 
 @dataclass(slots=True, eq=False)
@@ -59,8 +22,10 @@ class Sample:
     The sequence is ``prompt_ids + output_ids``. ``output_mask`` marks which
     output tokens the model generated (1) and which an environment inserted
     (0, multi-turn only); ``output_logprobs`` are the engine's behaviour
-    logprobs (0.0 where the mask is 0). ``text`` is the response the verifier
-    scores.
+    logprobs (0.0 where the mask is 0). ``versions``, when known, has one
+    entry per output id: the weight version that sampled it (-1 where the
+    mask is 0); ``None`` means every generated token is ``weight_version``'s.
+    ``text`` is the response the verifier scores.
     """
 
     prompt_ids: list[int]
@@ -74,6 +39,7 @@ class Sample:
     verdict: Verdict | None = None
     turn_rewards: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    versions: list[int] | None = None
 
     @classmethod
     def from_task(cls, task: GenerationTask) -> Sample:
@@ -91,6 +57,7 @@ class Sample:
             weight_version=result.weight_version,
             verdict=task.verdict,
             metadata=dict(task.metadata),
+            versions=result.versions,
         )
 
     @property

@@ -1,4 +1,5 @@
-"""Exception types raised by scaffold, all in one place.
+"""Exception types raised by scaffold, all in one place (and :func:`require_module`, the one way to ask for an
+optional dependency).
 
 Every error a user can cause names the thing at fault and what would fix it.
 Errors that code reacts to carry structured fields (``component``,
@@ -82,6 +83,29 @@ class RunLockedError(RunDirError):
 
 class MissingDependencyError(ScaffoldError):
     """An optional dependency is needed; the message carries the pip command that installs it."""
+
+
+def require_module(*names: str, needed_by: str, install: str, what: str | None = None, load: bool = True) -> Any:
+    """Import the modules ``names`` for ``needed_by`` (with ``load=False`` only check that they are installed).
+
+    When one is missing, raises :class:`MissingDependencyError`: ``"{needed_by} needs {what} ({reason}); install
+    it with: {install}"`` (``what`` defaults to the module names). Returns the module, a tuple of them for
+    several names, or None with ``load=False``.
+    """
+    import importlib
+    import importlib.util
+
+    try:
+        if not load:
+            missing = [name for name in names if importlib.util.find_spec(name) is None]
+            if missing:
+                raise ModuleNotFoundError(f"No module named {missing[0]!r}")
+            return None
+        modules = tuple(importlib.import_module(name) for name in names)
+    except ImportError as exc:
+        raise MissingDependencyError(f"{needed_by} needs {what or ' and '.join(names)} ({exc}); install it with: "
+                                     f"{install}") from exc
+    return modules[0] if len(modules) == 1 else modules
 
 
 # -- episodes ------------------------------------------------------------------

@@ -52,7 +52,11 @@ class GenerationResult:
     stop token included); ``logprobs`` has one entry per output id;
     ``finish_reason`` is ``stop`` (EOS, stop token or stop string), ``length``
     (max_tokens reached) or ``abort``. ``weight_version`` names the policy
-    that produced the tokens when the engine knows it.
+    that produced the tokens when the engine knows it (the oldest one when
+    several did). ``versions``, when the engine knows them, has one entry per
+    output id: the weight version that sampled it (a request that a weight
+    update reached mid-way reads ``[3, 3, 4, 4]``); ``None`` means every
+    token is ``weight_version``'s.
     """
 
     output_ids: list[int]
@@ -60,6 +64,7 @@ class GenerationResult:
     finish_reason: str
     text: str = ""
     weight_version: int | str | None = None
+    versions: list[int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> GenerationResult:
@@ -67,6 +72,10 @@ class GenerationResult:
         if len(self.output_ids) != len(self.logprobs):
             raise ValueError(
                 f"engine returned {len(self.output_ids)} output ids but {len(self.logprobs)} logprobs"
+            )
+        if self.versions is not None and len(self.versions) != len(self.output_ids):
+            raise ValueError(
+                f"engine returned {len(self.output_ids)} output ids but {len(self.versions)} versions"
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"engine returned finish_reason {self.finish_reason!r}; expected one of {FINISH_REASONS}")
@@ -109,6 +118,10 @@ class GenerationTask:
     @property
     def logprobs(self) -> list[float]:
         return self.need_result().logprobs
+
+    @property
+    def versions(self) -> list[int] | None:
+        return self.need_result().versions
 
     @property
     def finish_reason(self) -> str:

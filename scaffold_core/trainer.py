@@ -5,7 +5,7 @@ config's ``trainer:`` section selects it by ``name`` and its other keys are
 the factory's options (validated before anything loads, like every
 component). ``scaffold train`` then calls :meth:`Trainer.train` once with a
 :class:`TrainJob`: the resolved config (the trainer builds its rollouts
-from it, usually with :class:`scaffold_core.train.rollouts.TrainingRollouts`),
+from it, usually with :class:`scaffold_core.train.prompt_groups.TrainingRollouts`),
 the run directory, and :meth:`TrainJob.report`, which the trainer calls once
 per optimizer step with a :class:`TrainStep`. The core draws the progress
 bar, prints the step's metrics and appends them to ``train_metrics.jsonl``.

@@ -4,7 +4,8 @@ Token faithfulness: a training sample is ``prompt_ids + output_ids`` exactly
 as the engine saw and sampled them (never re-tokenized text). Prompt tokens
 and environment tokens get loss mask 0, logprob 0.0 and version -1; tokens
 the model generated get loss mask 1, the engine's behaviour logprob, and the
-engine's weight version (0 when the engine reports none).
+weight version that sampled it (the sample's per-token ``versions`` when it
+has them, else its ``weight_version``; 0 when the engine reports none).
 """
 
 from __future__ import annotations
@@ -59,20 +60,34 @@ def version_number(version: Any) -> int:
 
 
 def sample_tokens(sample: Sample) -> tuple[list[int], list[int], list[float], list[int]]:
-    """(input_ids, loss_mask, logprobs, versions) for one sample."""
+    """(input_ids, loss_mask, logprobs, versions) for one sample.
+
+    A generated token's version is its own (``sample.versions``) when the
+    sample carries them, else the sample's ``weight_version``.
+    """
     n_prompt = len(sample.prompt_ids)
-    version = version_number(sample.weight_version)
     mask = sample.output_mask
     input_ids = [*sample.prompt_ids, *sample.output_ids]
     loss_mask = [0] * n_prompt + list(mask)
     given = sample.output_logprobs
+    per_token = sample.versions
+    if per_token is not None and len(per_token) != len(sample.output_ids):
+        raise ValueError(f"sample {sample.sample_index} has {len(per_token)} versions for "
+                         f"{len(sample.output_ids)} output ids; give one version per output id")
     if type(mask) is list and type(given) is list and mask.count(1) == len(mask):
         # every output token generated (single turn): nothing to choose token by token
         logprobs = [0.0] * n_prompt + list(given[:len(mask)] if len(given) > len(mask) else given)
-        versions = [-1] * n_prompt + [version] * len(mask)
+        if per_token is None:
+            versions = [-1] * n_prompt + [version_number(sample.weight_version)] * len(mask)
+        else:
+            versions = [-1] * n_prompt + list(per_token)
     else:
         logprobs = [0.0] * n_prompt + [lp if m else 0.0 for lp, m in zip(sample.output_logprobs, mask)]
-        versions = [-1] * n_prompt + [version if m else -1 for m in mask]
+        if per_token is None:
+            version = version_number(sample.weight_version)
+            versions = [-1] * n_prompt + [version if m else -1 for m in mask]
+        else:
+            versions = [-1] * n_prompt + [v if m else -1 for v, m in zip(per_token, mask)]
     return input_ids, loss_mask, logprobs, versions
 
 
@@ -97,11 +112,6 @@ def usable_reward(sample: Any) -> float | None:
     if reward is None or math.isnan(reward):
         return None
     return float(reward)
-
-
-def has_reward(sample: Any) -> bool:
-    """True when the sample carries a usable reward (see :func:`usable_reward`)."""
-    return usable_reward(sample) is not None
 
 
 def check_missing_reward_policy(policy: str) -> str:
@@ -206,9 +216,3 @@ def group_normalized(rewards: Sequence[float], *, std: str = "unbiased", eps: fl
     else:
         spread = math.sqrt(squares / n)
     return [c / (spread + eps) for c in centred]
-
-
-def __getattr__(name: str) -> Any:  # names that moved to another module stay importable from here
-    from ._compat import moved_name
-
-    return moved_name(__name__, name)

@@ -159,9 +159,3 @@ def reference_answers(reference: Reference) -> list[str]:
                 "inside); this verifier compares answers: use a verifier that understands the task's "
                 "structured references, or make reference(row) return a string or a list of strings")
     return out
-
-
-def __getattr__(name: str) -> Any:  # names that moved to another module stay importable from here
-    from ._compat import moved_name
-
-    return moved_name(__name__, name)

@@ -1,6 +1,7 @@
-"""The core's layout holds: no import cycles, no import from a layer above, every module in a documented room.
+"""The layout holds: no import cycles in the core, no import from a layer above, every module in a documented
+room, and every plugin importing the core only through the modules documented as plugin-facing.
 
-The rooms and their layers are read from the module map in docs/architecture.md, so the map and the
+The rooms, their layers and the plugin-facing modules are read from docs/architecture.md, so the map and the
 code cannot drift apart. Every import counts: top-level, inside functions, and under TYPE_CHECKING.
 """
 
@@ -10,10 +11,9 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "scaffold_core"
+PLUGINS = ROOT / "plugins"
 DOC = ROOT / "docs" / "architecture.md"
 
 
@@ -154,22 +154,90 @@ def test_only_the_facade_imports_the_package_root():
     assert not offenders, f"these import the package facade instead of the module that defines a name: {offenders}"
 
 
-@pytest.mark.parametrize("old", ["scaffold_core.workers", "scaffold_core.ports", "scaffold_core.net",
-                                 "scaffold_core.rollout", "scaffold_core.runtime", "scaffold_core.registry",
-                                 "scaffold_core.microbatch", "scaffold_core.worker", "scaffold_core.hookimpl"])
-def test_earlier_module_paths_still_import(old):
-    import importlib
+def plugin_facing() -> tuple[set[str], set[str]]:
+    """(modules a plugin's sources may import, modules its tests may import as well), from the "What plugins
+    import" section of docs/architecture.md; a name on a line that says "and its modules" covers its submodules
+    too (written ``name.*``)."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## What plugins import", 1)[1].split("\n## ", 1)[0]
+    sources, tests = section.split("A plugin's tests may import", 1)
 
-    from scaffold_core._compat import MOVED_MODULES
+    def names(part: str) -> set[str]:
+        found = set()
+        for line in part.splitlines():
+            for name in re.findall(r"`(scaffold_core[\w.]*)`", line):
+                found.add(f"{name}.*" if "and its modules" in line else name)
+        return found
 
-    module = importlib.import_module(old)
-    assert module is importlib.import_module(MOVED_MODULES[old])
-    assert module.__spec__.name == MOVED_MODULES[old]
+    return names(sources), names(tests)
 
 
-def test_importing_the_old_marker_path_keeps_the_marker():
-    import scaffold_core.hookimpl  # noqa: F401
-    from scaffold_core import hookimpl
-    from scaffold_core.plugins.markers import hookimpl as marker
+def allowed(module: str, names: set[str]) -> bool:
+    return module in names or any(n.endswith(".*") and (module == n[:-2] or module.startswith(n[:-1]))
+                                  for n in names)
 
-    assert hookimpl is marker and callable(hookimpl)
+
+def plugin_files() -> list[Path]:
+    return sorted(p for p in PLUGINS.glob("scaffold-*/**/*.py")
+                  if not any(part.endswith(".egg-info") or part in ("build", ".venv") for part in p.parts))
+
+
+def core_imports(path: Path, known: set[str]) -> set[str]:
+    """Every ``scaffold_core`` module a plugin file imports (an import of a path that is no module stays as written,
+    so that it is reported)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            base = node.module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t == "scaffold_core" or t.startswith("scaffold_core."))
+    return found
+
+
+def undocumented_plugin_imports(files: list[Path]) -> list[str]:
+    """``file: module`` for each core module a plugin file imports that the plugin-facing lists do not name."""
+    known = set(modules())
+    sources, tests = plugin_facing()
+    out = []
+    for path in files:
+        names = sources | tests if "tests" in path.relative_to(PLUGINS).parts else sources
+        for target in sorted(core_imports(path, known)):
+            if target not in known:
+                out.append(f"{path.relative_to(ROOT)}: {target} (no such module)")
+            elif not allowed(target, names):
+                out.append(f"{path.relative_to(ROOT)}: {target}")
+    return out
+
+
+def test_the_plugin_facing_list_names_modules_that_exist():
+    known = set(modules())
+    sources, tests = plugin_facing()
+    assert "scaffold_core.engine" in sources and "scaffold_core.testing.*" in tests
+    stale = sorted(n for n in sources | tests if n.removesuffix(".*") not in known)
+    assert not stale, f"docs/architecture.md names plugin-facing modules that do not exist: {stale}"
+
+
+def test_the_plugin_import_check_catches_machinery_imports(tmp_path):
+    fake = tmp_path / "mod.py"
+    fake.write_text("from scaffold_core import hookimpl\nfrom scaffold_core.engine import Engine\n"
+                    "def f():\n    from scaffold_core.run.finalize import finalize_run_dir\n"
+                    "from scaffold_core.distributed import net\nfrom scaffold_core.registry import KINDS\n",
+                    encoding="utf-8")
+    found = core_imports(fake, set(modules()))
+    assert found == {"scaffold_core", "scaffold_core.engine", "scaffold_core.run.finalize",
+                     "scaffold_core.distributed.net", "scaffold_core.registry"}
+    sources, _ = plugin_facing()
+    assert [m for m in sorted(found) if not allowed(m, sources)] == ["scaffold_core.registry",
+                                                                       "scaffold_core.run.finalize"]
+
+
+def test_plugins_import_the_core_only_through_plugin_facing_modules():
+    files = plugin_files()
+    assert len({p.relative_to(PLUGINS).parts[0] for p in files}) >= 7  # every plugin is looked at
+    offenders = undocumented_plugin_imports(files)
+    assert not offenders, ("plugins import core modules that docs/architecture.md does not list as plugin-facing "
+                           "(import from a listed module, or list the module there):\n" + "\n".join(offenders))

@@ -27,7 +27,9 @@ def tiny_model(seed: int = 0):
     config = transformers.LlamaConfig(vocab_size=ByteTokenizer().vocab_size, hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=256, tie_word_embeddings=False)
-    return transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None  # nor may its generation config's EOS stop it
+    return model
 
 
 def request(rid: str, max_tokens: int = 8, prompt: tuple[int, ...] = (10, 11, 12, 13)) -> GenerationRequest:
@@ -123,9 +125,10 @@ def test_bad_weights_are_refused_and_the_old_ones_kept(tmp_path):
     assert all(torch.equal(v, engine.model.state_dict()[k]) for k, v in state.items())
 
 
-def test_requests_in_flight_during_an_update_finish_on_the_old_weights():
-    """Defined behaviour: a request decoding when update_weights is called finishes on the old weights and
-    reports the old version; requests after the update use the new weights and version."""
+def test_a_request_in_flight_during_an_update_goes_on_on_the_new_weights_with_a_version_per_token():
+    """A request decoding when update_weights is called goes on from the tokens it has on the new weights (its
+    KV cache recomputed): its result holds tokens of both versions, each with its own version and the logprob
+    of the weights that sampled it. Requests after the update run on the new weights alone."""
     served, new = tiny_model(0), tiny_model(1)
     old = tiny_model(0)
     decoding = threading.Event()
@@ -143,16 +146,45 @@ def test_requests_in_flight_during_an_update_finish_on_the_old_weights():
             while not decoding.is_set():
                 await asyncio.sleep(0.005)
             version = await engine.update_weights(new.state_dict())
-            assert not running.done() or running.result().weight_version == 0
+            assert not running.done()  # applied between two decode steps, not after the request
             later = await engine.generate(request("later", max_tokens=8))
             return await running, version, later
 
     in_flight, version, later = asyncio.run(main())
     prompt = (10, 11, 12, 13)
-    assert version == 1 and in_flight.weight_version == 0 and later.weight_version == 1
-    assert len(in_flight.output_ids) == 40
-    assert close(in_flight.logprobs, teacher_forced(old, prompt, in_flight.output_ids))
+    assert version == 1 and len(in_flight.output_ids) == 40
+    switch = in_flight.versions.index(1)
+    assert 0 < switch < 40 and in_flight.versions == [0] * switch + [1] * (40 - switch)
+    assert in_flight.weight_version == 0  # the oldest version of its tokens
+    assert close(in_flight.logprobs[:switch], teacher_forced(old, prompt, in_flight.output_ids)[:switch])
+    assert close(in_flight.logprobs[switch:], teacher_forced(new, prompt, in_flight.output_ids)[switch:])
+    assert later.weight_version == 1 and later.versions == [1] * 8
     assert close(later.logprobs, teacher_forced(new, prompt, later.output_ids))
+
+
+def test_an_update_refused_mid_request_leaves_the_request_on_the_old_weights():
+    served, old = tiny_model(0), tiny_model(0)
+    decoding = threading.Event()
+
+    def slow_down(module, args):
+        decoding.set()
+        threading.Event().wait(0.01)
+
+    served.register_forward_pre_hook(slow_down)
+    engine = wrapped(served)
+
+    async def main():
+        async with engine:
+            running = asyncio.ensure_future(engine.generate(request("long", max_tokens=20)))
+            while not decoding.is_set():
+                await asyncio.sleep(0.005)
+            with pytest.raises(EngineError, match="no.such.weight"):
+                await engine.update_weights({"no.such.weight": torch.zeros(1)})
+            return await running
+
+    result = asyncio.run(main())
+    assert result.versions == [0] * 20 and engine.weight_version == 0
+    assert close(result.logprobs, teacher_forced(old, (10, 11, 12, 13), result.output_ids))
 
 
 def test_engines_without_weight_updates_say_so():

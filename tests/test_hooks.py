@@ -306,7 +306,7 @@ class Trainers:
     def register_trainers(self, registry):
         import asyncio
 
-        from scaffold_core.train.rollouts import TrainingRollouts
+        from scaffold_core.train.prompt_groups import TrainingRollouts
         from scaffold_core.trainer import Trainer, TrainStep
 
         class MeanReward(Trainer):

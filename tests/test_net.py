@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scaffold_core import net
+from scaffold_core.distributed import net
 
 ipv6_addresses = st.ip_addresses(v=6).map(str)
 ipv4_addresses = st.ip_addresses(v=4).map(str)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scaffold_core import ports
+from scaffold_core.distributed import ports
 from scaffold_core.testing import port_stress
 
 

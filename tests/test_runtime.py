@@ -232,6 +232,11 @@ class MalformedEngine(ScriptedEngine):
         return GenerationResult([1, 2, 3], [0.0], "stop", "x")
 
 
+class MisversionedEngine(ScriptedEngine):
+    async def generate(self, request):
+        return GenerationResult([1, 2, 3], [0.0] * 3, "stop", "x", 2, versions=[2, 3])
+
+
 class AbortingEngine(ScriptedEngine):
     async def generate(self, request):
         return GenerationResult([], [], "abort", "", meta={"message": "paused for a weight update"})
@@ -241,6 +246,9 @@ def test_malformed_and_aborted_engine_results_fail_the_episode():
     ctxs = make_contexts(ListTask(rows(1)), MalformedEngine().tokenizer)
     r = run_episodes(ctxs, engine=MalformedEngine(), controller=NativeController(), verifier=ExactMatchVerifier())[0]
     assert r.error_component == "engine" and "3 output ids but 1 logprobs" in r.error
+    r = run_episodes(ctxs, engine=MisversionedEngine(), controller=NativeController(),
+                     verifier=ExactMatchVerifier())[0]
+    assert r.error_component == "engine" and "3 output ids but 2 versions" in r.error
     r = run_episodes(ctxs, engine=AbortingEngine(), controller=NativeController(), verifier=ExactMatchVerifier(),
                      retries=2)[0]
     assert r.error_component == "engine" and "aborted" in r.error and "weight update" in r.error
@@ -681,7 +689,7 @@ def test_branch_contexts_get_their_own_copies_of_everything_mutable():
 
 
 def test_branch_copies_keep_shared_references_and_cycles():
-    from scaffold_core.episode import copy_data
+    from scaffold_core._cloning import copy_data
 
     shared = [1]
     data = {"a": shared, "b": shared, "t": (1, [2])}
@@ -828,3 +836,25 @@ def test_branches_of_a_multi_sample_generator_get_distinct_sample_numbers_and_se
     assert result.ok, result.error
     assert sorted(s.sample_index for s in result.samples) == list(range(6))
     assert len({s.text for s in result.samples}) == 6, [s.text for s in result.samples]
+
+
+def test_registry_build_takes_a_name_a_mapping_or_the_component_itself_and_names_the_path_of_anything_else():
+    from scaffold_core.errors import ConfigError, UnknownComponentError
+
+    registry = plugin_set().registry
+    assert isinstance(registry.build("controller", "native"), NativeController)
+    options = {"name": "majority_vote", "samples": 3, "generator": {"name": "native", "samples": 2}}
+    built = registry.build("controller", options, path="controller")
+    assert built.samples == 3 and built.generator.samples == 2 and options["generator"] == {"name": "native",
+                                                                                              "samples": 2}
+    mine = NativeController()
+    assert registry.build("controller", mine) is mine
+    for bad in ({"samples": 3}, 3, None, ["native"]):
+        with pytest.raises(ConfigError, match=r"controller\.generator: expected a registered controller name"):
+            registry.build("controller", bad, path="controller.generator")
+    with pytest.raises(ConfigError, match="expected a registered controller name"):  # narrowed by `accepts`
+        registry.build("controller", object(), accepts=lambda obj: isinstance(obj, Controller))
+    with pytest.raises(UnknownComponentError, match="Did you mean 'native'"):
+        registry.build("controller", "nativ")
+    with pytest.raises(ConfigError, match=r"controller\.generator: expected a registered controller name .* got 7"):
+        registry.create("controller", "majority_vote", {"generator": 7}, path="controller")

@@ -7,6 +7,7 @@ import pytest
 from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.episode import EpisodeResult, Sample
+from scaffold_core.errors import ConfigError
 from scaffold_core.tokenizers import ByteTokenizer
 from scaffold_core.train.adapters import (
     PromptTask,
@@ -45,8 +46,10 @@ def test_components_come_from_names_mappings_or_objects():
     mine = ExactMatchVerifier()
     assert build_component("verifier", mine, path="verifier") is mine and is_object(mine)
     assert build_component("verifier", None, path="verifier") is None and not is_object(None)
-    with pytest.raises(ValueError, match=r"controller must be a registered controller name or \{name"):
+    with pytest.raises(ConfigError, match=r"controller: expected a registered controller name or \{name"):
         build_component("controller", {"samples": 3}, path="controller")
+    with pytest.raises(ConfigError, match=r"verifier: expected a registered verifier name .* got 3"):
+        build_component("verifier", 3, path="verifier")
     with pytest.raises(Exception, match="majority_vote"):
         build_component("controller", "majority_vot", path="controller")
 

@@ -244,7 +244,7 @@ def test_the_worker_entry_point_runs_under_torchrun(test_plugins, tmp_path):
     port = reserve_port(host="127.0.0.1", port_range=control_port_range()).release()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "scaffold_core.worker", str(config),
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "scaffold_core.launch.worker", str(config),
          "-o", str(out)], capture_output=True, text=True, timeout=240, start_new_session=True,
         env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun keeps a log folder in TMPDIR
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -439,3 +439,17 @@ def test_launched_workers_can_form_a_process_group_from_their_variables(test_plu
     assert [p["sum"] for p in probes] == [3.0, 3.0] and {p["world"] for p in probes} == {2}
     assert [p["local_rank"] for p in probes] == ["0", "1"]
     assert probes[0]["url"] == probes[1]["url"] and probes[0]["url"].startswith("tcp://")
+
+
+def test_the_worker_takes_the_run_arguments_of_scaffold_run_unset_included():
+    from scaffold_core.cli.main import _parser as cli_parser
+    from scaffold_core.config import Unset
+    from scaffold_core.launch.worker import _parser as worker_parser
+
+    argv = ["run.yaml", "--set", "task.limit=2", "--unset", "rollout", "-o", "out", "--resume", "--overwrite",
+            "--force-config"]
+    worker = vars(worker_parser().parse_args(argv))
+    run = vars(cli_parser().parse_args(["run", *argv]))
+    shared = ("config", "overrides", "output", "resume", "overwrite", "force_config")
+    assert {k: worker[k] for k in shared} == {k: run[k] for k in shared}
+    assert worker["overrides"] == ["task.limit=2", Unset("rollout")]

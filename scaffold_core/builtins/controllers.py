@@ -30,19 +30,12 @@ class NativeController(Controller):
 
 
 def _sub_controller(spec: Any) -> Controller:
-    if isinstance(spec, Controller):
-        return spec
     if spec is None:
         return NativeController()
     from ..plugins.manager import current_path, current_registry
 
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise ValueError(f"generator must be a controller name or {{name: ..., options...}}, got {spec!r}")
-    options = {k: v for k, v in spec.items() if k != "name"}
-    path = f"{current_path('controller')}.generator"
-    return current_registry().create("controller", spec["name"], options, path=path)
+    return current_registry().build("controller", spec, path=f"{current_path('controller')}.generator",
+                                    accepts=lambda obj: isinstance(obj, Controller))
 
 
 class _SampleThenVerify(Controller):

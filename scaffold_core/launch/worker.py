@@ -1,7 +1,5 @@
 """One worker of a multi-worker rollout: ``python -m scaffold_core.launch.worker CONFIG [-o DIR] [--resume]``.
 
-(``python -m scaffold_core.worker`` is the same command under its earlier name.)
-
 It reads its place from torchrun's variables (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``),
 runs the rows with ``index % WORLD_SIZE == RANK`` on its own engine and
@@ -40,6 +38,7 @@ from ..distributed.env import DistEnv
 from ..distributed.groups import all_gather_objects, broadcast_object, init_process_group
 from ..errors import ScaffoldError
 from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..run.arguments import add_run_arguments
 from ..run.rollout import Rollout
 from ..run.summary import ExitCode, exit_code_for, print_summary, report_failures
 from .results import PARENT_ENV, RESULT_ENV, WorkerResult, finalize_run, write_result
@@ -48,14 +47,7 @@ from .results import PARENT_ENV, RESULT_ENV, WorkerResult, finalize_run, write_r
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scaffold_core.launch.worker",
                                 description="Run one rank's shard of a scaffold rollout (torchrun-compatible).")
-    p.add_argument("config", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key (repeatable)")
-    p.add_argument("-o", "--output", help="output directory shared by every rank (overrides output.dir)")
-    p.add_argument("--resume", action="store_true", help="skip episodes completed in any ledger of the directory")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous run (standalone mode: rank 0)")
-    p.add_argument("--force-config", action="store_true",
-                   help="with --resume: continue even though the config differs from the saved one (rank 0)")
+    add_run_arguments(p)  # the output directory is shared by every rank; rank 0 prepares it
     p.add_argument("--progress", action="store_true", help="show this rank's progress bar")
     return p
 

@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._meta import bare_name
 from ..episode import EpisodeResult
 from ..errors import ConfigError, RunDirError
-from ..plugins.registry import bare_name
 from .files import (
     atomic_write_text,
     dir_mode,

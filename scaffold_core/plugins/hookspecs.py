@@ -181,7 +181,7 @@ def register_trainers(registry: ComponentRegistry) -> None:
     Factories must be cheap (the config builds one to validate its options):
     import the training library inside ``train``. The trainer builds its
     rollouts from ``job.config``, usually with
-    :class:`scaffold_core.train.rollouts.TrainingRollouts`, and reports each
+    :class:`scaffold_core.train.prompt_groups.TrainingRollouts`, and reports each
     optimizer step with ``job.report(TrainStep(...))``.
     """
 

@@ -8,14 +8,16 @@ the package at fault.
 from __future__ import annotations
 
 import contextvars
+import copy
 import difflib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
+from .._meta import bare_name, split_name
+from ..errors import ConfigError, DuplicateComponentError, PluginLoadError, UnknownComponentError
 from .kinds import KINDS
 from .options import build_component
 
@@ -39,22 +41,16 @@ def building(registry: Registry, path: str | None = None) -> Iterator[None]:
         BUILDING.reset(token)
 
 
-def __getattr__(name: str) -> Any:  # names that moved to another module stay importable from here
-    from .._compat import moved_name
-
-    return moved_name(__name__, name)
-
-
 #: The plugin name the core's own components are registered under.
 BUILTIN_PLUGIN = "builtin"
 
 #: Which distribution of this project adds a well-known component, by (kind, name), for install hints.
 KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("task", "gsm8k"): "scaffold-gsm8k",
+    ("task", "multiturn_gsm8k"): "scaffold-gsm8k",
+    ("task", "gsm8k_calculator"): "scaffold-gsm8k",
     ("verifier", "gsm8k"): "scaffold-gsm8k",
     ("verifier", "math_verify"): "scaffold-gsm8k[math-verify]",
-    ("task", "multiturn_gsm8k"): "scaffold-multiturn",
-    ("task", "gsm8k_calculator"): "scaffold-multiturn",
     ("controller", "multiturn_chat"): "scaffold-multiturn",
     ("controller", "agent"): "scaffold-multiturn",
     ("trajectory_maker", "multiturn"): "scaffold-multiturn",
@@ -79,21 +75,6 @@ def install_command(requirement: str) -> str:
     """How to install one of this project's distributions: its packages are built from a checkout
     (``make dist``), not published on a package index."""
     return f"pip install --find-links dist {_shell_quote(requirement)}"
-
-
-def split_name(name: str) -> tuple[str | None, str]:
-    """``"scaffold-dupe:hello"`` -> ``("scaffold-dupe", "hello")``; ``"hello"`` -> ``(None, "hello")``.
-
-    A component name may be qualified by the plugin (entry-point name, ``builtin`` for the core's
-    own) or the distribution that provides it, to choose between providers of one name.
-    """
-    qualifier, sep, bare = name.rpartition(":")
-    return (qualifier or None) if sep else None, bare
-
-
-def bare_name(name: str) -> str:
-    """The component name without a ``plugin:`` or ``dist:`` qualifier."""
-    return split_name(name)[1]
 
 
 @dataclass(frozen=True)
@@ -197,11 +178,6 @@ class Registry:
         return [self._clash(kind, name, providers)
                 for kind, table in self._components.items()
                 for name, providers in sorted(table.items()) if len(providers) > 1]
-
-    @property
-    def conflicts(self) -> list[DuplicateComponentError]:
-        """The clashes (the earlier name of :meth:`clashes`)."""
-        return self.clashes()
 
     def check(self) -> None:
         """Raise the first clash, if any (for callers that want none at all)."""
@@ -312,6 +288,31 @@ class Registry:
         info = self.get(kind, name, path=path)
         with building(self, path or kind):
             return info.create(options, path=path or kind)
+
+    def build(self, kind: str, spec: Any, *, path: str | None = None,
+              accepts: Callable[[Any], bool] | None = None) -> Any:
+        """A component from how an option names it: a registered name, a ``{name: ..., options...}`` mapping (its
+        other keys are the options, validated and copied), or an object that is the component already, used as
+        it is (by default anything but plain data; ``accepts`` narrows that, e.g. to objects with a ``step``).
+
+        Anything else raises :class:`ConfigError` naming ``path``; a name nothing registered raises as
+        :meth:`create` does.
+        """
+        where = path or kind
+        if isinstance(spec, str):
+            return self.create(kind, spec, {}, path=where)
+        if isinstance(spec, Mapping):
+            options = dict(spec)
+            name = options.pop("name", None)
+            if isinstance(name, str):
+                return self.create(kind, name, copy.deepcopy(options), path=where)
+        elif accepts(spec) if accepts is not None else not isinstance(spec, _DATA):
+            return spec
+        raise ConfigError(f"{where}: expected a registered {kind} name or {{name: ..., options...}}, got {spec!r}")
+
+
+#: Values that are configuration data, never a component object.
+_DATA = (type(None), bool, int, float, bytes, list, tuple, set, frozenset)
 
 
 def _same_name(a: str, b: str) -> bool:

@@ -8,12 +8,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._meta import bare_name
 from ..config import Config
-from ..controller import close_controller, start_controller
 from ..distributed.env import DistEnv
 from ..distributed.ports import rank_slice
 from ..engine import RunInfo
@@ -22,39 +21,14 @@ from ..errors import DataError
 from ..output import LEDGER, RunOutput, expand_output_dir
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
-from ..plugins.registry import bare_name
 from ..task import episode_context, episode_id_of
+from .assembly import Components, Limits, started
 from .finalize import finalize_run_dir
 from .metrics import RunMetrics
 from .runtime import Runtime
 from .verifier_pool import VerifierPool
 
 log = logging.getLogger("scaffold.rollout")
-
-
-@dataclass
-class Components:
-    task: Any
-    controller: Any
-    verifier: Any
-    engine: Any
-    trajectory_maker: Any
-
-
-def build_components(config: Config, registry: Any) -> Components:
-    """Construct every component (cheap: nothing loads until the engine starts)."""
-
-    def make(section: str, kind: str) -> Any:
-        comp = getattr(config, section)
-        return registry.create(kind, comp.name, comp.options, path=section)
-
-    return Components(
-        task=make("task", "task"),
-        controller=make("controller", "controller"),
-        verifier=make("verifier", "verifier"),
-        engine=make("engine", "engine"),
-        trajectory_maker=make("trajectory", "trajectory_maker"),
-    )
 
 
 def shard(index: int, rank: int, world_size: int) -> bool:
@@ -79,7 +53,8 @@ class Rollout:
         self.dist = dist or DistEnv()
         self.dir = Path(output_dir) if output_dir is not None else expand_output_dir(config)
         # Both of these validate before any model loads.
-        self.components = build_components(config, self.registry)
+        self.components = Components.from_config(config, self.registry)
+        self.limits = Limits.from_config(config)
         self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, ledger_name=ledger_name,
                                 prepared=prepared, config=config, force_config=force_config)
         self.progress = config.rollout.progress if progress is None else progress
@@ -134,60 +109,43 @@ class Rollout:
     # -- running --------------------------------------------------------
     async def run_async(self) -> dict[str, Any]:
         cfg = self.config
-        comps = self.components
         done = self.output.completed_ids()
-        pool = VerifierPool(comps.verifier, timeout=cfg.verifier_timeout, workers=cfg.verifier_workers,
-                            name=cfg.verifier.name)
         self.hooks.run_start(cfg, str(self.dir))
-        bar = None
-        controller_started = False
         try:
             rows = self._rows(done)  # bad data fails here, before any model loads
             if self.rank == 0:  # only now: a start that fails on its data leaves no config behind
                 self.output.write_config(cfg)
-            self._attach_engine()
-            await comps.engine.start()
-            controller_started = True  # a start that fails half-way is still closed
-            await start_controller(comps.controller)
-            todo = rows.todo
-            self.metrics.resumed = rows.count - todo  # this shard's share (other workers append theirs meanwhile)
-            self.runtime = self._runtime(pool)
-            bar = _progress_bar(todo, self.progress, position=self.rank if self.world_size > 1 else None)
-            self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
-            self.output.open()
-            on_result = self._result_sink(bar)
-            with _signals(self):
-                await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
+            async with started(self.components, self.limits, run_info=self._run_info(),
+                               verifier_name=cfg.verifier.name) as pool:
+                todo = rows.todo
+                self.metrics.resumed = rows.count - todo  # this shard's share (other workers append theirs meanwhile)
+                self.runtime = self._runtime(pool)
+                bar = _progress_bar(todo, self.progress, position=self.rank if self.world_size > 1 else None)
+                try:
+                    self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
+                    self.output.open()
+                    on_result = self._result_sink(bar)
+                    with _signals(self):
+                        await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
+                finally:  # before the components close
+                    bar.close()
+                    self.output.close()
         finally:
-            if bar is not None:
-                bar.close()
-            self.output.close()
-            pool.close()
-            try:
-                if controller_started:
-                    await close_controller(comps.controller)
-            finally:
-                await comps.engine.close()
+            self.output.close()  # a run that stopped before its components started
         return self._summary()
 
-    def _attach_engine(self) -> None:
-        """Tell the engine where it runs: output dir, rank and this worker's port slice."""
-        attach = getattr(self.components.engine, "attach_run", None)
-        if attach is None:
-            return
+    def _run_info(self) -> RunInfo:
+        """Where the engine runs: output dir, rank and this worker's port slice."""
         dist = self.dist
         port_range = rank_slice(dist.local_rank, dist.local_world_size)  # ports are per host: the rank on this host
-        attach(RunInfo(output_dir=self.dir, rank=dist.rank, world_size=dist.world_size,
-                       local_rank=dist.local_rank, port_range=port_range))
+        return RunInfo(output_dir=self.dir, rank=dist.rank, world_size=dist.world_size, local_rank=dist.local_rank,
+                       port_range=port_range)
 
-    def _runtime(self, pool: VerifierPool) -> Runtime:
-        cfg, comps = self.config, self.components
-        return Runtime(
-            engine=comps.engine, controller=comps.controller, verifier=pool,
-            trajectory_maker=comps.trajectory_maker, hooks=self.hooks, engine_name=bare_name(cfg.engine.name),
-            concurrency=cfg.rollout.concurrency, request_timeout=cfg.rollout.request_timeout,
-            episode_timeout=cfg.rollout.episode_timeout, retries=cfg.rollout.retries,
-        )
+    def _runtime(self, pool: VerifierPool | None) -> Runtime:
+        comps = self.components
+        return Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
+                       trajectory_maker=comps.trajectory_maker, hooks=self.hooks,
+                       engine_name=bare_name(self.config.engine.name), limits=self.limits)
 
     def _result_sink(self, bar: Any) -> Callable[[EpisodeResult], None]:
         """Persist each finished episode, count it, and move the progress bar."""

@@ -4,11 +4,11 @@
   controller, made synchronously when it starts, before anything awaits;
   per-episode data travels in its :class:`EpisodeContext`.
 * Concurrency is bounded by a fixed number of worker coroutines (no thread per
-  request, no task per queued episode).
-* Every await is bounded: each engine request by ``request_timeout``, each
-  verification by the verifier pool's timeout, each episode by
-  ``episode_timeout`` (requests and episodes share a timer per length:
-  ``scaffold_core.run.deadlines``).
+  request, no task per queued episode): the limits' ``concurrency``.
+* Every await is bounded (:class:`~scaffold_core.run.assembly.Limits`): each
+  engine request by ``request_timeout``, each verification by the verifier
+  pool's timeout, each episode by ``episode_timeout`` (requests and episodes
+  share a timer per length: ``scaffold_core.run.deadlines``).
 * An error fails its episode with the component and reason (retried up to
   ``retries`` times when the error is retryable); it never becomes a silent
   zero reward and never stops other episodes.
@@ -17,11 +17,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
-import sys
 import time
-from collections.abc import AsyncIterable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
 
 from ..controller import Controller, Parallel
@@ -29,85 +26,10 @@ from ..episode import EpisodeContext, EpisodeResult, Outcome, Sample
 from ..errors import ControllerError, EngineError, EpisodeError, TrajectoryError, VerifierError
 from ..generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
 from ..plugins.lifecycle import Hooks
+from .aio import bounded, gather_or_cancel, gc_threshold, gc_tuned
+from .assembly import DEFAULT_LIMITS, Limits
 from .deadlines import Deadlines
 from .verifier_pool import VerifierPool
-
-if sys.version_info >= (3, 11):  # no extra task per bounded await
-
-    async def bounded(awaitable: Any, seconds: float | None) -> Any:
-        async with asyncio.timeout(seconds):
-            return await awaitable
-
-else:  # pragma: no cover - Python 3.10
-
-    async def bounded(awaitable: Any, seconds: float | None) -> Any:
-        return await asyncio.wait_for(awaitable, seconds)
-
-
-@contextlib.contextmanager
-def gc_tuned(threshold: int = 50_000) -> Iterator[None]:
-    """Fewer, cheaper garbage collections while episodes run.
-
-    Thousands of episodes in flight keep many young objects alive; with the
-    default threshold (700) the collector runs constantly and rescans them.
-    Everything alive before the run (model, libraries) is frozen out of
-    collection; thresholds are restored afterwards.
-    """
-    old = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(max(threshold, old[0]), old[1], old[2])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
-
-
-def gc_threshold(concurrency: int) -> int:
-    """Young-generation threshold for ``concurrency`` episodes in flight: high enough that most of an
-    episode's objects are freed (by reference counting) before a collection would scan them; with a fixed
-    50,000 a majority vote with 1,024 episodes in flight spends a third of its time collecting."""
-    return min(max(50_000, 1_000 * concurrency), 2_000_000)
-
-
-async def gather_or_cancel(coros: list[Any]) -> list[Any]:
-    """Await all; on the first failure cancel the rest (no orphaned tasks) and raise it.
-
-    As ``asyncio.wait(tasks, return_when=FIRST_EXCEPTION)`` followed by cancelling what is pending,
-    with one future and one callback per task instead of wait's sets and per-call waiter bookkeeping.
-    """
-    if len(coros) == 1:
-        return [await coros[0]]
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    waiter = asyncio.get_running_loop().create_future()
-    remaining = len(tasks)
-
-    def on_done(task: asyncio.Future) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if not waiter.done() and (remaining <= 0 or (not task.cancelled() and task.exception() is not None)):
-            waiter.set_result(None)
-
-    for task in tasks:
-        task.add_done_callback(on_done)
-    try:
-        await waiter
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    pending = [t for t in tasks if not t.done()]
-    if pending:
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]  # marks every one retrieved
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
-    return [t.result() for t in tasks]
 
 
 def verdict_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -120,7 +42,7 @@ def verdict_metrics(samples: list[Sample]) -> dict[str, float]:
 
 
 class Runtime:
-    """Runs episodes of one controller against one engine and verifier."""
+    """Runs episodes of one controller against one engine and verifier, within ``limits``."""
 
     def __init__(
         self,
@@ -131,23 +53,15 @@ class Runtime:
         trajectory_maker: Any = None,
         hooks: Hooks | None = None,
         engine_name: str = "engine",
-        concurrency: int = 64,
-        request_timeout: float = 3600.0,
-        episode_timeout: float = 7200.0,
-        retries: int = 0,
+        limits: Limits = DEFAULT_LIMITS,
     ):
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
         self.engine = engine
         self.prototype = controller
         self.verifier = verifier
         self.trajectory_maker = trajectory_maker
         self.hooks = hooks or Hooks(None)
         self.engine_name = engine_name
-        self.concurrency = concurrency
-        self.request_timeout = request_timeout
-        self.episode_timeout = episode_timeout
-        self.retries = retries
+        self.limits = limits
         self.stopping = False
         self._workers: list[asyncio.Future] = []
         self._deadlines = Deadlines()  # request and episode timeouts: one timer per length, not per wait
@@ -158,7 +72,11 @@ class Runtime:
         contexts: Iterable[EpisodeContext] | AsyncIterable[EpisodeContext],
         on_result: Callable[[EpisodeResult], None] | None = None,
     ) -> int:
-        """Run every episode; call ``on_result`` for each as it finishes. Returns how many ran."""
+        """Run every episode, ``limits.concurrency`` at a time; call ``on_result`` for each as it finishes.
+        Returns how many ran."""
+        workers = self.limits.concurrency
+        if workers is None:
+            raise ValueError("Runtime.run needs a bound on the episodes in flight: limits.concurrency is None")
         if hasattr(contexts, "__aiter__"):
             source: Any = contexts.__aiter__()
             is_async = True
@@ -191,9 +109,9 @@ class Runtime:
                 if on_result is not None:
                     on_result(result)
 
-        self._workers = [asyncio.ensure_future(worker()) for _ in range(self.concurrency)]
+        self._workers = [asyncio.ensure_future(worker()) for _ in range(workers)]
         try:
-            with gc_tuned(gc_threshold(self.concurrency)):
+            with gc_tuned(gc_threshold(workers)):
                 outcomes = await asyncio.gather(*self._workers, return_exceptions=True)
         finally:
             for task in self._workers:
@@ -232,7 +150,7 @@ class Runtime:
             ctx.attempt = attempt
             try:
                 controller = self.episode_controller()  # synchronous, before anything awaits
-                result = await self._deadlines.bounded(self._attempt(controller, ctx), self.episode_timeout)
+                result = await self._deadlines.bounded(self._attempt(controller, ctx), self.limits.episode_timeout)
                 result.attempts = attempt + 1
                 result.wall_s = time.perf_counter() - started
                 return result
@@ -240,14 +158,14 @@ class Runtime:
                 raise
             except (asyncio.TimeoutError, TimeoutError):
                 error, component, retryable = (
-                    f"episode did not finish within {self.episode_timeout:g} s (rollout.episode_timeout)",
+                    f"episode did not finish within {self.limits.episode_timeout:g} s (rollout.episode_timeout)",
                     "timeout", True)
             except EpisodeError as exc:
                 error, component = str(exc), exc.component
                 retryable = isinstance(exc, (EngineError, VerifierError)) and getattr(exc, "retryable", True)
             except Exception as exc:  # a bug in a controller or plugin: fail this episode only
                 error, component, retryable = f"{type(exc).__name__}: {exc}", "controller", False
-            if attempt >= self.retries or not retryable:
+            if attempt >= self.limits.retries or not retryable:
                 return EpisodeResult(
                     episode_id=ctx.episode_id, index=ctx.index, status="failed", reference=ctx.reference,
                     prompt_text=ctx.prompt_text, error=error, error_component=component,
@@ -363,11 +281,11 @@ class Runtime:
 
     async def _call_engine(self, engine: Any, request: GenerationRequest) -> Any:
         try:
-            result = await self._deadlines.bounded(engine.generate(request), self.request_timeout)
+            result = await self._deadlines.bounded(engine.generate(request), self.limits.request_timeout)
         except (asyncio.TimeoutError, TimeoutError):
             raise EngineError(
                 f"engine {self.engine_name!r} did not answer request {request.request_id} within "
-                f"{self.request_timeout:g} s (rollout.request_timeout)", retryable=True) from None
+                f"{self.limits.request_timeout:g} s (rollout.request_timeout)", retryable=True) from None
         except EpisodeError:
             raise
         except asyncio.CancelledError:

@@ -6,11 +6,10 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from ..controller import close_controller, start_controller
 from ..episode import EpisodeContext, EpisodeResult
 from ..plugins import PluginSet
+from ..run.assembly import Components, Limits, started
 from ..run.runtime import Runtime
-from ..run.verifier_pool import VerifierPool
 from ..sampling import SamplingParams
 from ..task import Task, episode_context
 from ..verifier import Reference
@@ -48,10 +47,18 @@ def make_contexts(task: Task, tokenizer: Any, sampling: SamplingParams | None = 
     return [episode_context(task, i, row, tokenizer, sampling) for i, row in enumerate(task.load())]
 
 
+#: The run_episodes options that are :class:`~scaffold_core.run.assembly.Limits` fields.
+LIMIT_OPTIONS = ("concurrency", "request_timeout", "episode_timeout", "retries")
+
+
 def run_episodes(contexts: list[EpisodeContext], *, engine: Any, controller: Any, verifier: Any = None,
                  trajectory_maker: Any = None, timeout: float = 120.0, verifier_timeout: float = 10.0,
                  monitor: Any = None, **runtime_options: Any) -> list[EpisodeResult]:
     """Run ``contexts`` and return results in context order (the whole call is bounded by ``timeout``).
+
+    ``runtime_options``: the :class:`~scaffold_core.run.runtime.Runtime`'s keyword arguments, and the
+    :class:`~scaffold_core.run.assembly.Limits` fields ``concurrency``, ``request_timeout``,
+    ``episode_timeout`` and ``retries``.
 
     ``monitor`` (a :class:`~scaffold_core.testing.live.LoopLagMonitor`) watches the event loop the
     episodes run on, while they run.
@@ -65,31 +72,21 @@ def run_episodes(contexts: list[EpisodeContext], *, engine: Any, controller: Any
     live = engine if isinstance(engine, LiveEngine) else None
     raw_engine = live.engine if live is not None else engine
 
+    limits = Limits(verifier_timeout=verifier_timeout, **{key: runtime_options.pop(key) for key in LIMIT_OPTIONS
+                                                         if key in runtime_options})
+    components = Components(task=None, controller=controller, engine=raw_engine, verifier=verifier,
+                            trajectory_maker=trajectory_maker)
+
     async def main() -> list[EpisodeResult]:
-        pool = VerifierPool(verifier, timeout=verifier_timeout) if verifier is not None else None
         results: list[EpisodeResult] = []
-        if live is None:
-            await raw_engine.start()
-        controller_started = False
-        try:
-            controller_started = True  # a start that fails half-way is still closed
-            await start_controller(controller)
+        async with started(components, limits, manage_engine=live is None, verifier_name="verifier") as pool:
             runtime = Runtime(engine=raw_engine, controller=controller, verifier=pool,
-                              trajectory_maker=trajectory_maker, **runtime_options)
+                              trajectory_maker=trajectory_maker, limits=limits, **runtime_options)
             if monitor is None:
                 await asyncio.wait_for(runtime.run(contexts, results.append), timeout)
             else:
                 async with monitor:
                     await asyncio.wait_for(runtime.run(contexts, results.append), timeout)
-        finally:
-            if pool is not None:
-                pool.close()
-            try:
-                if controller_started:
-                    await close_controller(controller)
-            finally:
-                if live is None:
-                    await raw_engine.close()
         order = {c.episode_id: i for i, c in enumerate(contexts)}
         return sorted(results, key=lambda r: order.get(r.episode_id, 0))
 

@@ -99,7 +99,7 @@ class RolloutOnlyTrainer:
     def train(self, job: Any) -> dict[str, Any]:
         import asyncio
 
-        from ..train.rollouts import TrainingRollouts
+        from ..train.prompt_groups import TrainingRollouts
         from ..trainer import TrainStep
 
         async def loop() -> dict[str, Any]:

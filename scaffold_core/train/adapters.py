@@ -2,7 +2,7 @@
 
 Such a trainer owns the dataset, the inference servers and the loop; the
 adapter turns one of its rows into a scaffold episode with
-:class:`~scaffold_core.train.rollouts.TrainingRollouts` (``manage_engine=False``)
+:class:`~scaffold_core.train.prompt_groups.TrainingRollouts` (``manage_engine=False``)
 over an engine adapter of the trainer's servers, and hands back the trainer's
 own format. The pieces here are the trainer-neutral part of that:
 
@@ -48,27 +48,19 @@ def is_object(spec: Any) -> bool:
 
 
 def build_component(kind: str, spec: Any, *, path: str, registry: Any = None) -> Any:
-    """A component from a registered name, ``{name: ..., options...}``, or an object used as it is (None: None).
+    """A component from a registered name, ``{name: ..., options...}`` (a trainer's config object too), or an object
+    used as it is (None: None): :meth:`~scaffold_core.plugins.registry.Registry.build` on plain values.
 
     ``kind`` is the registry's kind (``controller``, ``verifier``,
     ``trajectory_maker``, ``task``); ``path`` names the option in errors.
     """
     if spec is None:
         return None
-    if isinstance(spec, str):
-        name, options = spec, {}
-    elif isinstance(spec, Mapping):
-        options = to_plain(spec)
-        name = options.pop("name", None)
-        if not isinstance(name, str):
-            raise ValueError(f"{path} must be a registered {kind} name or {{name: ..., options...}}, got {spec!r}")
-    else:
-        return spec
     if registry is None:
         from ..plugins import get_registry
 
         registry = get_registry()
-    return registry.create(kind, name, options, path=path)
+    return registry.build(kind, to_plain(spec) if isinstance(spec, Mapping) else spec, path=path)
 
 
 def lookup(row: Mapping[str, Any], key: str) -> Any:

@@ -12,8 +12,8 @@ Modules:
 * :mod:`scaffold_areal.rollout`: what ``arun_episode`` does (no AReaL import), with the core's
   ``TrainingRollouts``, staleness policy and AReaL tensor dicts (``scaffold_core.train``)
 * :mod:`scaffold_areal.engine`: scaffold's engine contract over ``InferenceEngine.agenerate``
-* :mod:`scaffold_areal.versions`: the weight version of every generated token
-* :mod:`scaffold_areal.samples`: which samples of an episode AReaL trains on, with those versions
+  (the weight version of every generated token included)
+* :mod:`scaffold_areal.samples`: which samples of an episode AReaL trains on
 
 The plugin registers no components: AReaL drives it, not ``scaffold run``.
 AReaL itself is never a dependency: ``pip install "scaffold-areal[areal]"``.

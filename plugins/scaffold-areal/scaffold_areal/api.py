@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scaffold_core.errors import MissingDependencyError
+from scaffold_core.errors import require_module
 
-INSTALL_HINT = ('AReaL is not installed: pip install "scaffold-areal[areal]" (or install AReaL from source; '
-                "it needs Python 3.11 or 3.12 and brings the GPU training stack)")
+INSTALL = ('pip install "scaffold-areal[areal]" (or install AReaL from source; it needs Python 3.11 or 3.12 and '
+           "brings the GPU training stack)")
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,12 @@ def has_turn_ids(version: str | None) -> bool:
 
 def load_api() -> ArealAPI:
     """Import AReaL's classes; raises MissingDependencyError with the install command when AReaL is absent."""
-    try:
-        from areal.api.cli_args import GenerationHyperparameters
-        from areal.api.io_struct import ModelRequest
-        from areal.api.workflow_api import RolloutWorkflow
-    except ImportError as exc:
-        raise MissingDependencyError(f"{INSTALL_HINT} ({exc})") from exc
-    return ArealAPI(RolloutWorkflow=RolloutWorkflow, ModelRequest=ModelRequest,
-                    GenerationHyperparameters=GenerationHyperparameters, turn_ids=has_turn_ids(areal_version()))
+    cli_args, io_struct, workflow_api = require_module(
+        "areal.api.cli_args", "areal.api.io_struct", "areal.api.workflow_api", needed_by="scaffold-areal",
+        what="AReaL", install=INSTALL)
+    return ArealAPI(RolloutWorkflow=workflow_api.RolloutWorkflow, ModelRequest=io_struct.ModelRequest,
+                    GenerationHyperparameters=cli_args.GenerationHyperparameters,
+                    turn_ids=has_turn_ids(areal_version()))
 
 
 def as_gconfig(api: ArealAPI, gconfig: Any) -> Any:

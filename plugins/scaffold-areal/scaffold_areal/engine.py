@@ -14,10 +14,11 @@ sampled ids and behaviour logprobs exactly as AReaL returned them.
 * ``rid`` is the episode id, so every turn of an episode goes to the same
   server (AReaL routes by rid; shared prefixes stay cached).
 * Versions: AReaL pauses, aborts and resumes requests around weight updates
-  itself and reports a version per token. ``weight_version`` is the first
-  (oldest) token's; all of them are in ``meta["versions"]`` and in the
-  :class:`~scaffold_areal.versions.VersionLedger`, which gives every token
-  of a finished sample its own version.
+  itself and reports a version per token (``output_versions``): they are
+  the result's ``versions`` (so a response a weight update interrupted reads
+  ``[5, 5, 6, 6]``), and ``weight_version`` is the first (oldest) token's.
+  They travel with the tokens into the sample and its training sequence,
+  whatever the controller does with them.
 * Stop reasons: ``stop`` and ``tool_calls`` are ``stop``; ``length`` is
   ``length``; ``abort`` (AReaL reports none: it resubmits) is ``abort``,
   which the runtime retries.
@@ -33,8 +34,6 @@ from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.tokenizers import response_text
-
-from .versions import VersionLedger
 
 #: AReaL's ``top_k`` default: the whole vocabulary (scaffold says -1).
 ALL_TOKENS = int(1e8)
@@ -79,13 +78,11 @@ class ArealEngine(Engine):
     The AReaL engine's lifecycle is AReaL's: ``start``/``close`` do nothing.
     """
 
-    def __init__(self, engine: Any, *, request_cls: type, gconfig: Any, tokenizer: Any,
-                 ledger: VersionLedger | None = None):
+    def __init__(self, engine: Any, *, request_cls: type, gconfig: Any, tokenizer: Any):
         self.areal_engine = engine
         self.request_cls = request_cls
         self.gconfig = gconfig
         self.tokenizer = tokenizer
-        self.ledger = ledger if ledger is not None else VersionLedger()
         self.context_length = int(gconfig.max_tokens)
         self.requests = 0
         self.resumed_responses = 0
@@ -121,13 +118,11 @@ class ArealEngine(Engine):
                               f"{sorted(STOP_REASONS)}", retryable=False)
         if len(set(versions)) > 1:
             self.resumed_responses += 1
-        if request.episode_id is not None:
-            self.ledger.record(request.episode_id, prompt, tokens, versions)
         return GenerationResult(
             output_ids=tokens, logprobs=logprobs, finish_reason=finish,
             text=response_text(self.tokenizer, tokens, request.sampling.stop),
-            weight_version=versions[0] if versions else self.weight_version,
-            meta={"versions": versions, "stop_reason": response.stop_reason},
+            weight_version=versions[0] if versions else self.weight_version, versions=versions,
+            meta={"stop_reason": response.stop_reason},
         )
 
     def stats(self) -> dict[str, Any]:

@@ -3,12 +3,12 @@
 ``arun_episode(engine, data)``: ``data`` (one dataset row) runs as one
 scaffold episode of the configured controller on ``engine`` (through
 :class:`~scaffold_areal.engine.ArealEngine`), with the core's
-:class:`~scaffold_core.train.rollouts.TrainingRollouts` (the trainer owns the
+:class:`~scaffold_core.train.prompt_groups.TrainingRollouts` (the trainer owns the
 engine: ``manage_engine=False``); it is scored by the configured verifier,
 and comes back as AReaL's tensor dict
 (:func:`scaffold_core.train.padding.to_padded_tensor_dict`) with the
-behaviour logprobs AReaL returned and the weight version of every token
-(:mod:`scaffold_areal.samples`), or ``None`` when it is rejected.
+behaviour logprobs and the weight version of every token AReaL returned,
+or ``None`` when it is rejected.
 
 Rejection policy (``None`` excludes the episode from training, as AReaL
 documents; every rejection is logged with its reason and counted in
@@ -37,21 +37,18 @@ import uuid
 from collections import Counter
 from typing import Any, ClassVar
 
+from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.train.adapters import PromptTask, build_component, to_plain
 from scaffold_core.train.padding import to_padded_tensor_dict
-from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
-from scaffold_core.train.staleness import check_policy
+from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
+from scaffold_core.train.staleness import StalenessPolicy
 from scaffold_core.trajectory import TrainingSample
 
 from .api import ArealAPI, as_gconfig
 from .engine import ArealEngine, sampling_from_gconfig
 from .samples import SAMPLES, ArealSamples
-from .versions import VersionLedger
 
 log = logging.getLogger("scaffold_areal")
-
-#: Episodes in flight are AReaL's to bound (``max_concurrent_rollouts``), not scaffold's.
-UNBOUNDED = 1 << 30
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
@@ -120,7 +117,10 @@ class ScaffoldRollout:
                              "{name: ..., options...}): AReaL trains on its rewards")
         if samples not in SAMPLES:
             raise ValueError(f"samples must be one of {SAMPLES}, got {samples!r}")
-        check_policy(max_staleness, on_stale)
+        self.staleness = StalenessPolicy(max_staleness, on_stale)
+        # Episodes in flight are AReaL's to bound (``max_concurrent_rollouts``), not scaffold's.
+        self.limits = Limits(concurrency=None, request_timeout=request_timeout, episode_timeout=episode_timeout,
+                             verifier_timeout=verifier_timeout, retries=retries)
         self.gconfig = as_gconfig(self.areal, gconfig)
         self.tokenizer = load_tokenizer(tokenizer)
         if hasattr(self.gconfig, "new_with_stop_and_pad_token_ids"):  # as AReaL's RLVR workflow does
@@ -130,18 +130,13 @@ class ScaffoldRollout:
         self.verifier = build_component("verifier", verifier, path="verifier")
         self.task = build_component("task", task, path="task") or PromptTask(
             messages_key, reference_key, to_plain(chat_template_kwargs))
-        self.ledger = VersionLedger()
         self.stats: Counter[str] = Counter()
         self.trajectory_maker = ArealSamples(
-            build_component("trajectory_maker", trajectory, path="trajectory"), self.ledger, samples=samples,
+            build_component("trajectory_maker", trajectory, path="trajectory"), samples=samples,
             reject_truncated=reject_truncated, stats=self.stats)
         self.samples = samples
         self.reject_truncated = reject_truncated
-        self.max_staleness = max_staleness
-        self.on_stale = on_stale
         self.turn_ids = self.areal.turn_ids if turn_ids is None else turn_ids
-        self.limits: dict[str, Any] = dict(request_timeout=request_timeout, episode_timeout=episode_timeout,
-                                           verifier_timeout=verifier_timeout, retries=retries)
         self._rollouts: dict[int, tuple[Any, TrainingRollouts]] = {}
 
     def rollouts(self, engine: Any) -> TrainingRollouts:
@@ -149,12 +144,11 @@ class ScaffoldRollout:
         held = self._rollouts.get(id(engine))
         if held is None or held[0] is not engine:
             adapter = ArealEngine(engine, request_cls=self.areal.ModelRequest, gconfig=self.gconfig,
-                                  tokenizer=self.tokenizer, ledger=self.ledger)
-            held = (engine, TrainingRollouts(
-                task=self.task, controller=self.controller, engine=adapter, sampling=self.sampling,
-                verifier=self.verifier, trajectory_maker=self.trajectory_maker, max_staleness=self.max_staleness,
-                on_stale=self.on_stale, concurrency=UNBOUNDED, engine_name="areal", manage_engine=False,
-                **self.limits))
+                                  tokenizer=self.tokenizer)
+            components = Components(task=self.task, controller=self.controller, engine=adapter,
+                                    verifier=self.verifier, trajectory_maker=self.trajectory_maker)
+            held = (engine, TrainingRollouts(components, sampling=self.sampling, limits=self.limits,
+                                             staleness=self.staleness, engine_name="areal", manage_engine=False))
             self._rollouts[id(engine)] = held
         return held[1]
 
@@ -164,8 +158,6 @@ class ScaffoldRollout:
         await rollouts.start()
         row = dict(data)
         group = await rollouts.run_group(row, group_id=f"{row.get('id', 0)}-{uuid.uuid4().hex[:12]}")
-        for episode in group.episodes:  # what a failed episode left in the ledger
-            self.ledger.pop(episode.episode_id)
         self.stats["episodes"] += 1
         samples = self.accepted(group)
         if samples is None:

@@ -54,7 +54,7 @@ def test_a_result_is_the_response_as_sampled(be):
     assert result.output_ids == ids and result.finish_reason == "stop"
     assert result.logprobs == logprobs_of(ids, 3, [0] * len(ids))
     assert result.text == "#### 42 "  # cut at the first stop string
-    assert result.meta["versions"] == [0] * len(ids) and result.weight_version == 0
+    assert result.versions == [0] * len(ids) and result.weight_version == 0
     assert eng.requests[0].rid == "ep"
 
 

@@ -129,17 +129,19 @@ def test_majority_vote_with_samples_chosen_returns_the_voted_answer_only(be):
 
 
 def test_multiturn_chat_masks_environment_turns_and_versions_follow_each_turn(be):
+    """Turn 0 runs on weights 3, turn 1 on weights 4: AReaL's batch carries 3s and 4s, token by token."""
     pytest.importorskip("scaffold_multiturn")
     first = TOKENIZER.encode("#### 41") + [EOS]
-    # the weight update lands exactly as turn 0 ends: turn 1 is generated on version 1
-    eng = engine(be, by_turn("#### 41", "#### 42"), updates={len(first): 1})
+    # the weight update lands exactly as turn 0 ends: turn 1 is generated on version 4
+    eng = engine(be, by_turn("#### 41", "#### 42"), updates={len(first): 4})
+    eng.set_version(3)
     wf = workflow(be, controller={"name": "multiturn_chat", "environment": "verifier_feedback", "max_turns": 3},
                   trajectory="multiturn")
     out = run(wf, eng)
     prompt = prompt_ids()
     turn0, turn1 = eng.segments
     second = TOKENIZER.encode("#### 42") + [EOS]
-    assert turn0.output == first and turn1.output == second and turn1.version == 1
+    assert turn0.output == first and turn1.output == second and (turn0.version, turn1.version) == (3, 4)
     env = turn1.input_ids[len(prompt) + len(first):]  # the feedback turn rendered by the template
     assert env and TOKENIZER.decode(env).count("<|user|>") == 1
     n, a, e, b = len(prompt), len(first), len(env), len(second)
@@ -148,14 +150,15 @@ def test_multiturn_chat_masks_environment_turns_and_versions_follow_each_turn(be
     assert out["loss_mask"][0].tolist() == [0] * n + [1] * a + [0] * e + [1] * b
     if "turn_ids" in out:
         assert out["turn_ids"][0].tolist() == [-1] * n + [0] * a + [-1] * e + [1] * b
-    assert out["versions"][0].tolist() == [-1] * n + [0] * a + [-1] * e + [1] * b
-    expected = [0.0] * n + logprobs_of(first, n, [0] * a) + [0.0] * e + logprobs_of(second, n + a + e, [1] * b)
+    assert out["versions"][0].tolist() == [-1] * n + [3] * a + [-1] * e + [4] * b
+    expected = [0.0] * n + logprobs_of(first, n, [3] * a) + [0.0] * e + logprobs_of(second, n + a + e, [4] * b)
     assert torch.equal(out["logprobs"][0], f32(expected))
     assert out["rewards"].tolist() == [1.0]
 
 
 class ContinueAfterLength(Controller):
-    """A third-party controller: a short first call, continued (prompt + partial) until the model stops."""
+    """A third-party controller: a short first call, continued (prompt + partial) until the model stops; it keeps
+    each call's versions as it keeps its logprobs."""
 
     def __init__(self, first_tokens: int = 4):
         self.first_tokens = first_tokens
@@ -163,20 +166,21 @@ class ContinueAfterLength(Controller):
     def process(self, ctx):
         task = ctx.generation_task(0, sampling=ctx.sampling.replace(max_tokens=self.first_tokens))
         yield [task]
-        ids, logprobs = list(task.output_ids), list(task.logprobs)
+        ids, logprobs, versions = list(task.output_ids), list(task.logprobs), list(task.versions or ())
         finish = task.finish_reason
         while finish == "length":
             more = ctx.generation_task(0, prompt_ids=ctx.prompt_ids + ids)
             yield [more]
             ids += more.output_ids
             logprobs += more.logprobs
+            versions += more.versions or ()
             finish = more.finish_reason
         text = TOKENIZER.decode(ids, skip_special_tokens=True)
         check = VerificationTask(text, ctx.reference)
         yield [check]
         sample = Sample(prompt_ids=list(ctx.prompt_ids), output_ids=ids, output_logprobs=logprobs,
                         output_mask=[1] * len(ids), text=text, finish_reason=finish, verdict=check.need_verdict(),
-                        weight_version=task.result.weight_version)
+                        weight_version=task.result.weight_version, versions=versions)
         return Outcome(samples=[sample], chosen=0)
 
 

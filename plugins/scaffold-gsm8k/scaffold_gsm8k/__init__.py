@@ -3,6 +3,8 @@
 Components (hookimpls only; the logic lives in sibling modules):
 
 * task ``gsm8k`` (:class:`scaffold_gsm8k.task.GSM8KTask`)
+* tasks ``multiturn_gsm8k`` and ``gsm8k_calculator``
+  (:mod:`scaffold_gsm8k.multiturn_tasks`): GSM8K for scaffold-multiturn's controllers
 * verifier ``gsm8k`` (:class:`scaffold_gsm8k.verifier.GSM8KVerifier`)
 * verifier ``math_verify`` (:class:`scaffold_gsm8k.math_verify_verifier.MathVerifyVerifier`),
   registered only when the optional ``math-verify`` extra is installed.
@@ -19,9 +21,12 @@ __version__ = "0.1.0"
 
 @hookimpl
 def register_tasks(registry):
+    from .multiturn_tasks import GSM8KCalculatorTask, MultiTurnGSM8KTask
     from .task import GSM8KTask
 
     registry.add("gsm8k", GSM8KTask)
+    registry.add("multiturn_gsm8k", MultiTurnGSM8KTask)
+    registry.add("gsm8k_calculator", GSM8KCalculatorTask)
 
 
 @hookimpl

@@ -33,12 +33,12 @@ import re
 import threading
 from typing import Any, ClassVar
 
-from scaffold_core.errors import MissingDependencyError
+from scaffold_core.errors import require_module
 from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answers
 
 from .answers import GLUED_UNITS, VALUE_WORDS, AnswerError, answer_number, extract_answer, gold_answer, strip_emphasis
 
-INSTALL_HINT = 'pip install "math-verify>=0.7" (what the math-verify extra of scaffold-gsm8k adds)'
+INSTALL = 'pip install "math-verify>=0.7" (what the math-verify extra of scaffold-gsm8k adds)'
 
 # \text{...} and its kin hold words: their content is read as plain text.
 _TEXT_GROUP = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox)\s*\{([^{}]*)\}")
@@ -69,11 +69,7 @@ _MALFORMED_DECIMAL = re.compile(r"\d*\.\d*\.")  # 5.5.5 (latex2sympy reads 5.5 *
 
 
 def _math_verify() -> Any:
-    try:
-        import math_verify
-    except ImportError as exc:
-        raise MissingDependencyError(f"the math_verify verifier needs math-verify ({exc}); {INSTALL_HINT}") from exc
-    return math_verify
+    return require_module("math_verify", needed_by="the math_verify verifier", what="math-verify", install=INSTALL)
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,6 +25,23 @@ class TestGSM8KTaskWithFewShotConformance(TestGSM8KTaskConformance):
     options = {"source": "sample", "limit": 5, "few_shot": 2}
 
 
+class TestMultiTurnGSM8KTaskConformance(TestGSM8KTaskConformance):
+    """The conversation variant: the same rows; its defaults name scaffold-multiturn's components, which the
+    registry holds too (they resolve by name: this plugin imports nothing of them)."""
+
+    name = "multiturn_gsm8k"
+
+    def scaffold_registry(self):
+        from scaffold_core.testing import plugin_set
+
+        named = {"multiturn": pytest.importorskip("scaffold_multiturn"), "tools": pytest.importorskip("scaffold_tools")}
+        return plugin_set(gsm8k=scaffold_gsm8k, **named).registry
+
+
+class TestGSM8KCalculatorTaskConformance(TestMultiTurnGSM8KTaskConformance):
+    name = "gsm8k_calculator"
+
+
 class TestGSM8KVerifierConformance(VerifierConformance):
     plugin = scaffold_gsm8k
     name = "gsm8k"

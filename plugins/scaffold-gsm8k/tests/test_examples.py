@@ -9,7 +9,7 @@ import pytest
 
 from scaffold_core.config import load_config, read_yaml
 from scaffold_core.plugins import get_plugins
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"

@@ -62,7 +62,7 @@ def test_plugin_installs_into_a_core_only_environment(venv, tmp_path):
     assert listed.returncode == 0, listed.stderr
     plugins = {p["name"]: p for p in json.loads(listed.stdout)}
     assert plugins["gsm8k"]["status"] == "ok" and plugins["gsm8k"]["distribution"] == "scaffold-gsm8k"
-    assert plugins["gsm8k"]["components"]["task"] == ["gsm8k"]
+    assert plugins["gsm8k"]["components"]["task"] == ["gsm8k", "gsm8k_calculator", "multiturn_gsm8k"]
     assert plugins["gsm8k"]["components"]["verifier"] == ["gsm8k"]  # math_verify needs the extra
 
     ran = cli("run", str(config), "-o", str(tmp_path / "run"))

@@ -12,10 +12,10 @@ from fractions import Fraction
 import pytest
 
 import scaffold_gsm8k
+from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
-from scaffold_core.hookimpl import hookimpl
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ScriptedEngine, plugin_set
 from scaffold_core.tokenizers import ByteTokenizer
 from scaffold_gsm8k import data
@@ -330,3 +330,18 @@ def test_a_run_scores_with_the_gsm8k_verifier_by_default(tmp_path):
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert {s["reason"] for s in samples} >= {"correct (####)"}
     assert all(s["answer"] == golds[next(q for q in golds if q in s["prompt"])] for s in samples)
+
+
+@pytest.mark.parametrize("task, controller", [("multiturn_gsm8k", "multiturn_chat"), ("gsm8k_calculator", "agent")])
+def test_the_multiturn_tasks_name_what_they_run_on_and_where_it_comes_from(registry, task, controller):
+    """Nothing of scaffold-multiturn is imported: without it, a run of these tasks says what to install."""
+    with pytest.raises(ConfigError) as info:
+        load_config(data={"task": {"name": task, "source": "sample"}}, registry=registry)
+    message = str(info.value)
+    assert f"unknown controller {controller!r}" in message and "pip install --find-links dist scaffold-multiturn" \
+        in message
+    multiturn = pytest.importorskip("scaffold_multiturn")
+    tools = pytest.importorskip("scaffold_tools")
+    both = plugin_set(gsm8k=scaffold_gsm8k, multiturn=multiturn, tools=tools).registry
+    config = load_config(data={"task": {"name": task, "source": "sample"}}, registry=both)
+    assert (config.controller.name, config.trajectory.name, config.verifier.name) == (controller, "multiturn", "gsm8k")

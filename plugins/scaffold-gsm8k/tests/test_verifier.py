@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 import scaffold_gsm8k
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
+from scaffold_core.run.verifier_pool import VerifierPool
 from scaffold_core.testing import plugin_set
-from scaffold_core.verifier import Verdict, VerifierPool
+from scaffold_core.verifier import Verdict
 from scaffold_gsm8k.verifier import GSM8KVerifier, reference_key
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None

@@ -9,8 +9,8 @@ Components (hookimpls only; the logic lives in sibling modules):
   ``simulated_user`` (:mod:`scaffold_multiturn.simulated_user`); the protocol
   third parties implement is in :mod:`scaffold_multiturn.environment`
 * trajectory maker ``multiturn`` (:class:`scaffold_multiturn.trajectory.MultiTurnTrajectoryMaker`)
-* tasks ``multiturn_gsm8k`` (:class:`scaffold_multiturn.task.MultiTurnGSM8KTask`) and
-  ``gsm8k_calculator`` (:class:`scaffold_multiturn.task.GSM8KCalculatorTask`)
+
+GSM8K tasks that run on these (``multiturn_gsm8k``, ``gsm8k_calculator``) come with scaffold-gsm8k.
 """
 
 from __future__ import annotations
@@ -52,10 +52,3 @@ def register_trajectory_makers(registry):
 
     registry.add("multiturn", MultiTurnTrajectoryMaker)
 
-
-@hookimpl
-def register_tasks(registry):
-    from .task import GSM8KCalculatorTask, MultiTurnGSM8KTask
-
-    registry.add("multiturn_gsm8k", MultiTurnGSM8KTask)
-    registry.add("gsm8k_calculator", GSM8KCalculatorTask)

@@ -19,7 +19,6 @@ format), so the default clone, a deep copy, is all an episode needs.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
@@ -76,14 +75,10 @@ ENDS = ("answer", "max_turns", "context")
 # -- building ------------------------------------------------------------------------------
 
 
-def _component(kind: str, spec: Any, path: str) -> Any:
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ConfigError(f"{path}: expected a registered {kind} name or {{name: ..., options...}}, got {spec!r}")
-    options = {k: v for k, v in spec.items() if k != "name"}
+def _component(kind: str, spec: Any, path: str, method: str) -> Any:
+    """The ``kind`` component ``spec`` names, or ``spec`` itself when it has the component's ``method``."""
     try:
-        return current_registry().create(kind, spec["name"], copy.deepcopy(options), path=path)
+        return current_registry().build(kind, spec, path=path, accepts=lambda obj: callable(getattr(obj, method, None)))
     except (UnknownComponentError, PluginLoadError) as exc:
         raise ConfigError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
 
@@ -110,7 +105,7 @@ def build_tools_and_sets(specs: Any, path: str) -> tuple[dict[str, Any], list[tu
     sets: list[tuple[str, Any]] = []
     for i, spec in enumerate(specs):
         where = f"{path}[{i}]"
-        tool = spec if callable(getattr(spec, "call", None)) or is_tool_set(spec) else _component("tool", spec, where)
+        tool = spec if is_tool_set(spec) else _component("tool", spec, where, "call")
         if is_tool_set(tool):
             sets.append((where, tool))
             continue
@@ -134,7 +129,7 @@ def add_tool(tools: dict[str, Any], tool: Any, where: str) -> None:
 
 def build_format(spec: Any, path: str) -> Any:
     """The tool-call format ``spec`` names (a name, ``{name: ..., options...}`` or a format object)."""
-    fmt = spec if callable(getattr(spec, "parse", None)) else _component("tool_format", spec, path)
+    fmt = _component("tool_format", spec, path, "parse")
     for method in ("prompt", "parse", "result_messages"):
         if not callable(getattr(fmt, method, None)):
             raise ConfigError(f"{path}: {type(fmt).__name__} has no {method}() method; a tool format implements "
@@ -475,6 +470,7 @@ class AgentController(Controller):
             output_mask=conv.output_mask, text=answer if answer is not None else last.text,
             finish_reason=last.finish_reason, sample_index=ctx.sample_base,
             weight_version=conv.turns[0].weight_version, verdict=verdict, metadata=metadata,
+            versions=conv.output_versions,
         )
         return sample, self._metrics(len(conv.turns), end, forced, tally, report)
 

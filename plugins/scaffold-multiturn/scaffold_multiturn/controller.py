@@ -18,27 +18,24 @@ from .environment import EnvironmentFailure, EnvStep, run_step
 def build_environment(spec: Any) -> tuple[Any, str]:
     """(environment, name) from a registered name, a ``{name: ..., options...}`` mapping, or an object."""
     if spec is None:
-        from scaffold_core.registry import current_registry
+        from scaffold_core.plugins import current_registry
 
         names = ", ".join(current_registry().names("environment")) or "(none installed)"
         raise ValueError(f"multiturn_chat needs an environment: set controller.environment to one of: {names} "
                          "(e.g. environment: {name: verifier_feedback})")
-    if hasattr(spec, "step") and not isinstance(spec, (str, dict)):
-        return spec, type(spec).__name__
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"environment must be a registered name or {{name: ..., options...}}, got {spec!r}")
-    from scaffold_core.registry import current_registry
+    from scaffold_core.plugins import current_registry
 
-    options = {k: v for k, v in spec.items() if k != "name"}
     try:
-        env = current_registry().create("environment", spec["name"], options, path="controller.environment")
+        env = current_registry().build("environment", spec, path="controller.environment",
+                                       accepts=lambda obj: hasattr(obj, "step"))
     except (UnknownComponentError, PluginLoadError) as exc:
         raise ConfigError(str(exc)) from exc
+    if env is spec:
+        return spec, type(spec).__name__
+    name = spec if isinstance(spec, str) else spec["name"]
     if not callable(getattr(env, "step", None)):
-        raise ValueError(f"environment {spec['name']!r} built a {type(env).__name__}, which has no step() method")
-    return env, spec["name"]
+        raise ValueError(f"environment {name!r} built a {type(env).__name__}, which has no step() method")
+    return env, name
 
 
 def discounted(reward: float, turns: int, turn_discount: float) -> float:
@@ -188,7 +185,7 @@ class MultiTurnChatController(Controller):
             prompt_ids=list(ctx.prompt_ids), output_ids=conv.output_ids, output_logprobs=conv.output_logprobs,
             output_mask=conv.output_mask, text=last.text, finish_reason=last.finish_reason,
             sample_index=ctx.sample_base, weight_version=conv.turns[0].weight_version, verdict=final,
-            turn_rewards=turn_rewards, metadata=metadata,
+            turn_rewards=turn_rewards, metadata=metadata, versions=conv.output_versions,
         )
         return sample, self._metrics(len(conv.turns), end, report)
 

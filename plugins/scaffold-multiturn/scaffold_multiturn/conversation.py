@@ -1,8 +1,9 @@
 """One conversation's token sequence, built token-in, token-out, and its drift check.
 
 The sequence is the exact concatenation of the chat-template prompt, each
-model turn's sampled ids (loss mask 1, the engine's logprobs) and the
-template-rendered environment turns between them (loss mask 0, logprob 0.0).
+model turn's sampled ids (loss mask 1, the engine's logprobs and the weight
+version of each token) and the template-rendered environment turns between
+them (loss mask 0, logprob 0.0, version -1).
 Model output is never decoded and re-encoded: it is decoded only to give the
 environment something to read and to record the conversation's messages.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from scaffold_core.generation import GenerationResult
 from scaffold_core.tokenizers import encode
+from scaffold_core.trajectory import version_number
 
 from .template import SENTINEL, boundary, covered_prefix, decode_keep_special, decode_plain, render_text, tail_tokens
 
@@ -95,6 +97,7 @@ class Conversation:
         self.output_ids: list[int] = []
         self.output_logprobs: list[float] = []
         self.output_mask: list[int] = []
+        self.output_versions: list[int] = []
         self.turns: list[Turn] = []
         # The text the accumulated ids stand for; equals a fresh render while the template is append-only.
         self.text = prompt_text or render_text(tokenizer, self.messages, add_generation_prompt=True,
@@ -114,7 +117,7 @@ class Conversation:
 
     # -- building ----------------------------------------------------------
     def add_model_turn(self, result: GenerationResult) -> Turn:
-        """Append a model turn's sampled ids (mask 1, logprobs as sampled) and record its message."""
+        """Append a model turn's sampled ids (mask 1, logprobs and versions as sampled) and record its message."""
         ids = list(result.output_ids)
         end = boundary(self.tokenizer, [*self.messages, {"role": "assistant", "content": SENTINEL}], [],
                        add_generation_prompt=False, template_kwargs=self.template_kwargs)
@@ -129,6 +132,10 @@ class Conversation:
         self.output_ids += ids
         self.output_logprobs += list(result.logprobs)
         self.output_mask += [1] * len(ids)
+        if result.versions is not None:
+            self.output_versions += list(result.versions)
+        else:
+            self.output_versions += [version_number(result.weight_version)] * len(ids)
         self.messages.append({"role": "assistant", "content": content})
         self.text += content + end.after[:covered]
         self._pieces.append((turn.index, content + end.after[:covered], ids))
@@ -148,10 +155,11 @@ class Conversation:
         return tail_tokens(self.tokenizer, rest), rest
 
     def add_environment(self, messages: Sequence[dict[str, Any]], ids: list[int], text: str) -> None:
-        """Append an environment turn (mask 0, logprob 0.0) computed by :meth:`environment_tokens`."""
+        """Append an environment turn (mask 0, logprob 0.0, version -1) computed by :meth:`environment_tokens`."""
         self.output_ids += ids
         self.output_logprobs += [0.0] * len(ids)
         self.output_mask += [0] * len(ids)
+        self.output_versions += [-1] * len(ids)
         self.messages += [dict(m) for m in messages]
         self.text += text
         self._pieces.append((None, text, list(ids)))

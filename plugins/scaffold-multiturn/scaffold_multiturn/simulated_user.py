@@ -37,7 +37,7 @@ class SimulatedUserEnvironment(Environment):
                  max_tokens: int = 128, temperature: float = 0.7, top_p: float = 1.0,
                  done_phrase: str | None = "[DONE]", stop_when_correct: bool = False,
                  start_timeout: float = 900.0, request_timeout: float = 300.0):
-        from scaffold_core.registry import current_registry
+        from scaffold_core.plugins import current_registry
 
         spec = dict(engine or {"name": "transformers"})
         name = spec.pop("name", None)

@@ -12,7 +12,6 @@ from scaffold_core.trajectory import (
     check_advantage_options,
     check_missing_reward_policy,
     group_normalized,
-    version_number,
 )
 
 
@@ -59,8 +58,8 @@ class MultiTurnTrajectoryMaker(TrajectoryMaker):
     maker, with the same ``std``, ``eps`` and ``baseline`` options (ignored
     with ``advantage: reward``). A conversation without a reward is handled by
     ``missing_reward`` (``drop``: left out; ``fail``: fails the episode),
-    never scored 0. Each generated token carries the policy version of the
-    turn that sampled it.
+    never scored 0. Each generated token carries the weight version that
+    sampled it (the sample's per-token ``versions``).
     """
 
     def __init__(self, advantage: Literal["reward", "grpo"] = "reward",
@@ -87,13 +86,6 @@ class MultiTurnTrajectoryMaker(TrajectoryMaker):
     def _one(self, episode: EpisodeResult, sample: Sample, reward: float, advantage: float) -> MultiTurnTrainingSample:
         base = self.build(episode, sample, reward, advantage)
         spans = model_spans(sample)
-        turns = (sample.metadata or {}).get("turns")
-        versions = list(base.versions)
-        if isinstance(turns, list) and len(turns) == len(spans):
-            for (start, end), turn in zip(spans, turns):
-                version = version_number(turn.get("weight_version")) if isinstance(turn, dict) else None
-                if version is not None:
-                    versions[start:end] = [version] * (end - start)
         if sample.turn_rewards is not None and len(sample.turn_rewards) == len(spans):
             turn_rewards = [float(r) for r in sample.turn_rewards]
         else:  # no per-turn rewards recorded: the episode's reward on its last turn
@@ -101,6 +93,5 @@ class MultiTurnTrajectoryMaker(TrajectoryMaker):
             if spans:
                 turn_rewards[-1] = float(reward)
         fields = {name: getattr(base, name) for name in TrainingSample.__dataclass_fields__}
-        fields["versions"] = versions
         return MultiTurnTrainingSample(**fields, turn_starts=[s for s, _ in spans], turn_ends=[e for _, e in spans],
                                        turn_rewards=turn_rewards).check()

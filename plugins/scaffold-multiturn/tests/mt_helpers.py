@@ -124,7 +124,7 @@ class JinjaByteTokenizer(ByteTokenizer):
 def run(task: Any, engine: Any, ctrl: Any, *, verifier: Any = None, maker: Any = None, max_tokens: int = 64,
         temperature: float = 1.0, concurrency: int = 8, timeout: float = 120.0) -> list[Any]:
     """Run every row of ``task`` through the real runtime; results in row order."""
-    from scaffold_core.verifier import ExactMatchVerifier
+    from scaffold_core.builtins.verifiers import ExactMatchVerifier
     from scaffold_multiturn.trajectory import MultiTurnTrajectoryMaker
 
     contexts = make_contexts(task, engine.tokenizer, SamplingParams(max_tokens=max_tokens, temperature=temperature,

@@ -1,11 +1,11 @@
-"""scaffold-multiturn against scaffold's conformance kit: controller, trajectory maker and task keep their contracts."""
+"""scaffold-multiturn against scaffold's conformance kit: controllers and trajectory maker keep their contracts."""
 
 from __future__ import annotations
 
 from mt_helpers import registry
 
 import scaffold_multiturn
-from scaffold_core.testing.conformance import ControllerConformance, TaskConformance, TrajectoryMakerConformance
+from scaffold_core.testing.conformance import ControllerConformance, TrajectoryMakerConformance
 from scaffold_core.testing.conformance.trajectories import example_episodes
 
 
@@ -52,17 +52,6 @@ class TestMultiTurnTrajectoryMakerConformance(_WithGSM8K, TrajectoryMakerConform
 
 class TestMultiTurnGRPOTrajectoryMakerConformance(TestMultiTurnTrajectoryMakerConformance):
     options = {"advantage": "grpo", "std": "none"}
-
-
-class TestMultiTurnGSM8KTaskConformance(_WithGSM8K, TaskConformance):
-    """The bundled offline sample: rows load, prompts build, each worked solution passes the gsm8k verifier."""
-
-    plugin = scaffold_multiturn
-    name = "multiturn_gsm8k"
-    options = {"source": "sample", "limit": 20}
-
-    def gold_response(self, row, reference):
-        return row["answer"]
 
 
 class TestAgentConformance(ControllerConformance):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
 
 from scaffold_core.config import load_config
+from scaffold_core.engines.canned import CannedBenchmarkEngine
 from scaffold_core.plugins import get_plugins
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "multiturn-gsm8k.yaml"
 
@@ -57,6 +59,43 @@ def test_example_shape_on_the_canned_engine(plugins, tmp_path):
     assert len(row["turn_starts"]) == len(row["turn_ends"]) == len(row["turn_rewards"]) == 3
     trained = sum(row["loss_mask"])
     assert trained == sum(e - s for s, e in zip(row["turn_starts"], row["turn_ends"]))
+
+
+class TurnVersionsEngine(CannedBenchmarkEngine):
+    """The canned engine as if a trainer moved the weights from 3 to 4 two tokens into the second turn: the
+    first call runs on weights 3 (its weight_version says so), the second reports its versions token by token."""
+
+    async def generate(self, request):
+        result = await super().generate(request)
+        result.weight_version = 3
+        if self.requests > 1:
+            result.versions = [3, 3] + [4] * (len(result.output_ids) - 2)
+        return result
+
+
+def test_a_conversation_on_weights_3_then_4_is_saved_with_3s_and_4s_per_token(plugins, tmp_path):
+    import datasets
+
+    import scaffold_gsm8k
+    import scaffold_multiturn
+    from scaffold_core import hookimpl
+    from scaffold_core.testing import plugin_set
+
+    versioned = types.ModuleType("versioned_engine")
+    versioned.register_engines = hookimpl(lambda registry: registry.add("turn_versions", TurnVersionsEngine))
+    mine = plugin_set(multiturn=scaffold_multiturn, gsm8k=scaffold_gsm8k, versioned=versioned)
+    config = load_config(EXAMPLE, ["engine.name=turn_versions", "task.limit=1", "controller.max_turns=2",
+                                   "rollout.progress=false"], registry=mine.registry)
+    metrics = Rollout(config, output_dir=tmp_path / "run", plugins=mine).run()
+    assert (metrics["completed"], metrics["turns"]) == (1, 2.0)
+    (row,) = datasets.load_from_disk(str(tmp_path / "run" / "trajectories")).to_list()
+    (first, second) = zip(row["turn_starts"], row["turn_ends"])
+    versions = row["versions"]
+    assert versions[:first[0]] == [-1] * first[0]  # the prompt
+    assert versions[first[0]:first[1]] == [3] * (first[1] - first[0])
+    assert versions[first[1]:second[0]] == [-1] * (second[0] - first[1])  # the environment's reply
+    assert versions[second[0]:second[1]] == [3, 3] + [4] * (second[1] - second[0] - 2)
+    assert [v for v, m in zip(versions, row["loss_mask"]) if not m] == [-1] * (len(versions) - sum(row["loss_mask"]))
 
 
 @pytest.mark.model

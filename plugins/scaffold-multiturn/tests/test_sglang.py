@@ -16,7 +16,7 @@ import pytest
 
 from scaffold_core.config import load_config
 from scaffold_core.plugins import get_plugins
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 
 ROOT = Path(__file__).resolve().parents[3]
 SGLANG_TESTS = ROOT / "plugins" / "scaffold-sglang" / "tests"

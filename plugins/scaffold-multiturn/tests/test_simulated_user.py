@@ -13,7 +13,7 @@ from mt_helpers import controller, registry, run
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
 
 ROWS = [{"id": f"q{i}", "question": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(4)]

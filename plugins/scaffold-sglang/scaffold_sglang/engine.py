@@ -130,7 +130,7 @@ class SGLangEngine(Engine):
         client = None
         try:
             if self.launch is not None:
-                from scaffold_core.ports import rank_slice
+                from scaffold_core.distributed.ports import rank_slice
 
                 from .launcher import Launcher, default_log_dir
 

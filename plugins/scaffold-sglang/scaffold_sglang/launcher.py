@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import ctypes
-import importlib.util
 import logging
 import os
 import shlex
@@ -35,8 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from scaffold_core.errors import MissingDependencyError, ScaffoldError
-from scaffold_core.net import format_url, loopback_host, strip_brackets
+from scaffold_core.distributed.net import format_url, loopback_host, strip_brackets
+from scaffold_core.errors import ScaffoldError, require_module
 from scaffold_core.output.redact import Redactor, copy_redacted, secret_values
 
 log = logging.getLogger("scaffold.sglang")
@@ -280,11 +279,9 @@ class Launcher:
     def command_prefix(self) -> list[str]:
         if self.options.command is not None:
             return list(self.options.command)
-        if importlib.util.find_spec("sglang") is None:
-            raise MissingDependencyError(
-                f"engine.launch starts SGLang servers, but sglang is not installed in this Python "
-                f"({sys.executable}); install it with: pip install \"scaffold-sglang[server]\" (on a GPU machine), "
-                "or start the servers yourself and set engine.url instead")
+        require_module("sglang", needed_by=f"engine.launch (it starts SGLang servers with {sys.executable})",
+                       load=False, install='pip install "scaffold-sglang[server]" (on a GPU machine), or start the '
+                                           "servers yourself and set engine.url instead")
         return [sys.executable, *DEFAULT_COMMAND]
 
     def argv(self, index: int, port: int, nccl_port: int) -> tuple[list[str], str]:
@@ -312,7 +309,7 @@ class Launcher:
         return env
 
     def _reserve(self, count: int) -> list[Any]:
-        from scaffold_core.ports import reserve_ports
+        from scaffold_core.distributed.ports import reserve_ports
 
         try:
             return reserve_ports(count, rank=0, world_size=1, host="", port_range=self.port_range,

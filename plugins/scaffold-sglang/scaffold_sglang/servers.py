@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from scaffold_core.net import format_url, is_ipv6
+from scaffold_core.distributed.net import format_url, is_ipv6
 
 STICKY_LIMIT = 200_000  # episodes remembered; the oldest are forgotten first
 COOL_DOWN_S = (1.0, 30.0)  # a failing server is skipped 1 s, doubling per consecutive failure, at most 30 s

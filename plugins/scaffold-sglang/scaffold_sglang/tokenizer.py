@@ -13,26 +13,19 @@ benchmarks only).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from scaffold_core.errors import MissingDependencyError
+from scaffold_core.errors import require_module
 
 BYTE_TOKENIZER = "builtin:byte"
 
 
 def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the sglang engine needs transformers for its tokenizer ({exc}); install it with: "
-            "pip install transformers") from exc
-    return transformers
+    return require_module("transformers", needed_by="the sglang engine's tokenizer", install="pip install transformers")
 
 
 def _is_default_model(name: str) -> bool:
@@ -60,10 +53,8 @@ def _load_gguf_tokenizer(gguf: Path, *, use_cache: bool = True) -> Any:
         for done in (cache, cache.parent.parent / "models" / cache.name):
             if (done / "complete").exists() and (done / "tokenizer_config.json").exists():
                 return transformers.AutoTokenizer.from_pretrained(str(done))
-    if importlib.util.find_spec("gguf") is None:
-        raise MissingDependencyError(
-            f"reading the tokenizer from {gguf} needs the gguf package; install it with: pip install gguf, "
-            "or set engine.tokenizer to a tokenizer directory")
+    require_module("gguf", needed_by=f"reading the tokenizer from {gguf}", what="the gguf package", load=False,
+                   install="pip install gguf, or set engine.tokenizer to a tokenizer directory")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if use_cache:
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ def byte_server(**kw) -> ts.TestServer:
 
 def free_port_range(size: int = 64) -> tuple[int, int]:
     """A random block of ports below the ephemeral range, so concurrent test runs rarely pick the same one."""
-    from scaffold_core.ports import job_port_range
+    from scaffold_core.distributed.ports import job_port_range
 
     lo, hi = job_port_range()
     start = random.randrange(lo, hi - size)
@@ -46,7 +46,7 @@ def free_port_range(size: int = 64) -> tuple[int, int]:
 
 
 def free_port() -> int:
-    from scaffold_core.ports import try_reserve
+    from scaffold_core.distributed.ports import try_reserve
 
     for _ in range(200):
         lo, _hi = free_port_range(1)

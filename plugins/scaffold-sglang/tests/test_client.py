@@ -439,7 +439,8 @@ def test_unreachable_url_fails_start_within_url_wait_timeout():
 
 def test_aborted_requests_are_rerun_by_the_runtime_after_a_pause_in_abort_mode():
     from scaffold_core.builtins.controllers import NativeController
-    from scaffold_core.runtime import Runtime
+    from scaffold_core.run.assembly import Limits
+    from scaffold_core.run.runtime import Runtime
     from scaffold_core.testing import ListTask, make_contexts
 
     server = byte_server(backend_options={"token_delay_s": 0.01, "mean_tokens": 30})
@@ -450,8 +451,8 @@ def test_aborted_requests_are_rerun_by_the_runtime_after_a_pause_in_abort_mode()
                 task = ListTask([{"id": f"q{i}", "question": f"{i}?", "answer": "1"} for i in range(4)])
                 contexts = make_contexts(task, eng.tokenizer, SamplingParams(max_tokens=40))
                 results = []
-                runtime = Runtime(engine=eng, controller=NativeController(), verifier=None, retries=1,
-                                  concurrency=4)
+                runtime = Runtime(engine=eng, controller=NativeController(), verifier=None,
+                                  limits=Limits(retries=1, concurrency=4))
                 run_task = asyncio.ensure_future(runtime.run(contexts, results.append))
                 while len(server.live) < 4:
                     await asyncio.sleep(0.01)

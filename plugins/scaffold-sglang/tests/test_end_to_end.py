@@ -15,7 +15,7 @@ from sglang_testkit import SERVER_COMMAND, ts
 import scaffold_sglang
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
-from scaffold_core.rollout import Rollout
+from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, plugin_set
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-sglang.yaml"

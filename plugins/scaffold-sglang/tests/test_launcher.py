@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from sglang_testkit import SERVER_COMMAND, free_port_range, pid_alive, run
 
+from scaffold_core.distributed.net import has_ipv6
+from scaffold_core.distributed.ports import rank_slice
 from scaffold_core.engine import RunInfo
 from scaffold_core.errors import MissingDependencyError
 from scaffold_core.generation import GenerationRequest
-from scaffold_core.net import has_ipv6
-from scaffold_core.ports import rank_slice
 from scaffold_core.sampling import SamplingParams
 from scaffold_sglang import SGLangEngine
 from scaffold_sglang.launcher import LaunchError, live_servers

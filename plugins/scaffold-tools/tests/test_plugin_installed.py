@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from scaffold_core.registry import KINDS
+from scaffold_core.plugins import KINDS
 
 
 def listing() -> dict[str, dict]:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 
 log = logging.getLogger("scaffold.trl")
 
@@ -35,10 +35,10 @@ class PromptIndex:
         self.rows: dict[str, tuple[int, dict[str, Any]]] = {}
         self.duplicates = 0
         self.unusable: dict[str, str] = {}
-        tokenizer = rollouts.engine.tokenizer
+        tokenizer = rollouts.components.engine.tokenizer
         for index, row in enumerate(rollouts.rows()):
             try:
-                text = rollouts.task.build_prompt(row, tokenizer).text
+                text = rollouts.components.task.build_prompt(row, tokenizer).text
             except Exception as exc:  # counted and reported, not fatal
                 self.unusable[episode_id_of(row, index)] = f"{type(exc).__name__}: {exc}"
                 continue
@@ -149,7 +149,7 @@ class RolloutBridge:
     def sync_weights(self, trainer: Any) -> None:
         """Make the engine serve the trainer's current weights as version ``global_step`` (no-op if it does)."""
         step = int(trainer.state.global_step)
-        engine = self.rollouts.engine
+        engine = self.rollouts.components.engine
         if step != engine.weight_version:
             source = self.sync(trainer) if self.sync is not None else None
             self.loop.run(engine.update_weights(source, version=step), self.timeout)
@@ -160,7 +160,7 @@ class RolloutBridge:
         rows = [self.index.lookup(p) for p in heads]
         step = int(trainer.state.global_step)
         started = time.perf_counter()
-        engine = self.rollouts.engine
+        engine = self.rollouts.components.engine
         self.sync_weights(trainer)
 
         coros = [self.rollouts.run_group(row, samples=group_size, index=i) for i, row in rows]

@@ -141,7 +141,7 @@ class GRPORun:
     def open(self) -> None:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
         self._check_sampling()
-        from scaffold_core.train.rollouts import TrainingRollouts
+        from scaffold_core.train.prompt_groups import TrainingRollouts
 
         if self.options.threads:
             import torch

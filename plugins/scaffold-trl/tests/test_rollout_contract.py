@@ -13,9 +13,10 @@ import scaffold_core.testing.plugin as test_tasks
 from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.config import load_config
+from scaffold_core.run.assembly import Components
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
-from scaffold_core.train.rollouts import RolloutGroup, TrainingRollouts
+from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 from scaffold_core.trajectory import TrainingSample
 from scaffold_trl.loop_thread import LoopThread
 from scaffold_trl.rollout import REWARD_KEY, PromptIndex, RolloutBridge, scaffold, split_groups, to_trl_output
@@ -79,8 +80,8 @@ def test_output_is_checked_where_trl_would_not():
 def test_the_bridge_answers_trl_with_one_completion_per_entry_in_order():
     engine = ScriptedEngine(lambda prompt, request: "2" if "1 + 1" in prompt else "5")
     engine.weight_version = 0
-    rollouts = TrainingRollouts(task=ListTask(ROWS), controller=NativeController(), engine=engine,
-                                verifier=ExactMatchVerifier(), sampling=SamplingParams(max_tokens=8))
+    rollouts = TrainingRollouts(Components(task=ListTask(ROWS), controller=NativeController(), engine=engine,
+                                           verifier=ExactMatchVerifier()), sampling=SamplingParams(max_tokens=8))
     loop = LoopThread()
     try:
         loop.run(rollouts.start(), 30)

@@ -6,10 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scaffold_core.errors import MissingDependencyError
+from scaffold_core.errors import require_module
 
-INSTALL_HINT = ('verl is not installed: pip install "scaffold-verl[verl]" (it brings Ray, vLLM or SGLang and the '
-                "GPU training stack)")
+INSTALL = 'pip install "scaffold-verl[verl]" (it brings Ray, vLLM or SGLang and the GPU training stack)'
 
 
 @dataclass(frozen=True)
@@ -23,11 +22,10 @@ class VerlAPI:
 
 def load_api() -> VerlAPI:
     """Import verl's agent loop classes; raises MissingDependencyError with the install command when absent."""
-    try:
-        from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
-    except ImportError as exc:
-        raise MissingDependencyError(f"{INSTALL_HINT} ({exc})") from exc
-    return VerlAPI(AgentLoopBase=AgentLoopBase, AgentLoopOutput=AgentLoopOutput, register=register)
+    agent_loop = require_module("verl.experimental.agent_loop.agent_loop", needed_by="scaffold-verl", what="verl",
+                                install=INSTALL)
+    return VerlAPI(AgentLoopBase=agent_loop.AgentLoopBase, AgentLoopOutput=agent_loop.AgentLoopOutput,
+                   register=agent_loop.register)
 
 
 def rollout_lengths(rollout_config: Any) -> tuple[int, int]:

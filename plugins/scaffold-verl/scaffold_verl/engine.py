@@ -18,9 +18,11 @@
   waiting ``resume_wait_s`` before each); out of budget it is ``length``.
 * Logprobs come back only when verl's ``sampling_params["logprobs"]`` is
   true; otherwise results carry 0.0 and the episode reports none.
-* Versions: each segment's ``extra_fields["global_steps"]``; per episode
-  the span (``min_global_steps``, ``max_global_steps``) and the last
-  segment's ``extra_fields`` are kept in :class:`EpisodeLog`.
+* Versions: each segment's tokens carry its ``extra_fields["global_steps"]``
+  (the result's per-token ``versions``; a segment the server itself resumed
+  across a weight sync, ``min_global_steps < max_global_steps``, gives its
+  tokens the oldest). The last segment's ``extra_fields`` are kept in
+  :class:`EpisodeLog`.
 * Per episode: a ``run`` wraps its episode in :meth:`VerlEngine.episode`
   (verl's ``sampling_params`` in, the :class:`EpisodeLog` out); every
   request made inside that block, in whatever task the runtime runs it,
@@ -57,7 +59,6 @@ class EpisodeLog:
     resumes: int = 0
     generate_s: float = 0.0
     num_preempted: int | None = None
-    steps: list[int] = field(default_factory=list)
     extra_fields: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = True
 
@@ -143,7 +144,8 @@ class VerlEngine(Engine):
         has_logprobs = log.wants_logprobs
         finish = ""
         resumes = 0
-        steps: list[int] = []
+        versions: list[int] | None = []  # None once a segment with tokens reports no version
+        known: list[int] = []
         while True:
             params = self._params(log, request.sampling, budget - len(tokens))
             started = time.perf_counter()
@@ -156,7 +158,11 @@ class VerlEngine(Engine):
             has_logprobs = has_logprobs and seg_logprobs is not None
             tokens += seg
             logprobs += seg_logprobs if seg_logprobs is not None else [0.0] * len(seg)
-            steps += self._note(log, out)
+            version = self._note(log, out)
+            if version is not None:
+                known.append(version)
+            if versions is not None and seg:
+                versions = None if version is None else versions + [version] * len(seg)
             raw = out.stop_reason
             if raw in ABORTED and len(tokens) < budget:
                 if resumes >= self.max_resumes:
@@ -173,7 +179,7 @@ class VerlEngine(Engine):
         return GenerationResult(
             output_ids=tokens, logprobs=logprobs, finish_reason=finish,
             text=response_text(self.tokenizer, tokens, request.sampling.stop),
-            weight_version=min(steps) if steps else None,
+            weight_version=min(known) if known else None, versions=versions if known else None,
             meta={"stop_reason": raw, "resumes": resumes, **({"message": "aborted too often"} if finish == "abort"
                                                                 else {})},
         )
@@ -189,17 +195,19 @@ class VerlEngine(Engine):
             raise EngineError("server_manager.generate returned a log_prob that is not finite", retryable=False)
         return values
 
-    def _note(self, log: EpisodeLog, out: Any) -> list[int]:
-        """Record a segment's versions, extra fields and preemptions in ``log``; return its versions."""
+    def _note(self, log: EpisodeLog, out: Any) -> int | None:
+        """Record a segment's extra fields and preemptions in ``log``; return its tokens' weight version (the
+        oldest, ``min_global_steps``, when the server resumed it across a weight sync; None when it reports none)."""
         extra = dict(getattr(out, "extra_fields", None) or {})
-        steps = [int(extra[k]) for k in ("global_steps", "min_global_steps", "max_global_steps")
-                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)]
-        log.steps += steps
         log.extra_fields = extra
         preempted = getattr(out, "num_preempted", None)
         if preempted is not None:
             log.num_preempted = (log.num_preempted or 0) + int(preempted)
-        return steps
+        for key in ("min_global_steps", "global_steps"):
+            value = extra.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
 
     def _finish(self, raw: str | None, seg: list[int], asked: int, sampling: SamplingParams) -> str:
         if raw in ("stop", "length"):

@@ -11,7 +11,7 @@ by every loop of the worker with the same options and server manager.
 (``ct_build_initial_tokens`` when the base class has it: same template
 kwargs, same ``prompt_length`` cap), the episode runs the configured
 controller over ``server_manager.generate`` (:mod:`scaffold_verl.engine`)
-with the core's :class:`~scaffold_core.train.rollouts.TrainingRollouts`
+with the core's :class:`~scaffold_core.train.prompt_groups.TrainingRollouts`
 (one group of one episode per call, with this call's sampling; verl owns
 the servers: ``manage_engine=False``), is scored by the configured verifier
 (or left to verl's reward loop), and comes back as an ``AgentLoopOutput``
@@ -25,15 +25,13 @@ from __future__ import annotations
 import uuid
 from typing import Any, ClassVar
 
+from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.train.adapters import PromptTask, build_component, is_object, to_plain
-from scaffold_core.train.rollouts import TrainingRollouts
+from scaffold_core.train.prompt_groups import TrainingRollouts
 
 from .api import VerlAPI, rollout_lengths
 from .engine import VerlEngine, sampling_from_verl
 from .output import agent_loop_fields
-
-#: Episodes in flight are verl's to bound (its batch), not scaffold's.
-UNBOUNDED = 1 << 30
 
 OPTIONS = ("controller", "verifier", "task", "trajectory", "messages_key", "reference_key", "request_timeout",
            "episode_timeout", "verifier_timeout", "retries", "max_resumes", "resume_wait_s")
@@ -131,13 +129,14 @@ class ScaffoldLoop:
         verifier = build_component("verifier", o["verifier"], path="verifier")
         task = build_component("task", o["task"], path="task") or PromptTask(
             o["messages_key"], o["reference_key"], self.apply_chat_template_kwargs_plain())
-        rollouts = TrainingRollouts(
-            engine=engine, task=task, controller=build_component("controller", o["controller"], path="controller"),
-            sampling=sampling_from_verl({}, self.response_length), verifier=verifier,
-            trajectory_maker=build_component("trajectory_maker", o["trajectory"], path="trajectory"),
-            request_timeout=o["request_timeout"], episode_timeout=o["episode_timeout"],
-            verifier_timeout=o["verifier_timeout"], retries=o["retries"], concurrency=UNBOUNDED,
-            engine_name="verl", manage_engine=False)
+        components = Components(
+            task=task, controller=build_component("controller", o["controller"], path="controller"), engine=engine,
+            verifier=verifier, trajectory_maker=build_component("trajectory_maker", o["trajectory"], path="trajectory"))
+        # Episodes in flight are verl's to bound (its batch), not scaffold's.
+        limits = Limits(concurrency=None, request_timeout=o["request_timeout"], episode_timeout=o["episode_timeout"],
+                        verifier_timeout=o["verifier_timeout"], retries=o["retries"])
+        rollouts = TrainingRollouts(components, sampling=sampling_from_verl({}, self.response_length), limits=limits,
+                                    engine_name="verl", manage_engine=False)
         shared = _Shared(engine, rollouts, scored=verifier is not None)
         _SHARED[key] = (server_manager, shared)  # holds the server manager so its id stays unique
         return shared
@@ -148,7 +147,7 @@ class ScaffoldLoop:
         shared = self.shared()
         await shared.rollouts.start()
         row = to_plain(dict(kwargs))
-        task = shared.rollouts.task
+        task = shared.rollouts.components.task
         if hasattr(self, "ct_build_initial_tokens") and isinstance(task, PromptTask):
             row["prompt_ids"] = list(await self.ct_build_initial_tokens(task.messages(row)))
         elif isinstance(task, PromptTask):

@@ -18,8 +18,9 @@ ride along in ``extra_fields["scaffold"]``.
 * ``metrics``: ``generate_sequences`` (seconds in ``server_manager.generate``),
   ``tool_calls`` (0.0), ``num_preempted`` (-1 when the server reports none).
 * ``extra_fields``: the last ``TokenOutput.extra_fields`` (``global_steps``),
-  ``min_global_steps``/``max_global_steps`` over every call of the episode,
-  ``turn_scores`` (per-turn rewards of multi-turn controllers), ``tool_rewards``.
+  ``min_global_steps``/``max_global_steps`` over the weight versions of the
+  sample's generated tokens, ``turn_scores`` (per-turn rewards of multi-turn
+  controllers), ``tool_rewards``.
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ def agent_loop_fields(episode: EpisodeResult, log: EpisodeLog, *, prompt_length:
     mask = [int(m) for m in loss_mask[cut:]]
     logprobs = [float(x) if m else 0.0 for x, m in zip(behaviour[cut:], mask)]
     extra = dict(log.extra_fields)
-    if log.steps:
-        extra["min_global_steps"] = min(log.steps)
-        extra["max_global_steps"] = max(log.steps)
+    if sample.versions is not None:
+        steps = [v for v, m in zip(sample.versions, sample.output_mask) if m]
+        if steps:
+            extra["min_global_steps"] = min(steps)
+            extra["max_global_steps"] = max(steps)
     extra["turn_scores"] = [float(r) for r in sample.turn_rewards or []]
     extra["tool_rewards"] = []
     extra["scaffold"] = {"episode_id": episode.episode_id, "samples": len(episode.samples),

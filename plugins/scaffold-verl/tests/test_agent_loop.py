@@ -249,3 +249,28 @@ def test_a_row_without_raw_prompt_fails_clearly(be):
 
     with pytest.raises((ScaffoldEpisodeError, ValueError), match="raw_prompt"):
         run_loop(be, server(be, answers("#### 42")), {"verifier": "gsm8k"}, row={"prompt": MESSAGES})
+
+
+def test_each_segment_gives_its_tokens_its_version_and_a_segment_resumed_by_the_server_the_oldest():
+    """The engine adapter alone: an aborted segment on steps 3, then one the server itself resumed across a
+    weight sync (min 4, max 5): the result's versions say so token by token, the oldest where it cannot tell."""
+    from scaffold_verl.engine import VerlEngine
+
+    from scaffold_core.generation import GenerationRequest
+    from scaffold_core.sampling import SamplingParams
+
+    token_output = fake_verl.fake_classes().TokenOutput
+    segments = [token_output(token_ids=[40, 41], stop_reason="aborted", extra_fields={"global_steps": 3}),
+                token_output(token_ids=[42, 43, EOS], stop_reason="completed",
+                             extra_fields={"global_steps": 5, "min_global_steps": 4, "max_global_steps": 5})]
+
+    class Servers:
+        async def generate(self, request_id, *, prompt_ids, sampling_params):
+            return segments.pop(0)
+
+    engine = VerlEngine(Servers(), tokenizer=TOKENIZER, prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH,
+                        resume_wait_s=0.0)
+    request = GenerationRequest("e/0/0/1", [1, 2, 3], SamplingParams(max_tokens=16), episode_id="e")
+    result = asyncio.run(engine.generate(request)).check()
+    assert result.output_ids == [40, 41, 42, 43, EOS] and result.finish_reason == "stop"
+    assert result.versions == [3, 3, 4, 4, 4] and result.weight_version == 3

@@ -109,7 +109,7 @@ class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
 
     def test_clone_shares_no_mutable_state(self) -> None:
         """A clone shares no list, dict, set or sub-controller with its prototype."""
-        from ...controller import shared_names
+        from ..._cloning import shared_names
 
         prototype = self.make_controller()
         allowed = set(self.shared_attributes) | set(shared_names(type(prototype)))  # declared shared handles
@@ -143,6 +143,7 @@ class ControllerConformance(ControllerIsolationChecks, ComponentConformance):
             for sample in result.samples:
                 assert sample.verdict is not None, "every sample is verified by the end of the episode"
                 assert len(sample.output_ids) == len(sample.output_logprobs) == len(sample.output_mask)
+                assert sample.versions is None or len(sample.versions) == len(sample.output_ids)
             for traj in result.trajectories:
                 traj.check()
 

@@ -174,7 +174,7 @@ class ControllerIsolationChecks:
 
     def isolation_contexts(self, count: int, engine: Any) -> list[Any]:
         """``count`` episode contexts from :meth:`make_task`'s rows, repeated under new episode ids as needed."""
-        from ...episode import copy_data
+        from ..._cloning import copy_data
         from ..helpers import make_contexts
 
         task = self.make_task()  # type: ignore[attr-defined]

@@ -16,14 +16,14 @@ REQUIRED_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "reward", "ad
 
 
 def _sample(prompt: list[int], output: list[int], mask: list[int], reward: float, index: int,
-            finish: str = "stop", version: Any = 3) -> Any:
+            finish: str = "stop", version: Any = 3, versions: list[int] | None = None) -> Any:
     from ...episode import Sample
     from ...verifier import Verdict
 
     logprobs = [-(0.1 + 0.01 * ((t * 7 + i) % 13)) if m else 0.0 for i, (t, m) in enumerate(zip(output, mask))]
     return Sample(prompt_ids=list(prompt), output_ids=list(output), output_logprobs=logprobs, output_mask=list(mask),
                   text=f"response {index}", finish_reason=finish, sample_index=index, weight_version=version,
-                  verdict=Verdict(reward, str(reward), str(reward), "scripted"))
+                  verdict=Verdict(reward, str(reward), str(reward), "scripted"), versions=versions)
 
 
 def example_episodes() -> list[Any]:
@@ -35,8 +35,9 @@ def example_episodes() -> list[Any]:
     group = [_sample(prompt, [20 + i for i in range(3 + 2 * k)], [1] * (3 + 2 * k), float(k % 2 == 0), k,
                      finish="stop" if k < 3 else "length") for k in range(4)]
     lone = [_sample([7, 8, 9], [30, 31], [1, 1], 1.0, 0, version=None)]
-    # multi-turn: generated [40, 41], environment [50, 51, 52] (mask 0), generated [42, 43]
-    turns = [_sample([1, 2, 3, 4], [40, 41, 50, 51, 52, 42, 43], [1, 1, 0, 0, 0, 1, 1], 0.5, 0)]
+    # multi-turn: generated [40, 41] on weights 3, environment [50, 51, 52] (mask 0), generated [42, 43] on 4
+    turns = [_sample([1, 2, 3, 4], [40, 41, 50, 51, 52, 42, 43], [1, 1, 0, 0, 0, 1, 1], 0.5, 0,
+                     versions=[3, 3, -1, -1, -1, 4, 4])]
     all_wrong = [_sample(prompt, [60 + k, 61], [1, 1], 0.0, k) for k in range(4)]
     all_right = [_sample(prompt, [70 + k, 71, 72], [1, 1, 1], 1.0, k) for k in range(3)]
     return [
@@ -118,7 +119,8 @@ class TrajectoryMakerConformance(ComponentConformance):
                         assert lp == 0.0 and v == -1, "masked-out tokens must have logprob 0.0 and version -1"
 
     def test_token_faithful(self) -> None:
-        """``input_ids`` are prompt + output ids as sampled; generated tokens keep the engine's logprobs."""
+        """``input_ids`` are prompt + output ids as sampled; generated tokens keep the engine's logprobs and the
+        weight version that sampled them."""
         for episode, made in self.trajectories():
             by_index = {s.sample_index: s for s in episode.samples}
             for item in made:
@@ -133,6 +135,10 @@ class TrajectoryMakerConformance(ComponentConformance):
                 for m, got, want in zip(sample.output_mask, row["logprobs"][p:], sample.output_logprobs):
                     if m:
                         assert got == pytest.approx(want), "a generated token's logprob was changed"
+                if sample.versions is not None:
+                    for m, got, want in zip(sample.output_mask, row["versions"][p:], sample.versions):
+                        if m:
+                            assert got == want, "a generated token lost the weight version that sampled it"
 
     def test_numbers_are_finite(self) -> None:
         """Rewards and advantages are finite numbers."""

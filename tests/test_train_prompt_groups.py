@@ -12,10 +12,11 @@ from scaffold_core.builtins.controllers import BestOfNController, NativeControll
 from scaffold_core.builtins.trajectories import GRPOTrajectoryMaker
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.config import load_config
+from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
-from scaffold_core.train.rollouts import TrainingRollouts
-from scaffold_core.train.staleness import is_stale, oldest_version, staleness
+from scaffold_core.train.prompt_groups import TrainingRollouts
+from scaffold_core.train.staleness import StalenessPolicy, is_stale, oldest_version, staleness
 
 ROWS = [{"id": "a", "question": "1 + 1?", "answer": "2"}, {"id": "b", "question": "2 + 2?", "answer": "4"}]
 
@@ -41,10 +42,12 @@ class VersionedEngine(ScriptedEngine):
         return self.weight_version
 
 
-def rollouts(engine=None, controller=None, **options):
-    return TrainingRollouts(task=ListTask(ROWS), controller=controller or NativeController(),
+def rollouts(engine=None, controller=None, *, max_staleness=None, on_stale="drop", concurrency=64, **options):
+    components = Components(task=ListTask(ROWS), controller=controller or NativeController(),
                             engine=engine or VersionedEngine("2"), verifier=ExactMatchVerifier(),
-                            trajectory_maker=GRPOTrajectoryMaker(), sampling=SamplingParams(max_tokens=8, seed=3),
+                            trajectory_maker=GRPOTrajectoryMaker())
+    return TrainingRollouts(components, sampling=SamplingParams(max_tokens=8, seed=3),
+                            limits=Limits(concurrency=concurrency), staleness=StalenessPolicy(max_staleness, on_stale),
                             **options)
 
 
@@ -210,6 +213,7 @@ def test_from_config_reads_the_rollout_section():
                                "rollout": {"max_staleness": 1, "on_stale": "regenerate", "retries": 1}},
                          registry=pset.registry)
     r = TrainingRollouts.from_config(config, registry=pset.registry)
-    assert (r.max_staleness, r.on_stale, r.retries, r.sampling.max_tokens) == (1, "regenerate", 1, 32)
+    assert (r.staleness.max_staleness, r.staleness.on_stale, r.limits.retries, r.sampling.max_tokens) == (
+        1, "regenerate", 1, 32)
     groups = run(r, lambda r: r.run_groups(r.rows(), samples=4))
     assert [len(g.episodes) for g in groups] == [2, 2] and [g.rewards for g in groups] == [[1.0] * 4, [0.0] * 4]

@@ -1,10 +1,16 @@
-"""The ``multiturn_gsm8k`` task (GSM8K retried in conversation while the answer is wrong) and ``gsm8k_calculator``."""
+"""GSM8K for multi-turn controllers: ``multiturn_gsm8k`` (retried in conversation while the answer is wrong) and
+``gsm8k_calculator`` (solved with the calculator tool).
+
+The tasks only name the components they run with (scaffold-multiturn's ``multiturn_chat`` and ``agent``
+controllers, its ``verifier_feedback`` environment and ``multiturn`` trajectory maker, scaffold-tools'
+``calculator``): nothing here imports another plugin, and a run that lacks one says which to install.
+"""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from scaffold_gsm8k.task import GSM8KTask
+from .task import GSM8KTask
 
 #: What the environment says after a wrong answer: that it is wrong, never what is right.
 WRONG_MESSAGE = ("Your final answer {answer} is not correct. Go through the problem again step by step, "

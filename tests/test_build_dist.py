@@ -145,7 +145,7 @@ def test_the_readme_install_lines_work_in_a_fresh_venv(release_checkout, tmp_pat
     listed = json.loads(run("scaffold", "list-plugins", "--json").stdout)
     gsm8k = {p["name"]: p for p in listed}["gsm8k"]
     assert gsm8k["status"] == "ok" and gsm8k["distribution"] == "scaffold-gsm8k"
-    assert gsm8k["components"]["task"] == ["gsm8k"]
+    assert gsm8k["components"]["task"] == ["gsm8k", "gsm8k_calculator", "multiturn_gsm8k"]
     where = run("python", "-c", "import scaffold_core, scaffold_gsm8k; print(scaffold_core.__file__, "
                 "scaffold_gsm8k.__file__)").stdout
     assert str(REPO) not in where and str(release_checkout) not in where and str(home) in where  # from the wheels

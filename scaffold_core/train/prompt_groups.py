@@ -3,7 +3,7 @@
 This is the one shape every trainer adapter uses (TRL, AReaL, verl, or your
 own)::
 
-    rollouts = TrainingRollouts.from_config(config, engine=engine)   # or from components
+    rollouts = TrainingRollouts.from_config(config, engine=engine)   # or TrainingRollouts(components, ...)
     async with rollouts:                                             # starts engine, controller, verifier
         group = await rollouts.run_group(row, samples=8)              # one prompt, 8 samples
         group.samples    # [TrainingSample]: tokens exactly as sampled, behaviour logprobs, per-token versions
@@ -18,17 +18,19 @@ parameters (``run_group(row, sampling=...)``: a trainer that sets them per
 request, as verl does) and its own ``group_id`` (ids unique beyond this
 process, for servers that key requests by id).
 
-Staleness (``max_staleness``): when a group is handed over, a sample whose
-oldest generated token is more than ``max_staleness`` weight versions behind
-the engine's current :attr:`~scaffold_core.engine.Engine.weight_version` is
-stale; ``on_stale: drop`` removes it, ``on_stale: regenerate`` runs the whole
-group again on the current weights (up to ``max_regenerations`` times, then
-drops what is still stale). Both are counted in :class:`RolloutStats`.
+Staleness (a :class:`~scaffold_core.train.staleness.StalenessPolicy`): when
+a group is handed over, a sample whose oldest generated token is more than
+``max_staleness`` weight versions behind the engine's current
+:attr:`~scaffold_core.engine.Engine.weight_version` is stale; ``on_stale:
+drop`` removes it, ``on_stale: regenerate`` runs the whole group again on the
+current weights (up to ``max_regenerations`` times, then drops what is still
+stale). Both are counted in :class:`RolloutStats`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -36,12 +38,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..controller import close_controller, start_controller
 from ..episode import EpisodeContext, EpisodeResult
+from ..run.assembly import DEFAULT_LIMITS, Components, Limits, started
 from ..sampling import SamplingParams, derive_seed
 from ..task import episode_context, episode_id_of
 from ..trajectory import TrainingSample
-from .staleness import check_policy, is_stale
+from .staleness import KEEP_ALL, StalenessPolicy
 
 
 @dataclass
@@ -96,46 +98,31 @@ class RolloutStats:
 class TrainingRollouts:
     """Runs prompt groups through a controller on an engine and returns :class:`TrainingSample` lists.
 
-    Built from components (``task``, ``controller``, ``engine``, ``verifier``,
-    ``trajectory_maker``, ``sampling``) or with :meth:`from_config`. Use it as
-    an async context manager, or call :meth:`start` and :meth:`close`; with
-    ``manage_engine=False`` the engine's lifecycle stays the caller's; ``run_info``
-    (a :class:`~scaffold_core.engine.RunInfo`) is attached to a managed engine before it starts.
-    Every wait is bounded like ``scaffold run``'s (``request_timeout``,
-    ``episode_timeout``, ``verifier_timeout``); failed episodes are retried
-    ``retries`` times and reported in :attr:`RolloutGroup.episodes`.
+    Built from :class:`~scaffold_core.run.assembly.Components` (``task``,
+    ``controller``, ``engine``, optional ``verifier`` and ``trajectory_maker``,
+    by default ``single_turn``) with the ``sampling`` parameters, the
+    :class:`~scaffold_core.run.assembly.Limits` every wait is bounded by (as
+    ``scaffold run``'s; failed episodes are retried ``limits.retries`` times
+    and reported in :attr:`RolloutGroup.episodes`) and a
+    :class:`~scaffold_core.train.staleness.StalenessPolicy`; or with
+    :meth:`from_config`. Use it as an async context manager, or call
+    :meth:`start` and :meth:`close`; with ``manage_engine=False`` the
+    engine's lifecycle stays the caller's; ``run_info`` (a
+    :class:`~scaffold_core.engine.RunInfo`) is attached to a managed engine
+    before it starts.
     """
 
-    def __init__(self, *, task: Any, controller: Any, engine: Any, sampling: SamplingParams,
-                 verifier: Any = None, trajectory_maker: Any = None, max_staleness: int | None = None,
-                 on_stale: str = "drop", max_regenerations: int = 2, concurrency: int = 64,
-                 request_timeout: float = 3600.0, episode_timeout: float = 7200.0, retries: int = 0,
-                 verifier_timeout: float = 30.0, verifier_workers: int = 2, engine_name: str = "engine",
+    def __init__(self, components: Components, *, sampling: SamplingParams, limits: Limits = DEFAULT_LIMITS,
+                 staleness: StalenessPolicy = KEEP_ALL, engine_name: str = "engine",
                  manage_engine: bool = True, hooks: Any = None, run_info: Any = None):
-        check_policy(max_staleness, on_stale)
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        if max_regenerations < 0:
-            raise ValueError(f"max_regenerations must be >= 0, got {max_regenerations}")
-        if trajectory_maker is None:
+        if components.trajectory_maker is None:
             from ..builtins.trajectories import SingleTurnTrajectoryMaker
 
-            trajectory_maker = SingleTurnTrajectoryMaker()
-        self.task = task
-        self.controller = controller
-        self.engine = engine
-        self.verifier = verifier
-        self.trajectory_maker = trajectory_maker
+            components = dataclasses.replace(components, trajectory_maker=SingleTurnTrajectoryMaker())
+        self.components = components
         self.sampling = sampling
-        self.max_staleness = max_staleness
-        self.on_stale = on_stale
-        self.max_regenerations = max_regenerations
-        self.concurrency = concurrency
-        self.request_timeout = request_timeout
-        self.episode_timeout = episode_timeout
-        self.retries = retries
-        self.verifier_timeout = verifier_timeout
-        self.verifier_workers = verifier_workers
+        self.limits = limits
+        self.staleness = staleness
         self.engine_name = engine_name
         self.manage_engine = manage_engine
         self.hooks = hooks
@@ -143,36 +130,22 @@ class TrainingRollouts:
         self.stats = RolloutStats()
         self._calls = itertools.count()
         self._runtime: Any = None
-        self._pool: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
         self._slots: asyncio.Semaphore | None = None
         self._starting: asyncio.Lock | None = None
-        self._started: list[str] = []
 
     @classmethod
     def from_config(cls, config: Any, *, engine: Any = None, registry: Any = None, **options: Any) -> TrainingRollouts:
         """Build from a resolved :class:`~scaffold_core.config.Config`: its task, controller, verifier,
         trajectory maker, sampling, the ``rollout`` limits and staleness policy, and its engine unless
-        ``engine`` is given. ``options`` override constructor arguments."""
+        ``engine`` is given. ``options`` are the constructor's other keyword arguments (and override these)."""
         from ..plugins import get_registry
 
-        registry = registry or get_registry()
-
-        def make(section: str, kind: str) -> Any:
-            comp = getattr(config, section)
-            return registry.create(kind, comp.name, comp.options, path=section)
-
-        r = config.rollout
         kwargs: dict[str, Any] = dict(
-            task=make("task", "task"), controller=make("controller", "controller"),
-            engine=engine if engine is not None else make("engine", "engine"),
-            verifier=make("verifier", "verifier"), trajectory_maker=make("trajectory", "trajectory_maker"),
-            sampling=config.sampling.params(), max_staleness=r.max_staleness, on_stale=r.on_stale,
-            concurrency=r.concurrency, request_timeout=r.request_timeout, episode_timeout=r.episode_timeout,
-            retries=r.retries, verifier_timeout=config.verifier_timeout, verifier_workers=config.verifier_workers,
-            engine_name=config.engine.name,
-        )
+            sampling=config.sampling.params(), limits=Limits.from_config(config),
+            staleness=StalenessPolicy.from_config(config), engine_name=config.engine.name)
         kwargs.update(options)
-        return cls(**kwargs)
+        return cls(Components.from_config(config, registry or get_registry(), engine=engine), **kwargs)
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> None:
@@ -191,44 +164,29 @@ class TrainingRollouts:
 
     async def _start(self) -> None:
         from ..run.runtime import Runtime
-        from ..run.verifier_pool import VerifierPool
 
+        comps = self.components
+        stack = contextlib.AsyncExitStack()
         try:
-            if self.manage_engine:
-                if self.run_info is not None and hasattr(self.engine, "attach_run"):
-                    self.engine.attach_run(self.run_info)  # where an engine that starts servers logs, its ports
-                self._started.append("engine")
-                await self.engine.start()
-            self._started.append("controller")
-            await start_controller(self.controller)
-            if self.verifier is not None:
-                self._pool = VerifierPool(self.verifier, timeout=self.verifier_timeout,
-                                          workers=self.verifier_workers, name=type(self.verifier).__name__)
+            pool = await stack.enter_async_context(started(comps, self.limits, manage_engine=self.manage_engine,
+                                                           run_info=self.run_info))
         except BaseException:
-            await self.close()
+            await stack.aclose()
             raise
-        self._slots = asyncio.Semaphore(self.concurrency)
-        self._runtime = Runtime(
-            engine=self.engine, controller=self.controller, verifier=self._pool,
-            trajectory_maker=self.trajectory_maker, hooks=self.hooks, engine_name=self.engine_name,
-            concurrency=self.concurrency, request_timeout=self.request_timeout,
-            episode_timeout=self.episode_timeout, retries=self.retries,
-        )
+        self._stack = stack
+        concurrency = self.limits.concurrency
+        self._slots = asyncio.Semaphore(concurrency) if concurrency is not None else None
+        self._runtime = Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
+                                trajectory_maker=comps.trajectory_maker, hooks=self.hooks,
+                                engine_name=self.engine_name, limits=self.limits)
 
     async def close(self) -> None:
-        """Release what :meth:`start` acquired (safe twice; the engine only when managed)."""
+        """Release what :meth:`start` acquired, in reverse order (safe twice; the engine only when managed)."""
         self._runtime = None
         self._starting = None  # a later start may run on another event loop
-        try:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
-            if "controller" in self._started:
-                await close_controller(self.controller)
-        finally:
-            if "engine" in self._started:
-                await self.engine.close()
-            self._started = []
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
 
     async def __aenter__(self) -> TrainingRollouts:
         await self.start()
@@ -240,12 +198,12 @@ class TrainingRollouts:
     # -- rows -----------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
         """The task's rows (``task.load()``), in order."""
-        return list(self.task.load())
+        return list(self.components.task.load())
 
     @property
     def weight_version(self) -> int:
         """The engine's current weight version (0 for engines that do not track one)."""
-        version = getattr(self.engine, "weight_version", 0)
+        version = getattr(self.components.engine, "weight_version", 0)
         return version if isinstance(version, int) and not isinstance(version, bool) else 0
 
     # -- groups ---------------------------------------------------------------
@@ -283,10 +241,10 @@ class TrainingRollouts:
         attempt = 0
         while True:
             group.samples = await self._fill(group, samples, attempt, sampling)
-            stale = [s for s in group.samples if is_stale(s, self.weight_version, self.max_staleness)]
+            stale = [s for s in group.samples if self.staleness.is_stale(s, self.weight_version)]
             if not stale:
                 break
-            if self.on_stale == "regenerate" and attempt < self.max_regenerations:
+            if self.staleness.on_stale == "regenerate" and attempt < self.staleness.max_regenerations:
                 attempt += 1
                 group.regenerations += 1
                 self.stats.stale_regenerated += 1
@@ -303,14 +261,15 @@ class TrainingRollouts:
     async def _fill(self, group: RolloutGroup, samples: int | None, attempt: int,
                     sampling: SamplingParams) -> list[TrainingSample]:
         """Run waves of episodes until ``samples`` samples are in hand (or a wave yields nothing)."""
-        per_episode = getattr(self.controller, "samples", 1)
+        task = self.components.task
+        per_episode = getattr(self.components.controller, "samples", 1)
         per_episode = per_episode if isinstance(per_episode, int) and per_episode >= 1 else 1
         out: list[TrainingSample] = []
         try:
-            ctx = episode_context(self.task, group.index, group.row, self.engine.tokenizer, sampling)
+            ctx = episode_context(task, group.index, group.row, self.components.engine.tokenizer, sampling)
         except Exception as exc:  # an unusable row fails its group, never the trainer's process
             failed = EpisodeResult(episode_id=group.group_id, index=group.index, status="failed", row=group.row,
-                                   reference=self.task.reference(group.row), error_component="task",
+                                   reference=task.reference(group.row), error_component="task",
                                    error=f"building the prompt failed: {type(exc).__name__}: {exc}")
             group.episodes.append(failed)
             self.stats.episodes += 1
@@ -338,9 +297,11 @@ class TrainingRollouts:
 
     async def _episode(self, prototype: EpisodeContext, group: RolloutGroup, attempt: int,
                        serial: int) -> EpisodeResult:
-        assert self._runtime is not None and self._slots is not None
+        assert self._runtime is not None
         episode_id = f"{group.group_id}/{serial}" + (f"r{attempt}" if attempt else "")
         ctx = dataclasses.replace(prototype, episode_id=episode_id,
                                   seed=derive_seed(prototype.sampling.seed, episode_id), state={})
+        if self._slots is None:  # unbounded: the caller bounds the episodes in flight
+            return await self._runtime.run_episode(ctx)
         async with self._slots:
             return await self._runtime.run_episode(ctx)

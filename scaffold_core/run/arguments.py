@@ -1,0 +1,29 @@
+"""The command-line arguments of a run, shared by ``scaffold run`` and the worker entry point."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_override_arguments(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--set KEY=VALUE`` and ``--unset KEY`` (both repeatable, in order, into ``args.overrides``)."""
+    from ..config import Unset  # the parser is built on every start: pydantic loads only when a config does
+
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a key, e.g. --set {example} (repeatable); KEY=null removes it. "
+                             "Setting SECTION.name to another component drops the previous one's options")
+    parser.add_argument("--unset", dest="overrides", action="append", type=Unset, metavar="KEY",
+                        help="remove a key or section, so its default applies (repeatable)")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The config file, its overrides, and where and how the run writes: ``-o``, ``--resume``, ``--overwrite``,
+    ``--force-config``."""
+    parser.add_argument("config", help="YAML config file")
+    add_override_arguments(parser, "task.limit=4")
+    parser.add_argument("-o", "--output", help="output directory (overrides output.dir)")
+    parser.add_argument("--resume", action="store_true", help="continue a killed run in the output directory")
+    parser.add_argument("--overwrite", action="store_true", help="replace a previous run in the output directory")
+    parser.add_argument("--force-config", action="store_true",
+                        help="with --resume: continue even though the config differs from the saved one (recorded "
+                             "in config-history.jsonl)")
