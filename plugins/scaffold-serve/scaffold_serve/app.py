@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from . import responses
 from .service import ChatService, Entry, Prepared
-from .session import Choice
+from .session import Choice, Session
 from .wire import WireError, parse_chat_request
 
 #: The header that names a session for clients that cannot change their base URL.
@@ -193,13 +193,9 @@ class Endpoint:
         if self.service.backend is None:
             raise WireError(404, "calls here belong to a session: use the base URL /sessions/{id}/v1",
                             code="session_not_found")
-        return Entry(self.service_session(), self.service.backend)
-
-    def service_session(self) -> Any:
-        """A session of one call, for clients that name none: served, not kept."""
-        from .session import Session
-
-        return Session("-", self.service.tokenizer, self.service.format)
+        # a session of one call, for clients that name none: served, not kept
+        return Entry(Session("-", self.service.tokenizer, self.service.format), self.service.backend,
+                     self.service.options.sampling)
 
     async def chat(self, request: Request) -> Response:
         entry = self._entry(request)
@@ -214,12 +210,11 @@ class Endpoint:
             choices = await unless_disconnected(request, self.service.run(prepared))
         except ClientGone:
             return Response(status_code=499)
-        return json_response(self._completion(prepared, choices, cid, created),
-                             headers={"X-Scaffold-Session": entry.session.id})
+        return json_response(self._completion(prepared, choices, cid, created))
 
     def _completion(self, prepared: Prepared, choices: list[Choice], cid: str, created: int) -> dict[str, Any]:
         return responses.completion(cid, created, prepared.request.model, choices, len(prepared.plan.prompt_ids),
-                                    logprobs=prepared.request.logprobs, tokenizer=self.service.tokenizer)
+                                    logprobs=prepared.request.logprobs, tokenizer=prepared.entry.session.tokenizer)
 
     async def _stream(self, request: Request, prepared: Prepared, cid: str, created: int) -> AsyncIterator[bytes]:
         chat, model = prepared.request, prepared.request.model
@@ -233,7 +228,7 @@ class Endpoint:
             return
         for choice in choices:
             for chunk in responses.choice_chunks(cid, created, model, choice, logprobs=chat.logprobs,
-                                                 tokenizer=self.service.tokenizer):
+                                                 tokenizer=prepared.entry.session.tokenizer):
                 yield chunk
         if chat.include_usage:
             yield responses.usage_chunk(cid, created, model, len(prepared.plan.prompt_ids), choices)

@@ -49,10 +49,11 @@ class ServeOptions:
 
 @dataclass(eq=False)
 class Entry:
-    """A session and the backend its generations go to."""
+    """A session, the backend its generations go to, and the sampling defaults of its calls."""
 
     session: Session
     backend: Any
+    sampling: SamplingParams
 
 
 @dataclass(slots=True)
@@ -81,7 +82,9 @@ class ChatService:
 
     # -- sessions ----------------------------------------------------------------------------------
     def open_session(self, backend: Any = None, *, session_id: str | None = None, reference: Any = None,
-                     metadata: dict[str, Any] | None = None) -> Session:
+                     metadata: dict[str, Any] | None = None, tokenizer: Any = None,
+                     sampling: SamplingParams | None = None) -> Session:
+        """A new session; ``backend``, ``tokenizer`` and ``sampling`` default to the service's."""
         if len(self.sessions) >= self.options.max_sessions:
             raise WireError(429, f"{len(self.sessions)} sessions are open, the most this server keeps "
                                  "(max_sessions); finish some first", code="too_many_sessions")
@@ -91,8 +94,10 @@ class ChatService:
             raise WireError(400, "a session id is 1 to 64 letters, digits, '_' or '-'", param="id")
         if session_id in self.sessions:
             raise WireError(409, f"session {session_id!r} already exists", param="id", code="session_exists")
-        session = Session(session_id, self.tokenizer, self.format, reference=reference, metadata=metadata)
-        self.sessions[session_id] = Entry(session, backend if backend is not None else self.backend)
+        session = Session(session_id, tokenizer if tokenizer is not None else self.tokenizer, self.format,
+                          reference=reference, metadata=metadata)
+        self.sessions[session_id] = Entry(session, backend if backend is not None else self.backend,
+                                          sampling or self.options.sampling)
         return session
 
     def entry(self, session_id: str) -> Entry:
@@ -134,7 +139,7 @@ class ChatService:
             raise WireError(400, f"the messages cannot be rendered with the model's chat template: "
                                  f"{type(exc).__name__}: {exc}", param="messages") from exc
         self._check_context(len(plan.prompt_ids), request.max_tokens)
-        sampling = self.sampling(request)
+        sampling = self.sampling(request, entry.sampling)
         call = next(self._calls)
         seeds: list[int | None] = [None] * request.n  # the backend's own (a fresh seed per call and choice)
         if request.seed is not None and self.options.sampling_from == "request":
@@ -151,8 +156,8 @@ class ChatService:
                                  f"{asked}; shorten the messages or lower max_tokens", param="messages",
                             code="context_length_exceeded")
 
-    def sampling(self, request: ChatRequest) -> SamplingParams:
-        base = self.options.sampling
+    def sampling(self, request: ChatRequest, base: SamplingParams) -> SamplingParams:
+        """The call's sampling: the request's parameters over ``base``, or ``base`` (see ``sampling_from``)."""
         if self.options.sampling_from == "config":
             max_tokens = min(request.max_tokens, base.max_tokens) if request.max_tokens else base.max_tokens
             return base.replace(max_tokens=max_tokens, stop=tuple(dict.fromkeys(base.stop + request.stop)))

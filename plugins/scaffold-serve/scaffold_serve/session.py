@@ -89,6 +89,8 @@ class Session:
         self.counts = {"calls": 0, "extend": 0, "fork": 0, "edit": 0, "new": 0, "choice": 0}
         self.in_flight = 0
         self.closed = False
+        #: The conversation the latest call continued (its first choice): where the agent's answer came from.
+        self.last_trajectory: int | None = None
 
     # -- planning (no side effects) -------------------------------------------------------------
     def plan(self, request: ChatRequest) -> Plan:
@@ -171,6 +173,7 @@ class Session:
                 self.trajectories.append(traj)
             choice.trajectory = traj.index
             choices.append(choice)
+        self.last_trajectory = choices[0].trajectory
         self.counts["calls"] += 1
         self.counts[plan.kind] += 1
         self.counts["choice"] += len(copies)
