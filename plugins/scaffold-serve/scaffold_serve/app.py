@@ -120,7 +120,10 @@ async def read_json(request: Request) -> Any:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """Await ``work``; if the client disconnects first, cancel it and raise :class:`ClientGone`."""
+    """Await ``work``; if the client disconnects first (or this wait is cancelled), cancel it.
+
+    Raises :class:`ClientGone` when the client went away.
+    """
     task = asyncio.ensure_future(work)
 
     async def watch() -> None:
@@ -132,10 +135,11 @@ async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
         raise ClientGone()
     return task.result()
 
