@@ -79,7 +79,7 @@ class LiveServer:
         if self.options.context_length is None:
             self.options.context_length = getattr(self.engine, "context_length", None)
         self.service = ChatService(self.options, tokenizer=self.engine.tokenizer, tool_format=self.format,
-                                   backend=EngineBackend(self.engine, timeout=60.0, seed=0))
+                                   backend=EngineBackend(self.engine, timeout=600.0, seed=0))
         self.records: list[Any] = []
 
         async def on_finish(session: Any) -> dict[str, Any]:
@@ -110,13 +110,13 @@ class LiveServer:
         import openai
 
         base = f"{self.url}/sessions/{session_id}/v1" if session_id else f"{self.url}/v1"
-        return openai.OpenAI(base_url=base, api_key=self.api_key or "none", max_retries=0, timeout=60, **kwargs)
+        return openai.OpenAI(base_url=base, api_key=self.api_key or "none", max_retries=0, timeout=600, **kwargs)
 
     def async_client(self, session_id: str | None = None) -> Any:
         import openai
 
         base = f"{self.url}/sessions/{session_id}/v1" if session_id else f"{self.url}/v1"
-        return openai.AsyncOpenAI(base_url=base, api_key=self.api_key or "none", max_retries=0, timeout=60)
+        return openai.AsyncOpenAI(base_url=base, api_key=self.api_key or "none", max_retries=0, timeout=600)
 
     def close(self) -> None:
         try:

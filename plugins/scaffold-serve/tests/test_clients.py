@@ -35,7 +35,7 @@ def assert_one_tool_conversation(live, sid):
     assert traj.conv.drift().kind is None
 
 
-def run_agents_sdk(base_url: str, api_key: str, question: str, instructions: str | None = None):
+def run_agents_sdk(base_url: str, api_key: str, question: str | list, instructions: str | None = None):
     agents = pytest.importorskip("agents")
     from openai import AsyncOpenAI
 
