@@ -57,3 +57,9 @@ async def parallel_agent(row, client):
 
 async def wrong_model_agent(row, client):
     await client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": row["question"]}])
+
+
+async def short_answer_agent(row, client):
+    """One call; the run's sampling decides temperature and length (sampling: config)."""
+    reply = await client.chat.completions.create(model="scaffold", messages=[{"role": "user", "content": row["question"]}])
+    return reply.choices[0].message.content
