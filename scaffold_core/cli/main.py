@@ -213,8 +213,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise
         from ..plugins.registry import install_command
 
-        raise ScaffoldError(f"`scaffold serve` comes with the scaffold-serve plugin: {install_command('scaffold-serve')}"
-                            ) from None
+        hint = install_command("scaffold-serve")
+        raise ScaffoldError(f"`scaffold serve` comes with the scaffold-serve plugin: {hint}") from None
     return serve(args)
 
 

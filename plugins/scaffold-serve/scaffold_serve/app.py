@@ -70,7 +70,7 @@ class Guard:
         self.max_body = max_body_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+                       send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         refusal = self._refusal(scope["headers"])

@@ -65,11 +65,8 @@ class EngineBackend:
                     for i, seed in enumerate(seeds)]
         what = f"engine {self.name!r}"
         try:
-            async with asyncio.timeout(self.timeout):
-                if len(requests) == 1:
-                    results = [await self.engine.generate(requests[0])]
-                else:
-                    results = list(await asyncio.gather(*(self.engine.generate(r) for r in requests)))
+            results = list(await asyncio.wait_for(asyncio.gather(*(self.engine.generate(r) for r in requests)),
+                                                  self.timeout))
         except (EngineError, asyncio.TimeoutError, TimeoutError) as exc:
             raise engine_failure(exc, what) from exc
         except asyncio.CancelledError:

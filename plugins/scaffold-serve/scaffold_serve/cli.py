@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,13 @@ async def _serve(config: Any, components: Any, output: Path, host: str, port: in
                               backend=EngineBackend(engine, timeout=config.rollout.request_timeout,
                                                     name=components.engine_name, seed=config.sampling.seed))
         endpoint = Endpoint(service, allow_open=True, on_finish=recorder.finish)
-        server = BackgroundServer(build_app(endpoint, api_key=api_key), host, port, quiet_signals=False,
-                                  log_level="info")
+        server = BackgroundServer(build_app(endpoint, api_key=api_key), host, port, log_level="info")
         await server.start()
         print(f"scaffold serve: {options.model_name!r} at {server.url}/v1 (sessions: {server.url}/sessions); "
-              f"finished sessions go to {recorder.path}; Ctrl-C stops", file=sys.stderr)
-        assert server.task is not None
-        await server.task
+              f"finished sessions go to {recorder.path}; Ctrl-C stops", file=sys.stderr, flush=True)
+        with _stop_on_signals(server):
+            assert server.task is not None
+            await server.task
     finally:
         if server is not None:
             await server.stop()
@@ -71,6 +72,38 @@ async def _serve(config: Any, components: Any, output: Path, host: str, port: in
         recorder.close()
         await engine.close()
     return 0
+
+
+class _stop_on_signals:
+    """SIGINT/SIGTERM: stop taking requests, let those in flight finish; a second one stops at once."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.installed: list[int] = []
+
+    def __enter__(self) -> _stop_on_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._handle)
+                self.installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                pass
+        return self
+
+    def _handle(self) -> None:
+        uvicorn_server = self.server.server
+        if uvicorn_server is None:
+            return
+        if uvicorn_server.should_exit:
+            uvicorn_server.force_exit = True
+        uvicorn_server.should_exit = True
+        print("\nscaffold serve: stopping (writing the open sessions)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.installed:
+            loop.remove_signal_handler(sig)
 
 
 async def _write_open(service: Any, recorder: Any) -> None:

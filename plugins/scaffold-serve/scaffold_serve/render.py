@@ -40,7 +40,7 @@ def call_tag(fmt: Any) -> str:
 
 
 def call_text(fmt: Any, call: ToolCallSpec) -> str:
-    """A call written the way the formats read them: ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``."""
+    """A call as the formats read them: ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``."""
     tag = call_tag(fmt)
     body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     return f"<{tag}>\n{body}\n</{tag}>"

@@ -54,15 +54,15 @@ def first_chunks(cid: str, created: int, model: str, n: int) -> bytes:
                                                   "logprobs": None, "finish_reason": None}]) for i in range(n))
 
 
-def choice_chunks(cid: str, created: int, model: str, choice: Choice, *, logprobs: bool, tokenizer: Any) -> Iterator[bytes]:
+def choice_chunks(cid: str, created: int, model: str, choice: Choice, *, logprobs: bool,
+                  tokenizer: Any) -> Iterator[bytes]:
     """A generated choice as chunks: its content (with logprobs), its tool calls, then its finish reason."""
     i = choice.index
     lp = logprobs_of(tokenizer, choice) if logprobs else None
     if choice.content or lp is not None:
         yield _chunk(cid, created, model, [{"index": i, "delta": {"content": choice.content or ""}, "logprobs": lp,
                                              "finish_reason": None}])
-    for k, call in enumerate(choice.tool_calls):
-        wire = choice.message()["tool_calls"][k]
+    for k, wire in enumerate(choice.message().get("tool_calls", [])):
         delta = {"tool_calls": [{"index": k, **wire}]}
         yield _chunk(cid, created, model, [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
     yield _chunk(cid, created, model, [{"index": i, "delta": {}, "logprobs": None,

@@ -96,12 +96,15 @@ class BackgroundServer:
         self.port = self.sock.getsockname()[1]
         self.server = _server_class(self.quiet_signals)(uvicorn_config(self.app, log_level=self.log_level))
         self.task = asyncio.ensure_future(self.server.serve(sockets=[self.sock]))
-        async with asyncio.timeout(timeout):
-            while not self.server.started:
-                if self.task.done():
-                    self.task.result()  # raises what stopped it
-                    raise RuntimeError("the HTTP server stopped while starting")
-                await asyncio.sleep(0.01)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped while starting")
+            if asyncio.get_running_loop().time() > deadline:
+                await self.stop()
+                raise TimeoutError(f"the HTTP server did not start within {timeout:g} s")
+            await asyncio.sleep(0.01)
         return self
 
     async def stop(self, timeout: float = 10.0) -> None:

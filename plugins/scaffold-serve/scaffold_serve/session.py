@@ -195,9 +195,10 @@ class Session:
 
     def _choice(self, index: int, traj: Trajectory, result: GenerationResult, request: ChatRequest) -> Choice:
         turn = traj.conv.turns[-1]
-        raw = decode_keep_special(self.tokenizer, result.output_ids[:len(result.output_ids) - int(turn.closed_by_model)])
+        content_ids = result.output_ids[:len(result.output_ids) - int(turn.closed_by_model)]
+        raw = decode_keep_special(self.tokenizer, content_ids)
         if request.tool_choice == "none" or not request.tools:
-            content, calls = turn.text, []
+            content, calls = turn.text, list[ToolCallSpec]()
         else:
             content, calls = split_tool_calls(self.format, raw)
             if calls:

@@ -160,7 +160,8 @@ class Trajectory:
         prompt_len = len(conv.prompt_ids)
         report = conv.drift()
         meta = {**metadata, "trajectory": self.index, "origin": self.origin, "parent": self.parent,
-                "turns": [t.to_dict(prompt_len) for t in conv.turns], "messages": conv.messages[len(self.start.messages):],
+                "turns": [t.to_dict(prompt_len) for t in conv.turns],
+                "messages": conv.messages[len(self.start.messages):],
                 "drift": self.drift, "template_drift": report.to_dict(), "token_versions": list(self.versions)}
         sample = Sample(prompt_ids=list(conv.prompt_ids), output_ids=list(conv.output_ids),
                         output_logprobs=list(conv.output_logprobs), output_mask=list(conv.output_mask), text=answer,

@@ -61,5 +61,6 @@ async def wrong_model_agent(row, client):
 
 async def short_answer_agent(row, client):
     """One call; the run's sampling decides temperature and length (sampling: config)."""
-    reply = await client.chat.completions.create(model="scaffold", messages=[{"role": "user", "content": row["question"]}])
+    ask = [{"role": "user", "content": row["question"]}]
+    reply = await client.chat.completions.create(model="scaffold", messages=ask)
     return reply.choices[0].message.content

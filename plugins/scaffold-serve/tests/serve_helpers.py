@@ -9,7 +9,6 @@ from typing import Any
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.testing import BackgroundLoop, ScriptedEngine
 from scaffold_multiturn.tool_formats import HermesFormat
-
 from scaffold_serve.app import Endpoint, build_app
 from scaffold_serve.backends import EngineBackend
 from scaffold_serve.server import BackgroundServer

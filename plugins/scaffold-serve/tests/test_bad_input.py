@@ -1,4 +1,4 @@
-"""Bad and hostile input gets its documented answer (OpenAI's error body, the right status), and the server keeps serving."""
+"""Bad and hostile input gets its answer (OpenAI's error body, the right status); the server keeps serving."""
 
 from __future__ import annotations
 

@@ -122,7 +122,8 @@ def test_openai_agents_sdk_tool_conversation_is_token_faithful(smol):
                   {"type": "function_call_output", "call_id": f"call_ex{i}", "output": str(a + b)},
                   {"role": "assistant", "content": f"The answer is {a + b}."}]
     sid = smol.open_session()
-    result = run_agents_sdk(f"{smol.url}/sessions/{sid}/v1", "none", [*items, {"role": "user", "content": "Add 7 and 8."}])
+    question = [*items, {"role": "user", "content": "Add 7 and 8."}]
+    result = run_agents_sdk(f"{smol.url}/sessions/{sid}/v1", "none", question)
     assert result.final_output == "The answer is 15."
     check_trajectory(smol, sid, "The answer is 15.")
 
