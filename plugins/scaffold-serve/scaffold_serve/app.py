@@ -44,8 +44,7 @@ SESSION_HEADER = "x-scaffold-session"
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(responses.dumps_compact(body), status_code=status, media_type="application/json",
-                    headers=headers)
+    return Response(responses.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def error_response(error: WireError) -> Response:
@@ -125,6 +124,9 @@ async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     Raises :class:`ClientGone` when the client went away.
     """
     task = asyncio.ensure_future(work)
+    await asyncio.sleep(0)  # work that needs no waiting (a canned engine) is done now: no watcher needed
+    if task.done():
+        return task.result()
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -154,11 +156,12 @@ class Endpoint:
         self.on_finish = on_finish
 
     def routes(self) -> list[Route]:
-        return [
+        return [  # the chat routes first: they are matched for nearly every request
+            Route("/sessions/{sid}/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model, methods=["GET"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/sessions", self.open_session, methods=["POST"]),
             Route("/sessions", self.list_sessions, methods=["GET"]),
             Route("/sessions/{sid}", self.get_session, methods=["GET"]),
@@ -167,7 +170,6 @@ class Endpoint:
             Route("/sessions/{sid}/finish", self.finish, methods=["POST"]),
             Route("/sessions/{sid}/v1/models", self.models, methods=["GET"]),
             Route("/sessions/{sid}/v1/models/{model:path}", self.model, methods=["GET"]),
-            Route("/sessions/{sid}/v1/chat/completions", self.chat, methods=["POST"]),
         ]
 
     # -- models and health ------------------------------------------------------------------------

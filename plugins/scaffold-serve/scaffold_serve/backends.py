@@ -22,6 +22,7 @@ from typing import Any
 
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.run.runtime import bounded
 from scaffold_core.sampling import SamplingParams, mix_seed
 
 from .wire import WireError
@@ -65,8 +66,11 @@ class EngineBackend:
                     for i, seed in enumerate(seeds)]
         what = f"engine {self.name!r}"
         try:
-            results = list(await asyncio.wait_for(asyncio.gather(*(self.engine.generate(r) for r in requests)),
-                                                  self.timeout))
+            if len(requests) == 1:  # the common case: no task, no gather
+                results = [await bounded(self.engine.generate(requests[0]), self.timeout)]
+            else:
+                results = list(await bounded(asyncio.gather(*(self.engine.generate(r) for r in requests)),
+                                             self.timeout))
         except (EngineError, asyncio.TimeoutError, TimeoutError) as exc:
             raise engine_failure(exc, what) from exc
         except asyncio.CancelledError:

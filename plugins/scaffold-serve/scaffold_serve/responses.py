@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from scaffold_core.output.codec import dumps_compact
+import orjson
 from scaffold_multiturn.template import decode_keep_special
 
 from .session import Choice
@@ -36,8 +36,13 @@ def completion(cid: str, created: int, model: str, choices: Sequence[Choice], pr
     }
 
 
+def dumps(data: Any) -> bytes:
+    """Compact JSON (a NaN or infinity, which JSON cannot hold, is written as null)."""
+    return orjson.dumps(data)
+
+
 def sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + dumps_compact(data) + b"\n\n"
+    return b"data: " + dumps(data) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
