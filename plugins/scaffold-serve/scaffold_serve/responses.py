@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
+
 from scaffold_multiturn.template import decode_keep_special
 
 from .session import Choice
