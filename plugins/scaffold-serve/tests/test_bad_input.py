@@ -190,8 +190,11 @@ def test_a_client_killed_mid_stream_cancels_its_generation(live):
     body = ok_body(stream=True, messages=[{"role": "user", "content": "HANG please"}])
     with httpx.Client(timeout=30) as client:
         with client.stream("POST", chat_url(live), json=body) as reply:
-            first = next(reply.iter_bytes())
+            chunks = reply.iter_bytes()  # held: a dropped iterator would close the response at once
+            first = next(chunks)
             assert first.startswith(b"data: ") and b'"role":"assistant"' in first
+            time.sleep(0.3)
+            assert live.engine.cancelled == cancelled  # still generating while the client listens
     # the connection is closed: the server notices and cancels the engine request
     deadline = time.monotonic() + 10
     while live.engine.cancelled == cancelled and time.monotonic() < deadline:

@@ -143,3 +143,28 @@ def test_langchain_tool_conversation_is_token_faithful(smol):
     assert [(c["name"], c["args"]) for c in first.tool_calls] == [("add", {"a": 5, "b": 9})]
     assert final.content == "The answer is 14."
     check_trajectory(smol, sid, "The answer is 14.")
+
+
+def test_a_client_killed_mid_stream_stops_its_decoding(smol):
+    """The embedded engine drops the row of a request whose client went away, mid-decode, and keeps serving."""
+    import time
+
+    httpx = pytest.importorskip("httpx")
+    engine = smol.engine
+    abandoned, batches = engine.stats()["abandoned"], engine.stats()["batches"]
+    body = {"model": "scaffold", "stream": True, "max_tokens": 400, "temperature": 1.0, "seed": 1,
+            "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{smol.url}/v1/chat/completions",
+                                                            json=body) as reply:
+        chunks = reply.iter_bytes()  # held: a dropped iterator would close the response at once
+        assert next(chunks).startswith(b"data: ")
+        deadline = time.monotonic() + 60
+        while engine.stats()["batches"] == batches and time.monotonic() < deadline:
+            time.sleep(0.05)  # until its batch is decoding
+    deadline = time.monotonic() + 60
+    while engine.stats()["abandoned"] == abandoned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["abandoned"] == abandoned + 1, engine.stats()
+    reply = smol.client().chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "Hi"}],
+                                                  max_tokens=3)
+    assert reply.usage.completion_tokens <= 3
