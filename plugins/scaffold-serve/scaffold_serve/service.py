@@ -23,6 +23,9 @@ from .wire import ChatRequest, WireError
 
 #: What a session id may be: it appears in URLs and files, so nothing that could mean a path.
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: Characters per token of context a request's messages may have before anything is tokenized: far more
+#: than any tokenizer packs into a token, so only prompts that could never fit are refused unread.
+CHARS_PER_TOKEN = 64
 
 
 @dataclass
@@ -124,6 +127,7 @@ class ChatService:
     def prepare(self, entry: Entry, request: ChatRequest) -> Prepared:
         """Check the call and plan it against its session (nothing recorded until it is generated)."""
         self.check_model(request.model)
+        self._check_size(request)
         session = entry.session
         if session.counts["calls"] >= self.options.max_calls:
             raise WireError(429, f"session {session.id!r} has made {session.counts['calls']} calls, the most one "
@@ -145,6 +149,17 @@ class ChatService:
         if request.seed is not None and self.options.sampling_from == "request":
             seeds = [mix_seed(request.seed, i) for i in range(request.n)]  # the same seed, the same choices
         return Prepared(entry, request, plan, sampling, seeds, f"{session.id}/{session.counts['calls']}/{call}")
+
+    def _check_size(self, request: ChatRequest) -> None:
+        """Refuse, before rendering or tokenizing anything, messages no context could hold (rendering and
+        tokenizing megabytes would hold the event loop)."""
+        limit = self.options.context_length
+        if limit is None:
+            return
+        chars = sum(len(m.content) for m in request.messages)
+        if chars > limit * CHARS_PER_TOKEN:
+            raise WireError(400, f"the messages have {chars} characters, more than this model's context of {limit} "
+                                 "tokens can hold; shorten them", param="messages", code="context_length_exceeded")
 
     def _check_context(self, prompt_len: int, max_tokens: int | None) -> None:
         limit = self.options.context_length

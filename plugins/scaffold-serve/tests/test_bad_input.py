@@ -124,6 +124,8 @@ def test_a_prompt_over_the_context_is_context_length_exceeded(live):
                  code="context_length_exceeded")
     asked = ok_body(max_tokens=2000, messages=[{"role": "user", "content": "x" * 100}])
     assert_error(httpx.post(chat_url(live, sid), json=asked, timeout=30), 400, code="context_length_exceeded")
+    huge = ok_body(messages=[{"role": "user", "content": "y" * 200_000}])  # refused before it is tokenized
+    assert_error(httpx.post(chat_url(live, sid), json=huge, timeout=30), 400, code="context_length_exceeded")
     assert live.session(sid).counts["calls"] == 0  # nothing recorded for refused calls
     with pytest.raises(openai.BadRequestError) as info:
         live.client(sid).chat.completions.create(**long)

@@ -140,3 +140,24 @@ def test_calls_without_a_session_are_served(live):
     reply = live.client().chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content == "Hello there."
     assert [m.id for m in live.client().models.list().data] == ["scaffold"]
+
+
+def test_a_header_names_the_session_for_clients_that_keep_their_base_url(live):
+    sid = live.open_session()
+    client = live.client(default_headers={"X-Scaffold-Session": sid})
+    client.chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "Hi"}])
+    assert live.session(sid).counts["calls"] == 1
+
+
+def test_a_format_the_chat_template_cannot_render_is_a_clear_400():
+    from scaffold_multiturn.tool_formats import NativeFormat
+
+    server = LiveServer(TrackingEngine(), tool_format=NativeFormat())  # the byte tokenizer's template ignores tools=
+    try:
+        with pytest.raises(openai.BadRequestError, match="ignores tools=.*hermes"):
+            server.client().chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "Hi"}],
+                                                    tools=[ADD_TOOL])
+        reply = server.client().chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "x"}])
+        assert reply.choices[0].message.content == "Hello there."
+    finally:
+        server.close()
