@@ -112,3 +112,22 @@ def test_bad_options_fail_before_anything_runs(pset):
         with pytest.raises(ConfigError, match=message):
             load_config(data={"task": {"name": "list", "rows": ROWS}, "engine": {"name": "scripted_tools"},
                               "controller": {"name": "openai_agent", **options}}, registry=pset.registry)
+
+
+def test_the_example_runs_its_agent_on_the_canned_engine(tmp_path, monkeypatch):
+    """examples/openai-agent.yaml as `scaffold run` sees it (the canned engine instead of the model)."""
+    from pathlib import Path
+
+    from scaffold_core.plugins import get_plugins
+
+    repo = Path(__file__).resolve().parents[3]
+    plugins = get_plugins()
+    if "gsm8k" not in plugins.registry.names("task"):
+        pytest.skip("needs scaffold-gsm8k installed")
+    monkeypatch.chdir(repo)  # the entry is a path relative to the working directory
+    config = load_config(repo / "examples" / "openai-agent.yaml",
+                         ["engine.name=benchmark_canned", "task.limit=2"], registry=plugins.registry)
+    assert config.controller.name == "openai_agent" and config.task.options["source"] == "sample"
+    metrics = Rollout(config, output_dir=tmp_path / "run", plugins=plugins, progress=False).run()
+    assert metrics["episodes"] == 2 and metrics["failed"] == 0 and metrics["agent_calls"] == 1.0
+    assert (tmp_path / "run" / "trajectories").is_dir()
