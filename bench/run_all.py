@@ -21,6 +21,7 @@ SCRIPTS = [
     ("SGLang client", "sglang_client.py", []),
     ("multi-turn drift and speed", "multiturn_drift.py", []),
     ("agent overhead", "agent_overhead.py", []),
+    ("scaffold serve overhead", "serve_overhead.py", []),
     ("python tool cold start", "tools_python_cold_start.py", []),
     ("multi-worker speed-up", "multiworker.py", []),
     ("scaffold run end to end", "run_end_to_end.py", ["--sizes", "10000", "100000"]),

@@ -27,6 +27,18 @@ if TYPE_CHECKING:
 FINISH_REASONS = ("stop", "length", "abort")
 
 
+def version_number(version: Any) -> int:
+    """Integer policy version for the ``versions`` tensor (non-numeric versions map to 0)."""
+    if isinstance(version, bool):
+        return int(version)
+    if isinstance(version, int):
+        return version
+    try:
+        return int(str(version))
+    except (TypeError, ValueError):
+        return 0
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """What an engine receives: token ids in, never text.
@@ -80,6 +92,12 @@ class GenerationResult:
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"engine returned finish_reason {self.finish_reason!r}; expected one of {FINISH_REASONS}")
         return self
+
+    def token_versions(self) -> list[int]:
+        """One integer version per output id: ``versions`` when the engine gave them, else ``weight_version``'s."""
+        if self.versions is not None:
+            return [version_number(v) for v in self.versions]
+        return [version_number(self.weight_version)] * len(self.output_ids)
 
 
 @dataclass(slots=True, eq=False)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar
 
 from .episode import EpisodeResult, Sample
+from .generation import version_number
 
 _S = TypeVar("_S", bound="TrainingSample")
 
@@ -45,18 +46,6 @@ class TrainingSample:
             if len(getattr(self, key)) != n:
                 raise ValueError(f"{key} has {len(getattr(self, key))} entries for {n} input_ids")
         return self
-
-
-def version_number(version: Any) -> int:
-    """Integer policy version for the ``versions`` tensor (non-numeric versions map to 0)."""
-    if isinstance(version, bool):
-        return int(version)
-    if isinstance(version, int):
-        return version
-    try:
-        return int(str(version))
-    except (TypeError, ValueError):
-        return 0
 
 
 def sample_tokens(sample: Sample) -> tuple[list[int], list[int], list[float], list[int]]:

@@ -26,7 +26,8 @@ from scaffold_core.testing.freshenv import run_bounded
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "scripts" / "build_dist.py"
 PLUGINS = sorted(p for p in (REPO / "plugins").glob("scaffold-*") if (p / "pyproject.toml").is_file())
-INSTALL_MARKER = "<!-- doc-test: run-by: tests/test_build_dist.py::test_the_readme_install_lines_work_in_a_fresh_venv -->"
+INSTALL_MARKER = ("<!-- doc-test: run-by: tests/test_build_dist.py::"
+                  "test_the_readme_install_lines_work_in_a_fresh_venv -->")
 
 
 def tomllib():

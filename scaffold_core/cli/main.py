@@ -56,6 +56,18 @@ def _parser() -> argparse.ArgumentParser:
 
     _report_parser(sub)
 
+    p = sub.add_parser("serve", help="serve the config's engine behind an OpenAI-compatible endpoint whose sessions "
+                                     "record token-faithful trajectories (plugin scaffold-serve)")
+    p.add_argument("config", help="YAML config file (its engine, sampling, verifier and trajectory maker)")
+    add_override_arguments(p, "engine.threads=2")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; any other needs "
+                                                      "--api-key)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000; 0 picks a free one)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (default: "
+                                     "$SCAFFOLD_API_KEY)")
+    p.add_argument("-o", "--output", help="where finished sessions are written (default: output.dir)")
+    p.set_defaults(handler=cmd_serve)
+
     p = sub.add_parser("score", help="re-score saved responses with a verifier")
     p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
     p.add_argument("--input", required=True, help="JSONL file; each line has 'response' and 'answer'")
@@ -277,6 +289,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = build_report(args.run_dir, output=args.output, **options)
     print(path)
     return ExitCode.OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from scaffold_serve.cli import serve
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "scaffold_serve":
+            raise
+        from ..plugins.registry import install_command
+
+        hint = install_command("scaffold-serve")
+        raise ScaffoldError(f"`scaffold serve` comes with the scaffold-serve plugin: {hint}") from None
+    return serve(args)
 
 
 def cmd_score(args: argparse.Namespace) -> int:

@@ -5,7 +5,9 @@ the event loop takes up to ``max_batch_size`` of them, waiting at most
 ``batch_wait_ms`` for more to arrive, and runs the batch on one worker thread
 (torch releases the GIL, so the event loop keeps running). Every sampling
 parameter is applied per row, so requests with different parameters share a
-batch. Rows that finish are dropped from the batch (and its KV cache) at once; the
+batch. Rows that finish are dropped from the batch (and its KV cache) at once, and
+so are rows whose caller stopped waiting (a cancelled or timed-out request: counted
+as ``abandoned``); the
 KV cache keeps room for the batch's new tokens, so decode steps write in place
 (``kv_cache.py``).
 Rows of a batch with the same prompt (the samples of one group) share one
@@ -127,7 +129,7 @@ class TransformersEngine(Engine):
         self._batcher: asyncio.Task | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = threading.Event()
-        self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0}
+        self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0, "abandoned": 0}
         self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0, "prefill_s": 0.0}
         self._lent: tuple[Any, Any] | None = None  # (model, tokenizer) the caller owns: see wrap()
         # (source, version, done) of the weight updates waiting for the worker thread
@@ -400,7 +402,10 @@ class TransformersEngine(Engine):
                 row.output_ids.append(token)
                 row.logprobs.append(logprob)
                 row.versions.append(version)
-                if token in row.stop_ids:
+                if row.pending.future.done():  # its caller is gone (cancelled, timed out): stop decoding it
+                    row.finish = "abort"  # (a read of the future's state; at worst one token late)
+                    self._stats["abandoned"] += 1
+                elif token in row.stop_ids:
                     row.finish = "stop"
                 elif row.stop_strings and self._hit_stop_string(row):
                     row.finish = "stop"

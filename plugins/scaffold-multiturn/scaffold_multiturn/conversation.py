@@ -16,7 +16,6 @@ from typing import Any
 
 from scaffold_core.generation import GenerationResult
 from scaffold_core.tokenizers import encode
-from scaffold_core.trajectory import version_number
 
 from .template import SENTINEL, boundary, covered_prefix, decode_keep_special, decode_plain, render_text, tail_tokens
 
@@ -132,10 +131,7 @@ class Conversation:
         self.output_ids += ids
         self.output_logprobs += list(result.logprobs)
         self.output_mask += [1] * len(ids)
-        if result.versions is not None:
-            self.output_versions += list(result.versions)
-        else:
-            self.output_versions += [version_number(result.weight_version)] * len(ids)
+        self.output_versions += result.token_versions()
         self.messages.append({"role": "assistant", "content": content})
         self.text += content + end.after[:covered]
         self._pieces.append((turn.index, content + end.after[:covered], ids))

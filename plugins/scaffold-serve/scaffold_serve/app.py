@@ -1,0 +1,313 @@
+"""The HTTP side: a Starlette app speaking OpenAI's wire format, with bearer auth, body limits and disconnects.
+
+Routes (every error has OpenAI's error body, never a traceback)::
+
+    GET    /v1/models                          the served model
+    POST   /v1/chat/completions                a call (in the session named by X-Scaffold-Session, if any)
+    GET    /sessions/{id}/v1/models            the same, under a session's base URL
+    POST   /sessions/{id}/v1/chat/completions  a call in session {id}
+    POST   /sessions                           open a session (scaffold serve): {"id"?, "reference"?, "metadata"?}
+    GET    /sessions                           open sessions (summaries)
+    GET    /sessions/{id}                      a session's record: calls, conversations (ids, masks, logprobs, versions)
+    POST   /sessions/{id}/reward               {"reward": number} and/or {"answer": text}
+    POST   /sessions/{id}/finish               score, write and close it (scaffold serve)
+    DELETE /sessions/{id}                      drop it unwritten (scaffold serve)
+    GET    /health                             {"status": "ok"}
+
+A client that disconnects while its call generates cancels the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from . import responses
+from .service import ChatService, Entry, Prepared
+from .session import Choice, Session
+from .wire import WireError, parse_chat_request
+
+#: The header that names a session for clients that cannot change their base URL.
+SESSION_HEADER = "x-scaffold-session"
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(responses.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(error: WireError) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return json_response(error.body(), error.status, headers)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Guard:
+    """ASGI middleware: bearer auth (when a key is set) and a cap on request bodies, before any route runs."""
+
+    def __init__(self, app: Any, *, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.expected = f"bearer {api_key}".encode() if api_key else None
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = self._refusal(scope["headers"])
+        if refusal is not None:
+            return await error_response(refusal)(scope, receive, send)
+        limit, seen = self.max_body, 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge()
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _refusal(self, headers: list[tuple[bytes, bytes]]) -> WireError | None:
+        auth = [v for k, v in headers if k == b"authorization"]
+        lengths = [v for k, v in headers if k == b"content-length"]
+        if self.expected is not None:
+            given = auth[0].strip() if len(auth) == 1 else b""
+            scheme, _, token = given.partition(b" ")
+            if len(auth) != 1 or not hmac.compare_digest(scheme.lower() + b" " + token.strip(), self.expected):
+                return WireError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+                                 code="invalid_api_key")
+        if len(lengths) > 1:
+            return WireError(400, "more than one Content-Length header")
+        if lengths and (not lengths[0].strip().isdigit() or int(lengths[0]) > self.max_body):
+            return WireError(413, f"the request body is larger than this server accepts ({self.max_body} bytes)",
+                             code="request_too_large")
+        return None
+
+
+async def read_json(request: Request) -> Any:
+    try:
+        raw = await request.body()
+    except BodyTooLarge:
+        raise WireError(413, "the request body is larger than this server accepts", code="request_too_large") from None
+    if not raw:
+        raise WireError(400, "the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(400, f"the request body is not valid JSON (UTF-8): {exc}") from None
+
+
+async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Await ``work``; if the client disconnects first (or this wait is cancelled), cancel it.
+
+    Raises :class:`ClientGone` when the client went away.
+    """
+    task = asyncio.ensure_future(work)
+    await asyncio.sleep(0)  # work that needs no waiting (a canned engine) is done now: no watcher needed
+    if task.done():
+        return task.result()
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+class Endpoint:
+    """The routes over one :class:`ChatService`; ``on_finish`` scores and writes a finished session (serve)."""
+
+    def __init__(self, service: ChatService, *, allow_open: bool,
+                 on_finish: Callable[[Any], Awaitable[dict[str, Any]]] | None = None):
+        self.service = service
+        self.allow_open = allow_open
+        self.on_finish = on_finish
+
+    def routes(self) -> list[Route]:
+        return [  # the chat routes first: they are matched for nearly every request
+            Route("/sessions/{sid}/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model, methods=["GET"]),
+            Route("/sessions", self.open_session, methods=["POST"]),
+            Route("/sessions", self.list_sessions, methods=["GET"]),
+            Route("/sessions/{sid}", self.get_session, methods=["GET"]),
+            Route("/sessions/{sid}", self.drop_session, methods=["DELETE"]),
+            Route("/sessions/{sid}/reward", self.reward, methods=["POST"]),
+            Route("/sessions/{sid}/finish", self.finish, methods=["POST"]),
+            Route("/sessions/{sid}/v1/models", self.models, methods=["GET"]),
+            Route("/sessions/{sid}/v1/models/{model:path}", self.model, methods=["GET"]),
+        ]
+
+    # -- models and health ------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.service.options.model_name, "object": "model", "created": self.service.created,
+                "owned_by": "scaffold"}
+
+    async def models(self, request: Request) -> Response:
+        if "sid" in request.path_params:
+            self.service.entry(request.path_params["sid"])
+        return json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        self.service.check_model(request.path_params["model"])
+        return json_response(self._model_card())
+
+    # -- chat --------------------------------------------------------------------------------------
+    def _entry(self, request: Request) -> Entry:
+        sid = request.path_params.get("sid")
+        if sid is None:
+            sid = request.headers.get(SESSION_HEADER)
+        if sid is not None:
+            return self.service.entry(sid)
+        if self.service.backend is None:
+            raise WireError(404, "calls here belong to a session: use the base URL /sessions/{id}/v1",
+                            code="session_not_found")
+        # a session of one call, for clients that name none: served, not kept
+        return Entry(Session("-", self.service.tokenizer, self.service.format), self.service.backend,
+                     self.service.options.sampling)
+
+    async def chat(self, request: Request) -> Response:
+        entry = self._entry(request)
+        body = await read_json(request)
+        chat = parse_chat_request(body)
+        prepared = self.service.prepare(entry, chat)
+        cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+        if chat.stream:
+            return StreamingResponse(self._stream(request, prepared, cid, created), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            choices = await unless_disconnected(request, self.service.run(prepared))
+        except ClientGone:
+            return Response(status_code=499)
+        return json_response(self._completion(prepared, choices, cid, created))
+
+    def _completion(self, prepared: Prepared, choices: list[Choice], cid: str, created: int) -> dict[str, Any]:
+        return responses.completion(cid, created, prepared.request.model, choices, len(prepared.plan.prompt_ids),
+                                    logprobs=prepared.request.logprobs, tokenizer=prepared.entry.session.tokenizer)
+
+    async def _stream(self, request: Request, prepared: Prepared, cid: str, created: int) -> AsyncIterator[bytes]:
+        chat, model = prepared.request, prepared.request.model
+        yield responses.first_chunks(cid, created, model, chat.n)
+        try:
+            choices = await unless_disconnected(request, self.service.run(prepared))
+        except ClientGone:
+            return
+        except WireError as error:
+            yield responses.error_event(error.body())
+            return
+        for choice in choices:
+            for chunk in responses.choice_chunks(cid, created, model, choice, logprobs=chat.logprobs,
+                                                 tokenizer=prepared.entry.session.tokenizer):
+                yield chunk
+        if chat.include_usage:
+            yield responses.usage_chunk(cid, created, model, len(prepared.plan.prompt_ids), choices)
+        yield responses.DONE
+
+    # -- sessions ----------------------------------------------------------------------------------
+    async def open_session(self, request: Request) -> Response:
+        if not self.allow_open:
+            raise WireError(403, "sessions here are opened by the openai_agent controller, one per episode",
+                            code="forbidden")
+        body = await read_json(request) if int(request.headers.get("content-length") or 0) else {}
+        if not isinstance(body, dict):
+            raise WireError(400, "the body must be a JSON object: {\"id\"?, \"reference\"?, \"metadata\"?}")
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise WireError(400, "metadata must be an object", param="metadata")
+        sid = body.get("id")
+        if sid is not None and not isinstance(sid, str):
+            raise WireError(400, "id must be a string", param="id")
+        session = self.service.open_session(session_id=sid, reference=body.get("reference"), metadata=metadata)
+        base = f"{str(request.base_url).rstrip('/')}/sessions/{session.id}/v1"
+        return json_response({"id": session.id, "base_url": base}, 201)
+
+    async def list_sessions(self, request: Request) -> Response:
+        return json_response({"sessions": [e.session.summary() for e in self.service.sessions.values()]})
+
+    async def get_session(self, request: Request) -> Response:
+        return json_response(self.service.entry(request.path_params["sid"]).session.to_dict())
+
+    async def reward(self, request: Request) -> Response:
+        session = self.service.entry(request.path_params["sid"]).session
+        self.service.set_outcome(session, await read_json(request))
+        return json_response(session.summary())
+
+    async def finish(self, request: Request) -> Response:
+        if self.on_finish is None:
+            raise WireError(403, "sessions here end with their episode", code="forbidden")
+        sid = request.path_params["sid"]
+        entry = self.service.entry(sid)
+        if int(request.headers.get("content-length") or 0):
+            self.service.set_outcome(entry.session, await read_json(request))
+        if entry.session.in_flight:
+            raise WireError(409, f"session {sid!r} has calls in flight; finish it when they are done",
+                            code="session_busy")
+        self.service.close_session(sid)
+        return json_response(await self.on_finish(entry.session))
+
+    async def drop_session(self, request: Request) -> Response:
+        if not self.allow_open:
+            raise WireError(403, "sessions here end with their episode", code="forbidden")
+        sid = request.path_params["sid"]
+        self.service.entry(sid)
+        self.service.close_session(sid)
+        return json_response({"id": sid, "dropped": True})
+
+
+async def _wire_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, WireError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {404: "no such route", 405: "method not allowed on this route"}.get(exc.status_code, str(exc.detail))
+    return error_response(WireError(exc.status_code, f"{message}: {request.method} {request.url.path[:200]}"))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(WireError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+
+
+def build_app(endpoint: Endpoint, *, api_key: str | None = None) -> Any:
+    """The ASGI app: the routes behind :class:`Guard`."""
+    app = Starlette(routes=endpoint.routes(), exception_handlers={
+        WireError: _wire_error, HTTPException: _http_error, Exception: _server_error})
+    return Guard(app, api_key=api_key, max_body_bytes=endpoint.service.options.max_body_bytes)

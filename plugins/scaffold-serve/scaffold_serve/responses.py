@@ -1,0 +1,83 @@
+"""Response bodies in OpenAI's shapes: a chat completion, its stream chunks (server-sent events), usage, logprobs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from scaffold_multiturn.template import decode_keep_special
+
+from .session import Choice
+
+
+def usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
+    completion = sum(len(c.result.output_ids) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def logprobs_of(tokenizer: Any, choice: Choice) -> dict[str, Any]:
+    """Each sampled token (the end-of-turn token included) with the logprob the engine sampled it at."""
+    content = []
+    for token_id, logprob in zip(choice.result.output_ids, choice.result.logprobs):
+        token = decode_keep_special(tokenizer, [token_id])
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace")),
+                        "top_logprobs": []})
+    return {"content": content, "refusal": None}
+
+
+def completion(cid: str, created: int, model: str, choices: Sequence[Choice], prompt_tokens: int, *,
+               logprobs: bool, tokenizer: Any) -> dict[str, Any]:
+    return {
+        "id": cid, "object": "chat.completion", "created": created, "model": model, "system_fingerprint": None,
+        "choices": [{"index": c.index, "message": c.message(), "finish_reason": c.finish_reason,
+                     "logprobs": logprobs_of(tokenizer, c) if logprobs else None} for c in choices],
+        "usage": usage(prompt_tokens, choices),
+    }
+
+
+def dumps(data: Any) -> bytes:
+    """Compact JSON (a NaN or infinity, which JSON cannot hold, is written as null)."""
+    return orjson.dumps(data)
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + dumps(data) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _chunk(cid: str, created: int, model: str, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": None, "choices": choices, **extra})
+
+
+def first_chunks(cid: str, created: int, model: str, n: int) -> bytes:
+    """The chunk every choice starts with (the role), sent before anything is generated."""
+    return b"".join(_chunk(cid, created, model, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}]) for i in range(n))
+
+
+def choice_chunks(cid: str, created: int, model: str, choice: Choice, *, logprobs: bool,
+                  tokenizer: Any) -> Iterator[bytes]:
+    """A generated choice as chunks: its content (with logprobs), its tool calls, then its finish reason."""
+    i = choice.index
+    lp = logprobs_of(tokenizer, choice) if logprobs else None
+    if choice.content or lp is not None:
+        yield _chunk(cid, created, model, [{"index": i, "delta": {"content": choice.content or ""}, "logprobs": lp,
+                                             "finish_reason": None}])
+    for k, wire in enumerate(choice.message().get("tool_calls", [])):
+        delta = {"tool_calls": [{"index": k, **wire}]}
+        yield _chunk(cid, created, model, [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+    yield _chunk(cid, created, model, [{"index": i, "delta": {}, "logprobs": None,
+                                         "finish_reason": choice.finish_reason}])
+
+
+def usage_chunk(cid: str, created: int, model: str, prompt_tokens: int, choices: Sequence[Choice]) -> bytes:
+    return _chunk(cid, created, model, [], usage=usage(prompt_tokens, choices))
+
+
+def error_event(body: dict[str, Any]) -> bytes:
+    return sse(body)

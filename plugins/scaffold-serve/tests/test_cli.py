@@ -1,0 +1,89 @@
+"""`scaffold serve CONFIG` as a user runs it: refused beyond loopback without a key (before any model loads), and on
+the canned engine it serves, records, writes finished sessions, and on Ctrl-C writes the open ones and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+httpx = pytest.importorskip("httpx")
+
+CONFIG = {"task": {"name": "gsm8k", "source": "sample", "split": "test", "limit": 1},
+          "engine": {"name": "benchmark_canned"}, "sampling": {"max_tokens": 64},
+          "controller": {"name": "openai_agent", "entry": "agents:solve", "model_name": "canned"}}
+
+
+def scaffold(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "scaffold_core.cli", *args], capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def test_beyond_loopback_without_a_key_is_refused_before_anything_loads(config, tmp_path):
+    proc = scaffold("serve", str(config), "--host", "0.0.0.0", "--port", "0", "-o", str(tmp_path / "out"),
+                    env={**os.environ, "SCAFFOLD_API_KEY": ""})
+    assert proc.returncode != 0
+    assert "refusing to serve on 0.0.0.0 without an API key" in proc.stderr and "--api-key" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_serve_records_sessions_and_writes_them(config, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "serve", str(config), "--port", "0",
+                             "-o", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            found = re.search(r"at (http://\S+)/v1 ", line)
+            url = found.group(1) if found else None
+            assert line or proc.poll() is None, "scaffold serve exited"
+        assert url is not None
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["canned"]
+        first, second = (httpx.post(f"{url}/sessions", timeout=10).json()["id"] for _ in range(2))
+        for sid in (first, second):
+            reply = httpx.post(f"{url}/sessions/{sid}/v1/chat/completions", timeout=10, json={
+                "model": "canned", "messages": [{"role": "user", "content": "What is 6 times 7?"}]})
+            assert reply.status_code == 200
+        done = httpx.post(f"{url}/sessions/{first}/finish", json={"answer": "42", "reward": 1.0}, timeout=10).json()
+        assert done["reward"] == 1.0 and done["samples"] == 1
+        assert httpx.get(f"{url}/sessions/{first}", timeout=10).status_code == 404  # finished: no longer open
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        proc.stderr.close()
+    lines = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert [line["id"] for line in lines] == [first, second]
+    finished, open_one = lines
+    assert finished["verdict"]["reward"] == 1.0 and len(finished["samples"]) == 1
+    sample = finished["samples"][0]
+    assert sum(sample["loss_mask"]) == len(finished["calls_log"][0]["choices"][0]["output_ids"])
+    assert open_one["verdict"]["reward"] is None and open_one["samples"] == []  # unscored: never 0
+
+
+def test_without_the_plugin_the_command_says_what_to_install(monkeypatch, capsys):
+    from scaffold_core.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "scaffold_serve.cli", None)
+    assert main(["serve", "any.yaml"]) != 0
+    err = capsys.readouterr().err
+    assert "`scaffold serve` comes with the scaffold-serve plugin: pip install" in err and "Traceback" not in err
