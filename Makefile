@@ -24,6 +24,9 @@ system-packages:
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# pip before 23.3 cannot resolve one local plugin's extra asking for another local plugin given in the same
+	@# command (the venv module seeds whatever pip the interpreter bundles).
+	$(PIP) install -q --disable-pip-version-check --upgrade "pip>=24"
 	$(PIP) install -q --disable-pip-version-check torch==2.13.0
 	$(PIP) install -q --disable-pip-version-check -e ".[transformers,ray,test]" \
 		$(foreach p,$(PLUGINS),-e "$(p)[test]")
