@@ -73,7 +73,10 @@ def _orjson(value: Any) -> bytes | None:
         data = orjson.dumps(value, option=STRICT)
     except TypeError:  # orjson.JSONEncodeError: a type json writes otherwise, or an int beyond 64 bits
         return None
-    if b"null" in data and not all_finite(value):  # orjson wrote a NaN or infinity as null
+    # A null may be a NaN or infinity orjson wrote as null. Reading the bytes back gives the value itself
+    # when it holds none (a check in C); when it does not (a NaN, or tuples and fragments, which read back as
+    # lists), the value is walked.
+    if b"null" in data and orjson.loads(data) != value and not all_finite(value):
         return None
     return data
 
