@@ -81,6 +81,16 @@ def _orjson(value: Any) -> bytes | None:
     return data
 
 
+def dumps_finite(value: Any) -> bytes | None:
+    """:func:`dumps_fast` for a value the caller knows holds no NaN or infinity (so a null orjson writes is a
+    None): no check of the value after encoding."""
+    try:
+        data = orjson.dumps(value, option=STRICT)
+    except TypeError:
+        return None
+    return one_line(data)
+
+
 def dumps_fast(value: Any) -> bytes | None:
     """``value`` as compact JSON bytes with orjson, or None when only ``json`` writes it faithfully."""
     data = _orjson(value)

@@ -59,7 +59,7 @@ def join_parts(directory: Path, parts: Iterable[Path], ledgers: list[Path], *, s
         return None
     indexes = np.concatenate([e[0] for _, _, e in segments]) if segments else np.zeros(0, np.int64)
     hashes = np.concatenate([e[1] for _, _, e in segments]) if segments else np.zeros(0, np.int64)
-    if len(np.unique(indexes)) != len(indexes) or len(np.unique(hashes)) != len(hashes):
+    if _repeats(indexes) or _repeats(hashes):
         return None  # an episode twice (or two at one index): the ledgers decide which record counts
     kinds = next((seg["kinds"] for _, seg, e in segments if e.shape[1] and seg["kinds"]), None)
     if not segments:  # no episode at all
@@ -69,6 +69,13 @@ def join_parts(directory: Path, parts: Iterable[Path], ledgers: list[Path], *, s
     else:
         _merge(directory, segments, save_dataset, kinds, private)
     return manifests  # type: ignore[return-value]
+
+
+def _repeats(values: Any) -> bool:
+    import numpy as np
+
+    ordered = np.sort(values)
+    return bool(len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any())
 
 
 def _covers(manifests: list[dict[str, Any]], ledgers: list[Path], save_dataset: bool) -> bool:
@@ -221,34 +228,44 @@ def _windows(table: Any) -> Iterable[int]:
         start = end
 
 
-def _runs(which: Any) -> list[tuple[int, int, int]]:
-    """(segment, first, end) of each run of consecutive episodes from one segment."""
-    import numpy as np
-
-    if not len(which):
-        return []
-    cuts = np.flatnonzero(which[1:] != which[:-1]) + 1
-    starts = np.r_[0, cuts]
-    ends = np.r_[cuts, len(which)]
-    return list(zip(which[starts].tolist(), starts.tolist(), ends.tolist()))
+#: Bytes of lines gathered at once (with an index of 8 bytes per byte).
+GATHER_BYTES = 4 << 20
 
 
 def _copy_lines(which: Any, sizes: Any, readers: list[_Lines], out: Any) -> None:
-    """This window's lines in episode order: each segment's bytes read in one piece, then cut by episode."""
+    """This window's lines in episode order: each segment's bytes read in one piece, then gathered by episode
+    (numpy; no Python work per episode)."""
     import numpy as np
 
     if not sizes.any():
         return
-    data = [memoryview(reader.read(int(sizes[which == i].sum()))) for i, reader in enumerate(readers)]
-    ends = np.cumsum(sizes).tolist()
-    taken = [0] * len(readers)
-    pieces = []
-    for seg, first, end in _runs(which):
-        n = int(ends[end - 1] - (ends[first - 1] if first else 0))
-        if n:
-            pieces.append(data[seg][taken[seg]:taken[seg] + n])
-            taken[seg] += n
-    out.write(b"".join(pieces))
+    data = np.frombuffer(b"".join(reader.read(int(sizes[which == i].sum())) for i, reader in enumerate(readers)),
+                         dtype=np.uint8)
+    start = _starts(which, sizes, len(readers))  # each episode's first byte in ``data``
+    ends = np.cumsum(sizes)
+    first = 0
+    while first < len(sizes):  # a few MB at a time: the index is 8 bytes per byte
+        base = int(ends[first - 1]) if first else 0
+        last = max(first + 1, int(np.searchsorted(ends, base + GATHER_BYTES, side="right")))
+        part = sizes[first:last]
+        index = np.repeat(start[first:last] - (np.cumsum(part) - part), part) + np.arange(int(part.sum()))
+        out.write(data[index].tobytes())
+        first = last
+
+
+def _starts(which: Any, counts: Any, segments: int) -> Any:
+    """Where each episode's items (bytes, rows) begin among its window's items laid out segment by segment."""
+    import numpy as np
+
+    start = np.zeros(len(which), np.int64)
+    base = 0
+    for i in range(segments):
+        mine = np.flatnonzero(which == i)
+        if len(mine):
+            mine_counts = counts[mine]
+            start[mine] = base + np.cumsum(mine_counts) - mine_counts
+            base += int(mine_counts.sum())
+    return start
 
 
 def _copy_rows(which: Any, rows: Any, readers: list[_Rows], dataset: TrajectoryDatasetWriter) -> None:
@@ -259,19 +276,9 @@ def _copy_rows(which: Any, rows: Any, readers: list[_Rows], dataset: TrajectoryD
     if not rows.any():
         return
     batches = []
-    base = []
-    total = 0
     for i, reader in enumerate(readers):
-        count = int(rows[which == i].sum())
-        base.append(total)
-        total += count
-        batches.extend(reader.read(count))
-    # Each episode's first row within its segment's rows of this window, then within all of them.
-    first = np.zeros(len(which), np.int64)
-    for i in range(len(readers)):
-        mine = np.flatnonzero(which == i)
-        first[mine] = base[i] + np.cumsum(np.r_[0, rows[mine][:-1]])
-    start = np.repeat(first, rows)
+        batches.extend(reader.read(int(rows[which == i].sum())))
+    start = np.repeat(_starts(which, rows, len(readers)), rows)
     step = np.arange(len(start)) - np.repeat(np.cumsum(rows) - rows, rows)
     table = pa.Table.from_batches(batches, schema=batches[0].schema)
     order = np.ascontiguousarray(start + step, dtype=np.int64)

@@ -88,7 +88,31 @@ def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict
         return ledger_line(result), b"", record_of(result)
     blob = b"".join(pieces)
     record = _record(result, rows, tokens=[offset, len(blob), zlib.crc32(blob)] if packed else None)
-    return codec.dumps_compact(record) + b"\n", blob, record
+    line = codec.dumps_finite(record) if _finite(record) else None
+    return (line if line is not None else codec.dumps_compact(record)) + b"\n", blob, record
+
+
+_LEAVES = (str, int, bool, type(None))
+
+
+def _finite(record: dict[str, Any]) -> bool:
+    """Whether no float in a record made by :func:`packed_entry` is NaN or infinite, checking the values
+    where floats sit and walking only the containers whose content is not known (answers, metadata)."""
+    for key, value in record.items():
+        if key == "samples" or key == "trajectories":
+            for item in value:
+                for inner in item.values():
+                    if type(inner) is float:
+                        if inner - inner != 0.0:
+                            return False
+                    elif type(inner) not in _LEAVES and not codec.all_finite(inner):
+                        return False
+        elif type(value) is float:
+            if value - value != 0.0:
+                return False
+        elif type(value) not in _LEAVES and not codec.all_finite(value):
+            return False
+    return True
 
 
 def ledger_line(result: EpisodeResult) -> bytes:

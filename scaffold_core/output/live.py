@@ -100,6 +100,10 @@ class LivePart:
         if type(index) is not int:
             raise ValueError(f"episode {record['episode_id']!r} has index {index!r}, not an integer")
         heap = self._heap
+        if index == self._next and not heap:  # the next one, nothing waiting: it leaves at once
+            self._next += self._step
+            self._write((index, record["episode_id"]), record, blob)
+            return
         heapq.heappush(heap, (index, record["episode_id"], next(self._order), record, blob))
         while heap and heap[0][0] <= self._next:
             if heap[0][0] == self._next:
@@ -111,7 +115,9 @@ class LivePart:
 
     def _release(self) -> None:
         index, eid, _, record, blob = heapq.heappop(self._heap)
-        key = (index, eid)
+        self._write((index, eid), record, blob)
+
+    def _write(self, key: tuple[int, str], record: dict[str, Any], blob: bytes) -> None:
         segment = self._current
         if segment is None or (segment.last is not None and key < segment.last):
             segment = self._new_segment()

@@ -47,6 +47,7 @@ from .files import (
     refuse_link,
     remove_stale_temps,
     safe_child,
+    write_all,
 )
 from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_paths, packed_entry
 from .live import PART_NAME, LivePart
@@ -232,9 +233,9 @@ class RunOutput:
             self.open()
         line, blob, record = packed_entry(result, self._tokens_size)
         if blob:
-            _write_all(self._tokens_fd, blob)  # type: ignore[arg-type]
+            write_all(self._tokens_fd, blob)  # type: ignore[arg-type]
             self._tokens_size += len(blob)
-        _write_all(self._fd, line)  # type: ignore[arg-type]
+        write_all(self._fd, line)  # type: ignore[arg-type]
         self._size += len(line)
         if self.live is not None:
             try:
@@ -283,12 +284,6 @@ class RunOutput:
 
     def write_metrics(self, metrics: dict[str, Any]) -> None:
         write_metrics(self.dir, metrics, private=self.private)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def write_metrics(directory: Path, metrics: dict[str, Any], *, private: bool = True) -> None:

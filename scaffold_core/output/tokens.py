@@ -205,14 +205,11 @@ def _float_column(values: list[Any], prompt_len: int, pieces: list[bytes], at: i
 
 def _float_runs(values: list[Any], n: int, prompt_len: int) -> bool:
     """Whether the prompt's part and the rest are each one float repeated (as ``==`` compares; the bits of
-    zeros are compared by the caller), by counting: no list is made."""
+    zeros are compared by the caller): one pass over the list, against a layout of the same float objects
+    (a comparison that finds the same object moves on at once)."""
     first, then = values[0], values[prompt_len]
-    if type(first) is not float or type(then) is not float:
-        return False
-    if first == then:
-        return values.count(first) == n
-    return values.count(first) == prompt_len and values.count(then) == n - prompt_len and \
-        values.index(then) == prompt_len
+    return type(first) is float and type(then) is float and \
+        values == [first] * prompt_len + [then] * (n - prompt_len)
 
 
 def _same_bits(part: list[Any]) -> bool:
