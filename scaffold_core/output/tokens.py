@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -233,17 +233,6 @@ def pack_row(columns: Mapping[str, Sequence[Any]], prompt_len: Any, pieces: list
     return specs, at
 
 
-def pack_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], bytes]:
-    """(each row with its token columns replaced by segments, the blob); raises PackError."""
-    pieces: list[bytes] = []
-    at = 0
-    out = []
-    for row in rows:
-        specs, at = pack_row(row, row.get("prompt_len"), pieces, at)
-        out.append({**row, **specs})
-    return out, b"".join(pieces)
-
-
 # -- reading -----------------------------------------------------------------------------------------
 def is_packed(record: Mapping[str, Any]) -> bool:
     """Whether a ledger record's token columns are in a blob (else they are JSON lists in the line)."""
@@ -350,16 +339,6 @@ class TokenFile:
         if zlib.crc32(raw) != crc:
             raise BadTokens(f"the {length} bytes at {offset} of {self.path} are damaged (CRC-32 differs)")
         return raw
-
-    def resolve(self, record: dict[str, Any]) -> dict[str, Any]:
-        """``record`` with its token columns as lists (a record of the JSON-list kind is returned as it is)."""
-        if not is_packed(record):
-            return record
-        blob = self.blob(record)
-        out = dict(record)
-        out.pop(TOKENS_KEY)
-        out["trajectories"] = unpack_rows(record.get("trajectories") or [], blob)
-        return out
 
     def close(self) -> None:
         if self._fd is not None:
