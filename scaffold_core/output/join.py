@@ -49,19 +49,22 @@ def join_parts(directory: Path, parts: Iterable[Path], ledgers: list[Path], *, s
         return None
     if not _covers(manifests, ledgers, save_dataset):  # type: ignore[arg-type]
         return None
+    if not all(isinstance(m.get("metrics"), dict) for m in manifests):  # type: ignore[union-attr]
+        return None
     segments: list[tuple[Path, dict[str, Any], Any]] = []
     for folder, manifest in zip(folders, manifests):
         for seg in manifest["segments"]:  # type: ignore[index]
             episodes = np.load(folder / seg["folder"] / "episodes.npy")
             segments.append((folder / seg["folder"], seg, episodes.reshape(len(FIELDS), -1)))
-    if save_dataset and (any(seg["stale"] for _, seg, _ in segments)
-                         or len({json.dumps(seg["kinds"]) for _, seg, e in segments if e.shape[1]}) > 1):
+    with_rows = [seg for _, seg, e in segments if e[4].any()]  # the dataset's columns: those of segments with rows
+    columns = {json.dumps(seg["kinds"]) for seg in with_rows}  # their order counts too
+    if save_dataset and (any(seg["stale"] for _, seg, _ in segments) or len(columns) > 1):
         return None
     indexes = np.concatenate([e[0] for _, _, e in segments]) if segments else np.zeros(0, np.int64)
     hashes = np.concatenate([e[1] for _, _, e in segments]) if segments else np.zeros(0, np.int64)
     if _repeats(indexes) or _repeats(hashes):
         return None  # an episode twice (or two at one index): the ledgers decide which record counts
-    kinds = next((seg["kinds"] for _, seg, e in segments if e.shape[1] and seg["kinds"]), None)
+    kinds = with_rows[0]["kinds"] if with_rows else None
     if not segments:  # no episode at all
         DerivedWriter(directory, save_dataset, private=private).finish(None)
     elif len(segments) == 1:

@@ -77,13 +77,11 @@ def _join(directory: Path, parts: list[Path], paths: list[Path], save_dataset: b
     """The totals of the run when its parts cover the ledgers (and are put in place), else None."""
     try:
         manifests = join_parts(directory, parts, paths, save_dataset=save_dataset, private=private)
-    except Exception as exc:  # a part damaged meanwhile: the ledgers have everything
+        return None if manifests is None else RunMetrics.from_states([m["metrics"] for m in manifests])
+    except Exception as exc:  # a part damaged meanwhile: the ledgers have everything (the files are rewritten)
         log.warning("joining the derived files written as the run went failed (%s: %s); deriving them from the "
                     "ledgers", type(exc).__name__, exc)
         return None
-    if manifests is None:
-        return None
-    return RunMetrics.from_states([m["metrics"] for m in manifests])
 
 
 def _derive(directory: Path, paths: list[Path], save_dataset: bool, private: bool) -> RunMetrics:
