@@ -270,9 +270,9 @@ _TRAJECTORIES_KEY = b',"trajectories":['
 
 
 def read_head(raw: bytes) -> dict[str, Any] | None:
-    """A ledger line's record without its ``trajectories`` (cheap: the token lists are not parsed), or None
-    when the line is not a record. The part of the line after the key is not checked here: a line whose
-    head reads may still fail :func:`parse_record`."""
+    """A ledger line's record without its ``trajectories`` (cheap: they are not parsed, nor the blob of their
+    token arrays read), or None when the line is not a record. The part of the line after the key is not
+    checked here: a line whose head reads may still fail :func:`parse_record`."""
     cut = raw.find(_TRAJECTORIES_KEY)
     if cut > 0:
         try:
@@ -280,10 +280,14 @@ def read_head(raw: bytes) -> dict[str, Any] | None:
         except ValueError:
             pass  # the key sat inside a nested value (or the line is not JSON): parse the whole line
         else:
-            return head if _is_record(head) else None
+            if not _is_record(head):
+                return None
+            head.pop(TOKENS_KEY, None)
+            return head
     record = parse_record(raw)
     if record is not None:
         record.pop("trajectories", None)
+        record.pop(TOKENS_KEY, None)
     return record
 
 
