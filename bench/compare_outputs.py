@@ -4,12 +4,17 @@
     python bench/compare_outputs.py --compare DIR_A DIR_B                  # two existing output folders
 
 Each config runs with ``scaffold run`` on the benchmark_canned engine, once
-with the baseline checkout first on ``PYTHONPATH`` and once with this one.
-Compared, in content: every ledger record (ordered by episode id; ``wall_s``
-left out, it is a clock reading), ``samples.jsonl`` and ``failures.jsonl``
-line by line, every row and the features of the ``trajectories`` dataset,
-and ``metrics.json`` without the session's clock readings (wall time,
-throughput, the output folder). Exits 1 on any difference, naming it.
+with the baseline checkout first on ``PYTHONPATH`` and once with this one
+(each in a folder of its own, so that the current directory's checkout does
+not shadow the baseline). Compared, in content: every ledger record as
+``scaffold_core.output.read_ledger`` gives it back (token arrays as lists,
+whether the line holds them as JSON or packed in the ledger's sidecar;
+ordered by episode id; ``wall_s`` left out, it is a clock reading),
+``samples.jsonl`` and ``failures.jsonl`` line by line, every row and the
+features of the ``trajectories`` dataset, and ``metrics.json`` without the
+session's clock readings (wall time, throughput, the output folder). Also
+printed: the bytes each writes per episode, and their ratio to the dataset's.
+Exits 1 on any difference, naming it.
 """
 
 from __future__ import annotations
@@ -71,20 +76,27 @@ def run(config: dict[str, Any], out: Path, pythonpath: str | None, workers: int 
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "run", str(path), "-o", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=600, cwd=out.parent)
     if proc.returncode not in (0, 1, 3, 4):  # finished (1, 3, 4: with failed episodes, depending on the version)
         raise SystemExit(f"scaffold run failed ({proc.returncode}) for {out}:\n{proc.stderr[-3000:]}")
 
 
 def ledger(out: Path) -> list[dict[str, Any]]:
+    from scaffold_core.output import ledger_paths, read_ledger
+
     records = []
-    for path in sorted(out.glob("episodes*.jsonl")):
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                record = json.loads(line)
-                record.pop("wall_s", None)
-                records.append(record)
-    return sorted(records, key=lambda r: (r["episode_id"], json.dumps(r, sort_keys=True)))
+    for path in ledger_paths(out):
+        for record in read_ledger(path):
+            record.pop("wall_s", None)
+            records.append(record)
+    return sorted(records, key=lambda r: (r["episode_id"], json.dumps(r, sort_keys=True, default=str)))
+
+
+def sizes(out: Path) -> tuple[int, int]:
+    """(bytes of every file the run wrote, bytes of its trajectories dataset)."""
+    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    dataset = sum(p.stat().st_size for p in (out / "trajectories").rglob("*") if p.is_file())
+    return total, dataset
 
 
 def lines(path: Path) -> list[Any]:
@@ -144,11 +156,15 @@ def main() -> int:
                 found = compare(base, new)
                 counts = {f: sum(1 for _ in (new / f).open()) for f in ("samples.jsonl", "failures.jsonl")}
                 features, rows = dataset(new)
-                print(f"{name}: {len(ledger(new))} ledger records, {counts['samples.jsonl']} samples, "
+                records = len(ledger(new))
+                (base_total, base_data), (new_total, new_data) = sizes(base), sizes(new)
+                print(f"{name}: {records} ledger records, {counts['samples.jsonl']} samples, "
                       f"{counts['failures.jsonl']} failures, "
                       f"{'a dataset that does not load (no rows)' if features == 'cannot load' else len(rows)}"
                       " dataset rows: "
-                      f"{'same content' if not found else 'DIFFERENT'}")
+                      f"{'same content' if not found else 'DIFFERENT'}; bytes per episode {base_total / records:,.0f}"
+                      f" -> {new_total / records:,.0f} ({base_total / max(base_data, 1):.2f}x -> "
+                      f"{new_total / max(new_data, 1):.2f}x the dataset)")
                 problems += found
     else:
         p.error("give --baseline or --compare")

@@ -160,10 +160,12 @@ def test_the_lock_is_released_on_every_exit_and_names_its_holder(tmp_path):
 # -- writes that cannot escape the output directory ------------------------------------------------
 
 #: Every name a run writes (files, folders, temp names of earlier versions), and how the run fails.
-LINKED_NAMES = ["episodes.jsonl", "samples.jsonl", "failures.jsonl", "metrics.json", "config.yaml", "trajectories",
-                "config-history.jsonl", LOCK_FILE, "episodes.rank-00000.jsonl", "workers", "workers/rank-00000.log",
-                "workers/rank-00000.json", ".samples.jsonl.tmp", ".failures.jsonl.tmp", ".trajectories.tmp",
-                ".metrics.json.tmp"]
+LINKED_NAMES = ["episodes.jsonl", "episodes.tokens.bin", "samples.jsonl", "failures.jsonl", "metrics.json",
+                "config.yaml", "trajectories", "config-history.jsonl", LOCK_FILE, "episodes.rank-00000.jsonl",
+                "episodes.rank-00000.tokens.bin", "workers", "workers/rank-00000.log", "workers/rank-00000.json",
+                ".samples.jsonl.tmp", ".failures.jsonl.tmp", ".trajectories.tmp", ".metrics.json.tmp", ".derived.tmp"]
+#: Names above that are folders.
+LINKED_FOLDERS = ("trajectories", "workers", ".trajectories.tmp", ".derived.tmp")
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -187,7 +189,7 @@ def test_no_file_is_written_through_a_link(test_plugins, tmp_path, name, state):
         shutil.rmtree(link)
     else:
         link.unlink(missing_ok=True)
-    link.symlink_to(outside / ("dir" if name in ("trajectories", "workers", ".trajectories.tmp") else "file"))
+    link.symlink_to(outside / ("dir" if name in LINKED_FOLDERS else "file"))
     before = snapshot(outside)
     code, _, err = scaffold("run", str(config), "-o", str(out), *(["--resume"] if state == "resumed" else []))
     assert snapshot(outside) == before, "a run wrote outside its output directory"
@@ -229,8 +231,8 @@ def test_files_a_run_writes_are_private_unless_configured(test_plugins, tmp_path
     finally:
         os.umask(old)
     private = modes(tmp_path / "private")
-    assert {"episodes.jsonl", "samples.jsonl", "failures.jsonl", "metrics.json", "config.yaml", "trajectories",
-            "trajectories/state.json"} <= set(private)
+    assert {"episodes.jsonl", "episodes.tokens.bin", "samples.jsonl", "failures.jsonl", "metrics.json", "config.yaml",
+            "trajectories", "trajectories/state.json"} <= set(private)
     for name, mode in private.items():
         is_dir = (tmp_path / "private" / name).is_dir()
         assert mode == (0o700 if is_dir else 0o600), (name, oct(mode))
@@ -276,6 +278,39 @@ def test_a_damaged_saved_config_is_a_one_line_error_naming_it(test_plugins, tmp_
     code, _, err = scaffold("run", str(config), "-o", str(out), "--resume", "--force-config")
     assert code == 0, err
     assert sample_ids(out) == EXPECTED
+
+
+@pytest.mark.parametrize("kill", ["between a blob and its line", "mid-blob", "blobs damaged"])
+def test_token_blobs_a_kill_or_damage_left_are_redone_on_resume(test_plugins, tmp_path, kill):
+    """SIGKILL after an episode's token blob was appended but before its line (or in the middle of the blob),
+    or blobs damaged later: no finished episode is lost, none is done twice, the outputs equal a clean run's."""
+    config = write_config(tmp_path / "run.yaml")
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    assert scaffold("run", str(config), "-o", str(clean))[0] == 0
+    shutil.copytree(clean, out)
+    ledger, sidecar = out / "episodes.jsonl", out / "episodes.tokens.bin"
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    blobs = sidecar.read_bytes()
+    last = json.loads(lines[-1])["tokens"]
+    if kill == "between a blob and its line":
+        ledger.write_bytes(b"".join(lines[:-1]))  # the last blob is in the sidecar, its line is not
+    elif kill == "mid-blob":
+        ledger.write_bytes(b"".join(lines[:-1]))
+        sidecar.write_bytes(blobs[:last[0] + last[1] // 2])
+    else:
+        first = json.loads(lines[0])["tokens"]
+        sidecar.write_bytes(blobs[:first[0]] + b"\0" * first[1] + blobs[first[0] + first[1]:last[0]])
+    (out / "samples.jsonl").unlink()
+    code, _, err = scaffold("run", str(config), "-o", str(out), "--resume")
+    assert code == 0, err
+    assert ok_records(out) == Counter(EXPECTED), "an episode was lost or done twice"
+    assert (out / "samples.jsonl").read_bytes() == (clean / "samples.jsonl").read_bytes()
+    import datasets
+
+    assert datasets.load_from_disk(str(out / "trajectories")).to_list() == \
+        datasets.load_from_disk(str(clean / "trajectories")).to_list()
+    redone = json.loads((out / "metrics.json").read_text())["session"]["episodes"]
+    assert redone == (2 if kill == "blobs damaged" else 1)
 
 
 def test_a_kill_during_the_final_write_is_rebuilt_from_the_ledger_on_resume(test_plugins, tmp_path):
@@ -342,9 +377,9 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_that_refuses_the_correcte
 # -- property: any damage to a run directory, then --resume ------------------------------------------
 
 #: Files of a finished run (a killed one: only some of them) that the fuzz test damages.
-DAMAGEABLE = ["episodes.jsonl", "config.yaml", "metrics.json", "samples.jsonl", "failures.jsonl", "trajectories",
-              "trajectories/state.json", "trajectories/dataset_info.json", "trajectories/data-00000-of-00001.arrow",
-              LOCK_FILE]
+DAMAGEABLE = ["episodes.jsonl", "episodes.tokens.bin", "config.yaml", "metrics.json", "samples.jsonl",
+              "failures.jsonl", "trajectories", "trajectories/state.json", "trajectories/dataset_info.json",
+              "trajectories/data-00000-of-00001.arrow", LOCK_FILE]
 damage = st.tuples(st.sampled_from(DAMAGEABLE),
                    st.sampled_from(["truncate", "garbage", "append", "link", "delete"]),
                    st.integers(0, 1 << 16), st.binary(min_size=1, max_size=64))

@@ -10,8 +10,9 @@ address as ``MASTER_ADDR`` and a port from its control range as
 node; ``SCAFFOLD_*`` variables of the driver are passed to the actors.
 
 The output directory should be on a file system every node shares. When an
-actor's ledger is not visible from the driver, the driver copies it from
-the actor after the run, so nothing is lost either way. A failed actor is
+actor's ledger (and its token sidecar) is not visible from the driver, the
+driver copies it from the actor after the run, so nothing is lost either
+way; the derived files are then derived from the ledgers. A failed actor is
 reported by rank and shard like a failed worker process; every wait is
 bounded (``rollout.ray_startup_timeout`` for placing the actors,
 ``rollout.worker_timeout`` for the run); actors still running then, or at
@@ -34,6 +35,7 @@ from ..distributed.ports import control_port_range, reserve_port
 from ..errors import ScaffoldError, require_module
 from ..output import RunOutput, expand_output_dir, rank_ledger_name
 from ..output.files import atomic_writer
+from ..output.tokens import tokens_path
 from ..run.summary import ExitCode, report_failures
 from .results import WorkerResult, finalize_run
 from .worker import run_shard
@@ -73,7 +75,9 @@ class RayWorker:
         config = load_config(data=config_data)
         live = run_shard(config, Path(output_dir), env, resume=resume, progress=False)
         ledger = Path(output_dir) / rank_ledger_name(env.rank)
-        return {"live": live, "ledger": str(ledger), "size": ledger.stat().st_size if ledger.exists() else 0}
+        tokens = tokens_path(ledger)
+        return {"live": live, "ledger": str(ledger), "size": ledger.stat().st_size if ledger.exists() else 0,
+                "tokens": str(tokens), "tokens_size": tokens.stat().st_size if tokens.exists() else 0}
 
     def read_chunk(self, path: str, offset: int, size: int) -> bytes:
         """Part of a file on this actor's node (the driver copies unshared ledgers with it)."""
@@ -198,6 +202,8 @@ def _collect(ray: Any, refs: dict[int, Any], actors: list[Any], directory: Path,
             results.append(WorkerResult(rank, world, None, None, f"{type(exc).__name__}", log_tail=text[-4000:]))
             continue
         try:
+            if out.get("tokens"):  # the token arrays first: a ledger line is never without them
+                _fetch_ledger(ray, actors[rank], out["tokens"], int(out["tokens_size"]), directory)
             _fetch_ledger(ray, actors[rank], out["ledger"], int(out["size"]), directory)
         except Exception as exc:
             results.append(WorkerResult(rank, world, out["live"], None,
@@ -209,7 +215,8 @@ def _collect(ray: Any, refs: dict[int, Any], actors: list[Any], directory: Path,
 
 
 def _fetch_ledger(ray: Any, actor: Any, path: str, size: int, directory: Path) -> None:
-    """Copy an actor's ledger to the driver when the driver cannot see it (no shared file system)."""
+    """Copy an actor's ledger (or its token sidecar) to the driver when the driver cannot see it (no shared
+    file system)."""
     local = directory / Path(path).name
     if local.exists() and local.stat().st_size >= size:
         return

@@ -1,9 +1,11 @@
 """How workers end and what their launcher makes of it: results, logs, merged metrics.
 
 Every launcher (local processes, Ray actors, torchrun) ends the same way:
-each worker leaves a :class:`WorkerResult` (its live metrics, or why it
-failed), the launcher merges them with :func:`merge_live`, and
-:func:`finalize_run` derives the run's files and metrics from every ledger.
+each worker leaves a :class:`WorkerResult` (its live metrics and the folder
+of the derived files it wrote as it ran, or why it failed), the launcher
+merges them with :func:`merge_live`, and :func:`finalize_run` joins the
+workers' derived files (or derives them from every ledger when they do not
+cover the ledgers) and writes the run's metrics.
 """
 
 from __future__ import annotations
@@ -160,4 +162,21 @@ def finalize_run(config: Any, output_dir: Path, results: list[WorkerResult], *,
         live["workers"]["launcher_wall_s"] = round(launcher_wall_s, 3)
     return finalize_run_dir(Path(output_dir), live, hooks=Hooks(get_plugins().pm),
                             save_dataset=config.output.save_dataset, ledgers=ledger_paths(output_dir),
-                            skipped_rows=merged_skipped_rows(results), private=config.output.private)
+                            skipped_rows=merged_skipped_rows(results), private=config.output.private,
+                            parts=worker_parts(Path(output_dir), results))
+
+
+def worker_parts(output_dir: Path, results: list[WorkerResult]) -> list[Path] | None:
+    """The folders of the derived files the workers wrote as they ran, when every worker finished and left
+    one in the output directory (else None: the files are derived from the ledgers)."""
+    parts = []
+    root = output_dir.resolve()
+    for r in results:
+        text = (r.live or {}).get("part") if r.ok else None
+        if not isinstance(text, str):
+            return None
+        path = Path(text)
+        if path.is_symlink() or path.parent.resolve() != root or not path.is_dir():
+            return None
+        parts.append(path)
+    return parts or None

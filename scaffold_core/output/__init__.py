@@ -1,9 +1,13 @@
 """A run's output directory: the episode ledger, the files derived from it, and the directory itself.
 
 ``files`` (atomic writes, paths that cannot escape), ``ledger`` (one line per
-finished episode), ``derived`` (samples, failures, trajectories dataset),
-``rundir`` (preparing a directory for a fresh, resumed or overwritten run) and
-``reader`` (reading a finished directory back: what ``eval`` and ``report`` use).
+finished episode, read back by ``read_ledger``/``latest_records`` and
+``ledger_index``), ``tokens`` (its token arrays, packed in binary in a
+sidecar), ``derived`` with ``dataset`` and ``columns`` (samples, failures,
+trajectories dataset), ``live`` and ``join`` (those files written as the run
+goes, then put in place), ``rundir`` (preparing a directory for a fresh,
+resumed or overwritten run) and ``reader`` (reading a finished directory
+back: what ``eval`` and ``report`` use).
 """
 
 from .derived import extra_features, save_trajectories, write_derived

@@ -73,9 +73,22 @@ def _orjson(value: Any) -> bytes | None:
         data = orjson.dumps(value, option=STRICT)
     except TypeError:  # orjson.JSONEncodeError: a type json writes otherwise, or an int beyond 64 bits
         return None
-    if b"null" in data and not all_finite(value):  # orjson wrote a NaN or infinity as null
+    # A null may be a NaN or infinity orjson wrote as null. Reading the bytes back gives the value itself
+    # when it holds none (a check in C); when it does not (a NaN, or tuples and fragments, which read back as
+    # lists), the value is walked.
+    if b"null" in data and orjson.loads(data) != value and not all_finite(value):
         return None
     return data
+
+
+def dumps_finite(value: Any) -> bytes | None:
+    """:func:`dumps_fast` for a value the caller knows holds no NaN or infinity (so a null orjson writes is a
+    None): no check of the value after encoding."""
+    try:
+        data = orjson.dumps(value, option=STRICT)
+    except TypeError:
+        return None
+    return one_line(data)
 
 
 def dumps_fast(value: Any) -> bytes | None:

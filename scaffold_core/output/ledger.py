@@ -2,14 +2,22 @@
 
 ``episodes.jsonl`` (or ``episodes.rank-NNNNN.jsonl`` per worker of a
 multi-worker run) holds every finished episode, completed or failed, with its
-samples and training sequences. A killed run loses at most the episodes in
-flight; ``--resume`` skips every completed episode found in any ledger.
+samples and training sequences. The sequences' token arrays are packed in
+binary in the ledger's sidecar (``episodes.tokens.bin``, see
+:mod:`scaffold_core.output.tokens`), appended just before the line that
+names them. A killed run loses at most the episodes in flight; ``--resume``
+skips every completed episode found in any ledger.
+
+Read ledgers through :func:`read_ledger`, :func:`latest_records` and
+:class:`~scaffold_core.output.ledger_index.LedgerIndex`: they give every
+record with its token arrays as lists, whichever way its line stores them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +27,17 @@ from ..trajectory import TrainingSample
 from ..verifier import Verdict
 from . import codec
 from .files import open_nofollow
+from .tokens import (
+    TOKENS_KEY,
+    BadTokens,
+    PackError,
+    TokenFile,
+    check_rows,
+    is_packed,
+    pack_row,
+    tokens_path,
+    unpack_rows,
+)
 
 LEDGER = "episodes.jsonl"
 #: Per-worker ledgers of multi-worker runs: ``episodes.rank-00003.jsonl`` (see scaffold_core.launch).
@@ -38,8 +57,62 @@ def ledger_paths(directory: str | Path) -> list[Path]:
 
 
 def record_of(result: EpisodeResult) -> dict[str, Any]:
-    """The ledger line of one episode."""
+    """The record of one episode, as :func:`read_ledger` gives it back (token arrays as lists)."""
     return _record(result, [t.to_dict() for t in result.trajectories])
+
+
+def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict[str, Any]]:
+    """(ledger line, blob, record) of one episode whose blob goes at byte ``offset`` of the ledger's sidecar.
+
+    The record is the line's content (token columns as segments of the blob). An episode without
+    training sequences has an empty blob and a line with no ``tokens`` key; one whose token values do
+    not pack (see :mod:`.tokens`) has the JSON-list line of :func:`ledger_line` and its record.
+    """
+    if not result.trajectories:
+        record = _record(result, [])
+        return codec.dumps_compact(record) + b"\n", b"", record
+    pieces: list[bytes] = []
+    at = 0
+    rows = []
+    packed = False
+    try:
+        for t in result.trajectories:
+            names = _plain_fields(type(t))
+            row = {n: getattr(t, n) for n in names} if names is not None else t.to_dict()
+            specs, at = pack_row(row, row.get("prompt_len"), pieces, at)
+            if specs:
+                packed = True
+                row = {**row, **specs}
+            rows.append(row)
+    except PackError:
+        return ledger_line(result), b"", record_of(result)
+    blob = b"".join(pieces)
+    record = _record(result, rows, tokens=[offset, len(blob), zlib.crc32(blob)] if packed else None)
+    line = codec.dumps_finite(record) if _finite(record) else None
+    return (line if line is not None else codec.dumps_compact(record)) + b"\n", blob, record
+
+
+_LEAVES = (str, int, bool, type(None))
+
+
+def _finite(record: dict[str, Any]) -> bool:
+    """Whether no float in a record made by :func:`packed_entry` is NaN or infinite, checking the values
+    where floats sit and walking only the containers whose content is not known (answers, metadata)."""
+    for key, value in record.items():
+        if key == "samples" or key == "trajectories":
+            for item in value:
+                for inner in item.values():
+                    if type(inner) is float:
+                        if inner - inner != 0.0:
+                            return False
+                    elif type(inner) not in _LEAVES and not codec.all_finite(inner):
+                        return False
+        elif type(value) is float:
+            if value - value != 0.0:
+                return False
+        elif type(value) not in _LEAVES and not codec.all_finite(value):
+            return False
+    return True
 
 
 def ledger_line(result: EpisodeResult) -> bytes:
@@ -76,7 +149,7 @@ def _plain_fields(cls: type) -> tuple[str, ...] | None:
         return _FIELDS.setdefault(cls, names)
 
 
-def _record(result: EpisodeResult, trajectories: list[Any]) -> dict[str, Any]:
+def _record(result: EpisodeResult, trajectories: list[Any], tokens: list[int] | None = None) -> dict[str, Any]:
     samples = []
     for s in result.samples:
         v = s.verdict
@@ -110,6 +183,7 @@ def _record(result: EpisodeResult, trajectories: list[Any]) -> dict[str, Any]:
         "chosen": result.chosen,
         "metrics": result.metrics,
         "samples": samples,
+        **({TOKENS_KEY: tokens} if tokens is not None else {}),
         "trajectories": trajectories,
     }
 
@@ -132,22 +206,48 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
     )
 
 
-def read_ledger(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
-    """Ledger records; a torn last line (the process died mid-write) is ignored, and so is a line that is
-    not a record (garbage, not UTF-8): its number is appended to ``bad_lines``, and its episode is run
-    again on resume. A link in place of the ledger is refused (RunDirError), never followed."""
+def read_ledger(path: Path, bad_lines: list[int] | None = None, *, tokens: bool = True
+                ) -> Iterator[dict[str, Any]]:
+    """Ledger records, each with its token arrays as lists (``tokens=False``: as the line has them, the
+    blob checked but not read into lists). A torn last line (the process died mid-write) is ignored, and
+    so is a line that is not a record (garbage, not UTF-8, its blob missing or damaged): its number is
+    appended to ``bad_lines``, and its episode is run again on resume. A link in place of the ledger or
+    its sidecar is refused (RunDirError), never followed."""
+    for record, blob in read_packed(path, bad_lines):
+        yield with_token_lists(record, blob) if tokens else record
+
+
+def read_packed(path: Path, bad_lines: list[int] | None = None) -> Iterator[tuple[dict[str, Any], bytes]]:
+    """(record as its line has it, its checked blob or b"") per ledger record; the rules of :func:`read_ledger`."""
     if not os.path.lexists(path):
         return
-    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh, TokenFile(tokens_path(Path(path))) as blobs:
         for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
                 return  # torn tail
             record = parse_record(raw)
+            blob = b""
+            if record is not None and is_packed(record):
+                try:
+                    blob = blobs.blob(record)
+                    check_rows(record.get("trajectories"), len(blob))
+                except BadTokens:
+                    record = None
             if record is None:
                 if bad_lines is not None and raw.strip():
                     bad_lines.append(number)
                 continue
-            yield record
+            yield record, blob
+
+
+def with_token_lists(record: dict[str, Any], blob: bytes) -> dict[str, Any]:
+    """A record as its line has it, with its token columns as lists (``blob``: the checked blob of a packed
+    record; a record of the JSON-list kind is returned as it is)."""
+    if not is_packed(record):
+        return record
+    out = {k: v for k, v in record.items() if k != TOKENS_KEY}
+    out["trajectories"] = unpack_rows(record.get("trajectories") or [], blob)
+    return out
 
 
 def parse_record(raw: bytes) -> dict[str, Any] | None:
@@ -170,9 +270,9 @@ _TRAJECTORIES_KEY = b',"trajectories":['
 
 
 def read_head(raw: bytes) -> dict[str, Any] | None:
-    """A ledger line's record without its ``trajectories`` (cheap: the token lists are not parsed), or None
-    when the line is not a record. The part of the line after the key is not checked here: a line whose
-    head reads may still fail :func:`parse_record`."""
+    """A ledger line's record without its ``trajectories`` (cheap: they are not parsed, nor the blob of their
+    token arrays read), or None when the line is not a record. The part of the line after the key is not
+    checked here: a line whose head reads may still fail :func:`parse_record`."""
     cut = raw.find(_TRAJECTORIES_KEY)
     if cut > 0:
         try:
@@ -180,10 +280,14 @@ def read_head(raw: bytes) -> dict[str, Any] | None:
         except ValueError:
             pass  # the key sat inside a nested value (or the line is not JSON): parse the whole line
         else:
-            return head if _is_record(head) else None
+            if not _is_record(head):
+                return None
+            head.pop(TOKENS_KEY, None)
+            return head
     record = parse_record(raw)
     if record is not None:
         record.pop("trajectories", None)
+        record.pop(TOKENS_KEY, None)
     return record
 
 
@@ -193,7 +297,7 @@ def completed_ids(paths: list[Path], bad_lines: dict[Path, list[int]] | None = N
     done: set[str] = set()
     for path in paths:
         bad = None if bad_lines is None else bad_lines.setdefault(path, [])
-        for record in read_ledger(path, bad):
+        for record in read_ledger(path, bad, tokens=False):
             if record["status"] == "ok":
                 done.add(record["episode_id"])
     return done

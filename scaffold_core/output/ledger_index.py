@@ -15,10 +15,13 @@ needs tens of megabytes, not tens of gigabytes. It keeps the same rules:
   ``latest_records(...).values()`` (:meth:`heads_in_ledger_order`).
 
 Building the index parses only the small part of each line before its
-``trajectories``. A ledger this index cannot describe exactly (an index that
-is not an integer) leaves ``index.exact`` False, and a line whose record
-turns out not to be one when it is read in full raises :class:`LedgerChanged`;
-callers then fall back to ``latest_records``.
+``trajectories``. Records are read back whole with their token arrays, from
+the ledgers' sidecars (:mod:`.tokens`): as lists (:meth:`LedgerIndex.records`)
+or packed, with their blobs (:meth:`LedgerIndex.packed_records`). A ledger
+this index cannot describe exactly (an index that is not an integer) leaves
+``index.exact`` False, and a line whose record turns out not to be one when
+it is read in full (or whose blob is missing or damaged) raises
+:class:`LedgerChanged`; callers then fall back to ``latest_records``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from .files import open_nofollow
-from .ledger import parse_record, read_head
+from .ledger import parse_record, read_head, with_token_lists
+from .tokens import BadTokens, TokenFile, check_rows, is_packed, tokens_path
 
 
 class LedgerChanged(Exception):
@@ -56,6 +60,7 @@ class LedgerIndex:
         self._offset = array("q")
         self._length = array("q")
         self._fds: dict[int, int] = {}
+        self._blobs: dict[int, TokenFile] = {}
         for number, path in enumerate(self.paths):
             if not self._scan(number, path):
                 self.exact = False
@@ -134,7 +139,7 @@ class LedgerIndex:
             episodes: dict[str, list[int]] = {}
             for line in lines.tolist():
                 try:
-                    record = self._read(line)
+                    record, _ = self._read_packed(line)
                 except LedgerChanged:
                     continue  # not a record: ignored, as latest_records ignores it
                 episodes.setdefault(record["episode_id"], []).append(line)
@@ -162,7 +167,11 @@ class LedgerIndex:
         return _pread(self.paths, self._fds, self._file[line], self._offset[line], self._length[line])
 
     def _read(self, line: int) -> dict[str, Any]:
-        return _parse(self._raw(line), self.paths[self._file[line]], self._offset[line])
+        return with_token_lists(*self._read_packed(line))
+
+    def _read_packed(self, line: int) -> tuple[dict[str, Any], bytes]:
+        number = self._file[line]
+        return _parse(self._raw(line), self.paths[number], self._offset[line], _blobs(self._blobs, self.paths, number))
 
     def _head(self, line: int) -> dict[str, Any]:
         head = read_head(self._raw(line))
@@ -187,6 +196,12 @@ class LedgerIndex:
         """The whole record at ``position`` of :meth:`records`' order; raises LedgerChanged as they do."""
         return self._read(int(self._winners[position]))
 
+    def packed_records(self) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """Every episode's record as its line has it, with its checked blob (b"" when the line has none), in
+        ``(index, episode_id)`` order; raises LedgerChanged as :meth:`records` does."""
+        for line in self._winners.tolist():
+            yield self._read_packed(line)
+
     def parts(self, count: int) -> list[LedgerSlice]:
         """The records of :meth:`records` cut into ``count`` consecutive slices of about equal length."""
         import numpy as np
@@ -209,7 +224,7 @@ class LedgerIndex:
             yield self._head(line)
 
     def close(self) -> None:
-        _close(self._fds)
+        _close(self._fds, self._blobs)
 
     def __enter__(self) -> LedgerIndex:
         return self
@@ -230,15 +245,18 @@ class LedgerSlice:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def records(self) -> Iterator[dict[str, Any]]:
-        """The records, whole; raises LedgerChanged for a line that is not a record."""
+    def records(self) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The records as their lines have them, with their checked blobs; raises LedgerChanged for a line
+        that is not a record."""
         paths = [Path(p) for p in self.paths]
         fds: dict[int, int] = {}
+        blobs: dict[int, TokenFile] = {}
         try:
             for number, offset, length in zip(self.files, self.offsets, self.lengths):
-                yield _parse(_pread(paths, fds, number, offset, length), paths[number], offset)
+                yield _parse(_pread(paths, fds, number, offset, length), paths[number], offset,
+                             _blobs(blobs, paths, number))
         finally:
-            _close(fds)
+            _close(fds, blobs)
 
 
 def _pread(paths: list[Path], fds: dict[int, int], number: int, offset: int, length: int) -> bytes:
@@ -251,14 +269,32 @@ def _pread(paths: list[Path], fds: dict[int, int], number: int, offset: int, len
     return raw
 
 
-def _parse(raw: bytes, path: Path, offset: int) -> dict[str, Any]:
+def _blobs(files: dict[int, TokenFile], paths: list[Path], number: int) -> TokenFile:
+    tokens = files.get(number)
+    if tokens is None:
+        tokens = files[number] = TokenFile(tokens_path(paths[number]))
+    return tokens
+
+
+def _parse(raw: bytes, path: Path, offset: int, blobs: TokenFile) -> tuple[dict[str, Any], bytes]:
     record = parse_record(raw)
     if record is None:
         raise LedgerChanged(f"line at byte {offset} of {path} is not a ledger record")
-    return record
+    if not is_packed(record):
+        return record, b""
+    try:
+        blob = blobs.blob(record)
+        check_rows(record.get("trajectories"), len(blob))
+    except BadTokens as exc:
+        raise LedgerChanged(f"line at byte {offset} of {path}: {exc}") from None
+    return record, blob
 
 
-def _close(fds: dict[int, int]) -> None:
+def _close(fds: dict[int, int], blobs: dict[int, TokenFile] | None = None) -> None:
     for fd in fds.values():
         os.close(fd)
     fds.clear()
+    for tokens in (blobs or {}).values():
+        tokens.close()
+    if blobs:
+        blobs.clear()

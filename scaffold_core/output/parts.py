@@ -33,13 +33,13 @@ CHANGED = 3
 
 
 def write_derived_parts(directory: Path, parts: list[LedgerSlice], *, save_dataset: bool = True,
-                        passes: Callable[[], Iterable[dict[str, Any]]] | None = None,
+                        passes: Callable[[], Iterable[Any]] | None = None,
                         private: bool = True) -> dict[str, int]:
     """Write the derived files of ``parts`` (consecutive, in output order) in ``len(parts)`` processes.
 
-    ``passes`` starts a pass over all the records, in order, for a second pass when trajectories carry
-    extra columns. Raises LedgerChanged when a ledger line is not JSON after all, RuntimeError when a
-    worker fails.
+    ``passes`` starts a pass over all the records (``(record, blob)`` pairs), in order, for a second pass
+    when the dataset's extra columns change after its first chunk. Raises LedgerChanged when a ledger
+    line is not a record after all, RuntimeError when a worker fails.
     """
     work = fresh_dir(directory, "trajectories", private=private)  # a temp of the run's files: stale ones are cleaned
     out = DerivedWriter(directory, save_dataset, private=private)
@@ -56,8 +56,8 @@ def write_derived_parts(directory: Path, parts: list[LedgerSlice], *, save_datas
                 proc = subprocess.Popen([sys.executable, "-m", __name__, str(plan)], stdin=subprocess.DEVNULL,
                                         stdout=fh, stderr=subprocess.STDOUT)
             workers.append((proc, folder, log, time.monotonic() + BASE_TIMEOUT_S + PER_RECORD_S * len(part)))
-        for rec in parts[0].records():
-            out.add(rec)
+        for rec, blob in parts[0].records():
+            out.add(rec, blob)
         results = [_wait(proc, folder, log, deadline) for proc, folder, log, deadline in workers]
         for result in results:
             out.join(result)
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     part = LedgerSlice(plan["paths"], plan["files"], plan["offsets"], plan["lengths"])
     out = DerivedWriter(folder, plan["save_dataset"], private=plan["private"], part=folder)
     try:
-        for rec in part.records():
-            out.add(rec)
+        for rec, blob in part.records():
+            out.add(rec, blob)
     except LedgerChanged as exc:
         print(exc, file=sys.stderr)
         return CHANGED

@@ -4,8 +4,10 @@ Files (see docs/reliability.md for the guarantees):
 
 * ``episodes.jsonl``: the ledger. One line per finished episode (completed or
   failed), appended with a single ``write`` as the episode finishes, holding
-  its samples and training sequences. A killed run loses at most the episodes
-  in flight; ``--resume`` skips every completed episode found here.
+  its samples and training sequences; their token arrays are packed in
+  ``episodes.tokens.bin``, appended just before the line (see
+  :mod:`scaffold_core.output.tokens`). A killed run loses at most the
+  episodes in flight; ``--resume`` skips every completed episode found here.
 * ``samples.jsonl``: one line per sample: prompt, response, reference answer
   (``answer``), extracted answer, reward, finish reason. ``scaffold score``
   can re-score it as is.
@@ -13,6 +15,8 @@ Files (see docs/reliability.md for the guarantees):
 * ``trajectories/``: the training sequences as a Hugging Face dataset
   (``datasets.load_from_disk(dir + "/trajectories")``).
 * ``metrics.json`` and ``config.yaml``: written atomically (temp file + rename).
+* ``.derived.*``: while the run goes, the derived files of its records (:mod:`.live`), put in place at
+  the end (:mod:`.join`).
 * ``config-history.jsonl``: the config changes a ``--force-config`` resume continued with.
 * ``eval.json`` (``scaffold eval``'s figures) and ``report.html`` (the offline report), written at the end.
 * ``.scaffold.lock``: the lock the run holds while it runs (one run per directory).
@@ -24,6 +28,7 @@ and folders 0700 unless ``output.private`` is false.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -42,15 +47,23 @@ from .files import (
     refuse_link,
     remove_stale_temps,
     safe_child,
+    write_all,
 )
-from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_line, ledger_paths
+from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_paths, packed_entry
+from .live import PART_NAME, LivePart
 from .lock import LOCK_FILE, RunLock
 from .reader import EVAL_FILE, REPORT_FILE
 from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, record_forced_change
+from .tokens import tokens_name, tokens_path
 
-#: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers), never anything else.
-RUN_FILES = (LEDGER, "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json", CONFIG_FILE, "workers",
-             CONFIG_HISTORY, EVAL_FILE, REPORT_FILE)
+log = logging.getLogger("scaffold.output")
+
+#: Files and folders a run writes; ``overwrite`` removes only these (and rank ledgers and their sidecars),
+#: never anything else.
+RUN_FILES = (LEDGER, tokens_name(LEDGER), "samples.jsonl", "failures.jsonl", "trajectories", "metrics.json",
+             CONFIG_FILE, "workers", CONFIG_HISTORY, EVAL_FILE, REPORT_FILE)
+#: The sidecars of rank ledgers.
+RANK_TOKENS_GLOB = tokens_name(RANK_LEDGER_GLOB)
 #: The run files that are folders.
 FOLDERS = ("trajectories", "workers")
 #: Files that hold episodes: while every one is missing or empty, no episode has run in the directory yet.
@@ -69,7 +82,8 @@ def run_files(directory: str | Path) -> list[str]:
     """Names of the run files present in ``directory`` (links included)."""
     root = Path(directory)
     names = [name for name in RUN_FILES if os.path.lexists(root / name)]
-    return names + [p.name for p in sorted(root.glob(RANK_LEDGER_GLOB))]
+    return names + [p.name for p in sorted(root.glob(RANK_LEDGER_GLOB))] + \
+        [p.name for p in sorted(root.glob(RANK_TOKENS_GLOB))]
 
 
 def has_episodes(directory: str | Path) -> bool:
@@ -112,7 +126,11 @@ class RunOutput:
             private = bool(getattr(getattr(config, "output", None), "private", True))
         self.private = private
         self.ledger_path = safe_child(self.dir, ledger_name)
+        self.tokens_path = tokens_path(self.ledger_path)
         self._fd: int | None = None
+        self._tokens_fd: int | None = None
+        self._start = self._size = self._tokens_size = 0
+        self.live: LivePart | None = None
         self.lock: RunLock | None = None
         self.forced_changes: dict[str, tuple[Any, Any]] = {}
         self._touched = False
@@ -144,7 +162,7 @@ class RunOutput:
             for name in existing:
                 target = self.dir / name
                 shutil.rmtree(target) if target.is_dir() else target.unlink()
-        remove_stale_temps(self.dir, [*RUN_FILES, *(p.name for p in self.dir.glob(RANK_LEDGER_GLOB))])
+        remove_stale_temps(self.dir, [*RUN_FILES, PART_NAME, *(p.name for p in self.dir.glob(RANK_LEDGER_GLOB))])
         if self.resume and started and config is not None:
             # A directory whose earlier start failed before its first episode is fresh: nothing to compare.
             self.forced_changes = check_resume_config(self.dir, config, force=force_config)
@@ -196,21 +214,66 @@ class RunOutput:
 
     def open(self) -> None:
         if self._fd is None:
+            self._tokens_fd = open_append(self.tokens_path, private=self.private)
+            self._tokens_size = os.fstat(self._tokens_fd).st_size
             self._fd = open_append(self.ledger_path, private=self.private)
+            self._start = self._size = os.fstat(self._fd).st_size
+
+    def start_live(self, save_dataset: bool, *, first: int = 0, step: int = 1) -> None:
+        """Write this session's derived files as its episodes finish (:mod:`.live`; ``first``, ``step``: the
+        indices of its episodes, in the order they start), when its ledger starts empty (a resumed session's
+        files are derived from the ledgers at the end)."""
+        self.open()
+        if self._start == 0 and self.live is None:
+            self.live = LivePart(self.dir, save_dataset, private=self.private, first=first, step=step)
 
     def append(self, result: EpisodeResult) -> None:
-        """Persist one finished episode with a single append."""
+        """Persist one finished episode: its token arrays to the sidecar, then its line with a single append."""
         if self._fd is None:
             self.open()
-        os.write(self._fd, ledger_line(result))  # type: ignore[arg-type]
+        line, blob, record = packed_entry(result, self._tokens_size)
+        if blob:
+            write_all(self._tokens_fd, blob)  # type: ignore[arg-type]
+            self._tokens_size += len(blob)
+        write_all(self._fd, line)  # type: ignore[arg-type]
+        self._size += len(line)
+        if self.live is not None:
+            try:
+                self.live.add(record, blob)
+            except Exception as exc:  # the ledger has the episode: the files are derived from it at the end
+                log.warning("writing the derived files as the run goes failed (%s: %s); they are derived from "
+                            "the ledger at the end", type(exc).__name__, exc)
+                self.drop_live()
+
+    def finish_live(self, metrics: dict[str, Any] | None) -> Path | None:
+        """Complete this session's derived files (``metrics``: the totals of its episodes); their folder, or
+        None when there are none."""
+        live, self.live = self.live, None
+        if live is None:
+            return None
+        try:
+            return live.finish(ledger=self.ledger_path.name, start=self._start, end=self._size, metrics=metrics)
+        except Exception as exc:
+            log.warning("completing the derived files written as the run went failed (%s: %s); they are derived "
+                        "from the ledger", type(exc).__name__, exc)
+            live.abort()
+            return None
+
+    def drop_live(self) -> None:
+        """Give up the derived files written as the run went (the ledger has everything)."""
+        live, self.live = self.live, None
+        if live is not None:
+            live.abort()
 
     def close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.fsync(self._fd)
-            finally:
-                os.close(self._fd)
-                self._fd = None
+        for name in ("_tokens_fd", "_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                    setattr(self, name, None)
 
     def write_config(self, config: Any) -> None:
         """Save the run's config (and record a change a --force-config resume continued with)."""

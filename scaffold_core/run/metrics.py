@@ -132,6 +132,42 @@ class RunMetrics:
             self.extra_sum[name] += float(value)
             self.extra_n[name] += 1
 
+    #: The totals :meth:`state` carries (counts and sums; a session's clock and skipped rows are not totals).
+    _SUMS = ("episodes", "completed", "failed", "samples", "unscored", "reward_sum", "correct_sum",
+             "scored_episodes", "generated_tokens", "truncated", "retried")
+
+    def state(self) -> dict[str, Any]:
+        """The totals of the episodes added, as JSON, for another process to combine (:meth:`from_states`)."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in self._SUMS}
+        out["failures"] = list(self.failures.items())
+        out["failure_examples"] = list(self.failure_examples.items())
+        out["failure_causes"] = [[*cause, n] for cause, n in self.failure_causes.items()]
+        out["cause_examples"] = [[*cause, text] for cause, text in self.cause_examples.items()]
+        out["extra"] = [[name, self.extra_sum[name], self.extra_n[name]] for name in self.extra_sum]
+        return out
+
+    @classmethod
+    def from_states(cls, states: list[dict[str, Any]]) -> RunMetrics:
+        """The totals of several sets of episodes, as if their episodes had been added in this order."""
+        out = cls()
+        for state in states:
+            for name in cls._SUMS:
+                setattr(out, name, getattr(out, name) + state[name])
+            for key, n in state["failures"]:
+                out.failures[key] += n
+            for key, text in state["failure_examples"]:
+                out.failure_examples.setdefault(key, text)
+            for component, cause, n in state["failure_causes"]:
+                if (component, cause) in out.failure_causes or len(out.failure_causes) < MAX_CAUSES:
+                    out.failure_causes[(component, cause)] += n
+            for component, cause, text in state["cause_examples"]:
+                if (component, cause) in out.failure_causes:
+                    out.cause_examples.setdefault((component, cause), text)
+            for name, total, n in state["extra"]:
+                out.extra_sum[name] += total
+                out.extra_n[name] += n
+        return out
+
     @property
     def wall_s(self) -> float:
         return time.perf_counter() - self.start

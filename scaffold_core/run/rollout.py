@@ -63,6 +63,8 @@ class Rollout:
         self.hooks = Hooks(self.plugins.pm)
         self.interrupted: str | None = None
         self.runtime: Runtime | None = None
+        #: The folder of the derived files this session wrote as it ran (see scaffold_core.output.live).
+        self.part: Path | None = None
 
     @property
     def rank(self) -> int:
@@ -124,6 +126,8 @@ class Rollout:
                 try:
                     self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
                     self.output.open()
+                    if not done:  # a fresh session: its derived files are written as its episodes finish
+                        self.output.start_live(cfg.output.save_dataset, first=self.rank, step=self.world_size)
                     on_result = self._result_sink(bar)
                     with _signals(self):
                         await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
@@ -190,16 +194,23 @@ class Rollout:
         return summary
 
     def finalize(self, live: dict[str, Any], ledgers: list[Path] | None = None) -> dict[str, Any]:
-        """Derive samples, failures, dataset and metrics from the ledger(s); returns metrics."""
+        """Put samples, failures, dataset and metrics in place (from this session's part, or the ledger(s));
+        returns metrics."""
         return finalize_run_dir(self.dir, live, hooks=self.hooks, save_dataset=self.config.output.save_dataset,
                                 ledgers=ledgers, skipped_rows=self.metrics.skipped_rows,
-                                private=self.config.output.private)
+                                private=self.config.output.private, parts=[self.part] if self.part else None)
 
     def run(self) -> dict[str, Any]:
         try:
             live = asyncio.run(self.run_async())
-            return self.finalize(live) if self.finalize_outputs else live
+            self.part = self.output.finish_live(self.metrics.state())
+            if not self.finalize_outputs:
+                if self.part is not None:
+                    live["part"] = str(self.part)
+                return live
+            return self.finalize(live)
         finally:
+            self.output.drop_live()
             self.release()
 
     def release(self) -> None:
