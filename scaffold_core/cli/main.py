@@ -6,6 +6,7 @@ Heavier imports stay inside the commands so start-up is fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -221,8 +222,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--force-config only applies with --resume")
     output_dir = train_output_dir(config, args.output)
     print(f"scaffold: {'resuming' if args.resume else 'training into'} {output_dir}", file=sys.stderr)
-    summary = run_training(config, output_dir, progress=False if args.no_progress else None, overwrite=overwrite,
-                           resume=args.resume, force_config=args.force_config)
+    with contextlib.redirect_stdout(sys.stderr):  # what trainer libraries print; stdout is the summary's
+        summary = run_training(config, output_dir, progress=False if args.no_progress else None,
+                               overwrite=overwrite, resume=args.resume, force_config=args.force_config)
     print(json.dumps(summary, indent=2, default=str))
     if not args.no_report:
         from ..report.build import report_at_end

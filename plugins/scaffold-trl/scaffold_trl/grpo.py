@@ -28,6 +28,7 @@ the step (``max_steps`` counts steps taken or skipped).
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,25 @@ TRL_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy", "lea
 STEP_ONLY = ("loss", "grad_norm", "entropy")
 
 
+class QuietPadding(logging.Filter):
+    """Drops TRL's warning that every reward function returned None when the row is scaffold's padding
+    (``scaffold_group`` empty): padding has no reward on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("All reward functions returned None") and "'scaffold_group': ''" in message)
+
+
+def quiet_padding() -> None:
+    """Install :class:`QuietPadding` on TRL's GRPO logger (once)."""
+    logger = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, QuietPadding) for f in logger.filters):
+        logger.addFilter(QuietPadding())
+
+
 def make_trainer(run: Any, **kwargs: Any) -> Any:
     """A GRPOTrainer (built with ``kwargs``) whose rollouts, logs and checkpoints go through ``run``."""
+    quiet_padding()
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
@@ -103,7 +121,7 @@ def step_report(logs: dict[str, Any], state: Any, checkpoint: bool) -> TrainStep
 #: The per-step metrics scaffold adds to the Trainer's log (see ``GRPORun.step_log``).
 SCAFFOLD_KEYS = ("reward_mean", "version", "stale_dropped", "stale_regenerated", "groups_used", "groups_filtered",
                  "refill_rounds", "skipped", "steps_skipped", "samples", "completions", "generated_tokens",
-                 "rollout_s", "eval_s")
+                 "rollout_s")
 
 
 def callbacks(run: Any) -> Any:

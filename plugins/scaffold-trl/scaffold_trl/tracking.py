@@ -52,3 +52,13 @@ def place_tensorboard(trainer: Any, output_dir: Path) -> None:
     for callback in trainer.callback_handler.callbacks:
         if type(callback).__name__ == "TensorBoardCallback" and getattr(callback, "logging_dir", None) is None:
             callback.logging_dir = str(output_dir / "tensorboard")
+
+
+def finish(sinks: list[str]) -> None:
+    """Close what the Trainer's callbacks leave open at the end of training (W&B's run: it would otherwise
+    print its closing lines on stdout when the process exits)."""
+    if "wandb" in sinks:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()

@@ -315,7 +315,7 @@ class GRPORun:
         figures = self.run(evaluate(self.rollouts, self.eval_source, self.eval_rows,
                                     samples=self.options.eval_samples, step=step), self.options.rollout_timeout)
         self.pending_eval = {k: v for k, v in figures.items() if v is not None}
-        self.pending_eval["eval_s"] = round(time.perf_counter() - started, 3)
+        self.pending_eval["eval_time_s"] = round(time.perf_counter() - started, 3)
 
     def checkpoint_state(self, step: int) -> dict[str, Any]:
         """What ``scaffold_state.json`` of the checkpoint at ``step`` holds."""
@@ -365,6 +365,7 @@ class GRPORun:
                 result = self.trainer.train(resume_from_checkpoint=self.resumed_from)
                 final = Path(self.job.output_dir) / "final"
                 self.trainer.save_model(str(final))
+                tracking.finish(self.options.report_to)
             finally:
                 if bars:
                     hf_logging.enable_progress_bar()
