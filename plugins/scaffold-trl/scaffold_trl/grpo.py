@@ -67,7 +67,7 @@ def make_trainer(run: Any, **kwargs: Any) -> Any:
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
-    class EpochSeededSampler(RepeatSampler):  # type: ignore[misc]
+    class EpochSeededSampler(RepeatSampler):
         """TRL's sampler whose order in epoch ``e`` depends on the seed and ``e`` only (accelerate's data loader
         calls ``set_epoch`` before each epoch)."""
 
@@ -75,21 +75,21 @@ def make_trainer(run: Any, **kwargs: Any) -> Any:
             if self.shuffle and self.seed is not None:
                 self.generator.manual_seed(derive_seed(self.seed, "epoch", epoch))
 
-    class ScaffoldGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+    class ScaffoldGRPOTrainer(GRPOTrainer):
         def _get_train_sampler(self, dataset: Any = None) -> Any:
-            s = super()._get_train_sampler(dataset)
+            s: Any = super()._get_train_sampler(dataset)
             return EpochSeededSampler(data_source=s.data_source, mini_repeat_count=s.mini_repeat_count,
                                       batch_size=s.batch_size, repeat_count=s.repeat_count, shuffle=s.shuffle,
                                       seed=s.seed)
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             output = super()._generate_and_score_completions(inputs)
-            if self.model.training:
+            if getattr(self.model, "training", False):
                 run.bridge.trained([float(a) for a in output["advantages"].reshape(-1).tolist()])
             return output
 
         def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
-            if self.model.training and "loss" in logs:
+            if getattr(self.model, "training", False) and "loss" in logs:
                 run.step_log(logs, self._metrics["train"])
             super().log(logs, start_time)
 
@@ -128,7 +128,7 @@ def callbacks(run: Any) -> Any:
     """The TrainerCallback that syncs weights, skips, evaluates and reports each step for ``run``."""
     from transformers import TrainerCallback
 
-    class ScaffoldSteps(TrainerCallback):  # type: ignore[misc]
+    class ScaffoldSteps(TrainerCallback):
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             latest = run.bridge.latest if run.bridge is not None else None
             if latest is not None and latest.skipped:

@@ -91,9 +91,9 @@ class TRLTrainer(Trainer):
                 why = " (GRPO compares samples of one prompt)" if name == "num_generations" else ""
                 raise ValueError(f"{name} must be >= {least}{'' if name in REQUIRED else ' or null'}{why}, "
                                  f"got {value}")
-        for name, value in (("learning_rate", learning_rate), ("rollout_timeout", rollout_timeout)):
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+        for positive, amount in (("learning_rate", learning_rate), ("rollout_timeout", rollout_timeout)):
+            if amount <= 0:
+                raise ValueError(f"{positive} must be > 0, got {amount}")
         if beta < 0:
             raise ValueError(f"beta must be >= 0, got {beta}")
         batch = prompts_per_step * num_generations

