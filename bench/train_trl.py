@@ -12,9 +12,16 @@
     per second over the same prompts x generations at the same temperature and token budget. Goal:
     scaffold >= 1.5x.
 
-    python bench/train_trl.py                       # both parts, defaults below
+(c) Filtering: the same training twice from the same seed, with ``filter_groups: none`` and
+    ``zero_variance``; wall time of training (rollouts, refills and optimizer steps; evaluation not
+    counted) until the step's reward (every sample it generated) first reaches ``--target-reward``
+    (0.8), steps skipped and groups filtered. Goal: filtering never slower, faster where groups
+    saturate (all wrong early, all right late).
+
+    python bench/train_trl.py                       # all parts, defaults below
     python bench/train_trl.py --steps 30 --lr 5e-5  # longer run
     python bench/train_trl.py --skip-training       # only the throughput comparison
+    python bench/train_trl.py --skip-training --skip-throughput   # only the filtering comparison
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ def rows(questions: list[str], target: str) -> list[dict[str, str]]:
     return [{"id": f"q{i}", "question": q, "answer": target} for i, q in enumerate(questions)]
 
 
-def build(args: argparse.Namespace, out: Path) -> tuple[Any, Any]:
+def build(args: argparse.Namespace, out: Path, filter_groups: str = "none") -> tuple[Any, Any]:
     import scaffold_core.testing.plugin as test_tasks
     import scaffold_trl
     from scaffold_core.config import load_config
@@ -74,7 +81,7 @@ def build(args: argparse.Namespace, out: Path) -> tuple[Any, Any]:
         "sampling": {"max_tokens": args.max_tokens, "temperature": 1.0, "seed": args.seed},
         "trainer": {"name": "trl", "max_steps": args.steps, "num_generations": args.generations,
                     "prompts_per_step": args.prompts, "learning_rate": args.lr, "seed": args.seed,
-                    "threads": args.threads, "save_steps": max(1, args.steps)},
+                    "threads": args.threads, "save_steps": max(1, args.steps), "filter_groups": filter_groups},
     }, registry=pset.registry)
     options = pset.registry.create("trainer", "trl", config.trainer.options)
     steps: list[Any] = []
@@ -82,9 +89,11 @@ def build(args: argparse.Namespace, out: Path) -> tuple[Any, Any]:
     def report(step: Any) -> None:
         steps.append(step)
         m = step.metrics
-        print(f"  step {step.step:3d}/{step.max_steps}  train reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}"
-              f"  version {m['version']}  rollout {m['rollout_s']:.1f} s  step {m.get('step_time_s', 0):.1f} s",
-              flush=True)
+        step.metrics["clock_s"] = time.perf_counter()
+        loss = f"{m['loss']:+.4f}" if "loss" in m else "skipped"
+        print(f"  step {step.step:3d}/{step.max_steps}  train reward {m['reward_mean']:.3f}  loss {loss}"
+              f"  version {m['version']}  rollout {m['rollout_s']:.1f} s  step {m.get('step_time_s', 0):.1f} s"
+              f"  filtered {m.get('groups_filtered', 0)}", flush=True)
 
     job = TrainJob(config=config, output_dir=out, report=report, registry=pset.registry)
     return scaffold_trl.GRPORun(options, job), steps
@@ -151,6 +160,40 @@ def throughput(run: Any, n_prompts: int, max_tokens: int, repeats: int) -> dict[
             "ratio_of_best": round(best["scaffold"] / best["trl"], 2)}
 
 
+def time_to_reward(args: argparse.Namespace, out: Path, filter_groups: str) -> dict[str, Any]:
+    """Train from scratch with ``filter_groups``; training wall time until the step reward reaches the target."""
+    run, steps = build(args, out / filter_groups, filter_groups)
+    with run:
+        started = time.perf_counter()
+        summary = run.train()
+    reached = next((s for s in steps if s.metrics["reward_mean"] >= args.target_reward), None)
+    return {"filter_groups": filter_groups, "steps": len(steps), "train_s": round(time.perf_counter() - started, 1),
+            "reached_at_step": reached.step if reached else None,
+            "seconds_to_target": round(reached.metrics["clock_s"] - started, 1) if reached else None,
+            "steps_skipped": summary.get("steps_skipped", 0),
+            "groups_filtered": sum(s.metrics.get("groups_filtered", 0) for s in steps),
+            "reward_by_step": [round(s.metrics["reward_mean"], 3) for s in steps]}
+
+
+def compare_filtering(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    print(f"\n(c) filtering: time to step reward >= {args.target_reward}, {args.steps} steps at most, "
+          f"{args.prompts} prompts x {args.generations} generations", flush=True)
+    runs = {}
+    for mode in ("none", "zero_variance"):
+        print(f"  filter_groups: {mode}", flush=True)
+        runs[mode] = time_to_reward(args, out, mode)
+    for mode, r in runs.items():
+        to = f"{r['seconds_to_target']} s (step {r['reached_at_step']})" if r["reached_at_step"] else "not reached"
+        print(f"  {mode:13s}: {to}; {r['steps']} steps in {r['train_s']} s, {r['steps_skipped']} skipped, "
+              f"{r['groups_filtered']} groups filtered", flush=True)
+    a, b = runs["none"]["seconds_to_target"], runs["zero_variance"]["seconds_to_target"]
+    if a and b:
+        print(f"  time to target, none / zero_variance: {a / b:.2f}x", flush=True)
+    print(f"  training time, none / zero_variance: {runs['none']['train_s'] / runs['zero_variance']['train_s']:.2f}x",
+          flush=True)
+    return runs
+
+
 def plot(path: Path, steps: list[Any], evals: list[tuple[int, float]], target: str) -> str:
     try:
         import matplotlib
@@ -190,7 +233,9 @@ def main() -> int:
     parser.add_argument("--throughput-tokens", type=int, default=64)
     parser.add_argument("--throughput-prompts", type=int, default=4, help="x --generations completions")
     parser.add_argument("--throughput-repeats", type=int, default=5)
+    parser.add_argument("--target-reward", type=float, default=0.8, help="(c): the step reward to reach")
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--skip-filtering", action="store_true", help="skip (c), the filtering comparison")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--out", default=None, help="run directory (default runs/bench-train-trl-<time>)")
     args = parser.parse_args()
@@ -200,47 +245,51 @@ def main() -> int:
     print(f"run dir: {out}   load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     result: dict[str, Any] = {"args": vars(args)}
     wall = time.perf_counter()
-    run, steps = build(args, out)
-    with run:
-        print(f"setup (model, engine, trainer): {time.perf_counter() - wall:.1f} s", flush=True)
-        if not args.skip_throughput:
-            print(f"\n(b) rollout throughput: {args.throughput_prompts} prompts x {args.generations} generations, "
-                  f"<= {args.throughput_tokens} tokens, temperature 1.0", flush=True)
-            tp = throughput(run, args.throughput_prompts, args.throughput_tokens, args.throughput_repeats)
-            result["throughput"] = tp
-            for name in ("scaffold", "trl"):
-                print(f"  {name:8s}: {tp['completions_per_s'][name]:6.2f} completions/s (median run)  "
-                      f"{tp['tokens_per_s'][name]:7.1f} tokens/s  runs {tp['seconds'][name]} s", flush=True)
-            print(f"  ratio scaffold / TRL: {tp['ratio']:.2f}x of medians, {tp['ratio_of_best']:.2f}x of the fastest "
-                  "runs (goal >= 1.5x)", flush=True)
-        if not args.skip_training:
-            print(f"\n(a) GRPO: {args.steps} steps, {args.prompts} prompts x {args.generations} generations per step, "
-                  f"lr {args.lr}, reward: answer contains {args.target!r}", flush=True)
-            evals = [(0, held_out_reward(run, args.target, args.eval_samples))]
-            print(f"  held-out reward before training: {evals[0][1]:.3f}", flush=True)
-            from transformers import TrainerCallback
+    if not (args.skip_training and args.skip_throughput):
+        run, steps = build(args, out)
+        with run:
+            print(f"setup (model, engine, trainer): {time.perf_counter() - wall:.1f} s", flush=True)
+            if not args.skip_throughput:
+                print(f"\n(b) rollout throughput: {args.throughput_prompts} prompts x {args.generations} generations, "
+                      f"<= {args.throughput_tokens} tokens, temperature 1.0", flush=True)
+                tp = throughput(run, args.throughput_prompts, args.throughput_tokens, args.throughput_repeats)
+                result["throughput"] = tp
+                for name in ("scaffold", "trl"):
+                    print(f"  {name:8s}: {tp['completions_per_s'][name]:6.2f} completions/s (median run)  "
+                          f"{tp['tokens_per_s'][name]:7.1f} tokens/s  runs {tp['seconds'][name]} s", flush=True)
+                print(f"  ratio scaffold / TRL: {tp['ratio']:.2f}x of medians, "
+                      f"{tp['ratio_of_best']:.2f}x of the fastest runs (goal >= 1.5x)", flush=True)
+            if not args.skip_training:
+                print(f"\n(a) GRPO: {args.steps} steps, {args.prompts} prompts x {args.generations} generations "
+                      f"per step, lr {args.lr}, reward: answer contains {args.target!r}", flush=True)
+                evals = [(0, held_out_reward(run, args.target, args.eval_samples))]
+                print(f"  held-out reward before training: {evals[0][1]:.3f}", flush=True)
+                from transformers import TrainerCallback
 
-            class Eval(TrainerCallback):
-                def on_step_end(self, a: Any, state: Any, control: Any, **_: Any) -> None:
-                    step = state.global_step
-                    if step % args.eval_every == 0 or step == state.max_steps:
-                        evals.append((step, held_out_reward(run, args.target, args.eval_samples)))
-                        print(f"  held-out reward after step {step}: {evals[-1][1]:.3f}", flush=True)
+                class Eval(TrainerCallback):
+                    def on_step_end(self, a: Any, state: Any, control: Any, **_: Any) -> None:
+                        step = state.global_step
+                        if step % args.eval_every == 0 or step == state.max_steps:
+                            evals.append((step, held_out_reward(run, args.target, args.eval_samples)))
+                            print(f"  held-out reward after step {step}: {evals[-1][1]:.3f}", flush=True)
 
-            run.trainer.add_callback(Eval())
-            started = time.perf_counter()
-            summary = run.train()
-            train_s = time.perf_counter() - started
-            result["training"] = {"summary": summary, "held_out": evals, "train_s": round(train_s, 1),
-                                  "train_reward": [s.metrics["reward_mean"] for s in steps]}
-            print("\nreward curve (step: train / held-out)")
-            held = dict(evals)
-            for s in steps:
-                h = f"{held[s.step]:.3f}" if s.step in held else "  -  "
-                print(f"  {s.step:3d}: {s.metrics['reward_mean']:.3f} / {h}")
-            print(f"held-out reward: start {evals[0][1]:.3f} -> end {evals[-1][1]:.3f} after {summary['steps']} steps "
-                  f"in {train_s:.0f} s of training ({train_s / max(1, summary['steps']):.1f} s/step)")
-            print(f"plot: {plot(out / 'reward_curve.png', steps, evals, args.target)}")
+                run.trainer.add_callback(Eval())
+                started = time.perf_counter()
+                summary = run.train()
+                train_s = time.perf_counter() - started
+                result["training"] = {"summary": summary, "held_out": evals, "train_s": round(train_s, 1),
+                                      "train_reward": [s.metrics["reward_mean"] for s in steps]}
+                print("\nreward curve (step: train / held-out)")
+                held = dict(evals)
+                for s in steps:
+                    h = f"{held[s.step]:.3f}" if s.step in held else "  -  "
+                    print(f"  {s.step:3d}: {s.metrics['reward_mean']:.3f} / {h}")
+                print(f"held-out reward: start {evals[0][1]:.3f} -> end {evals[-1][1]:.3f} after "
+                      f"{summary['steps']} steps in {train_s:.0f} s of training "
+                      f"({train_s / max(1, summary['steps']):.1f} s/step)")
+                print(f"plot: {plot(out / 'reward_curve.png', steps, evals, args.target)}")
+    if not args.skip_filtering:
+        result["filtering"] = compare_filtering(args, out)
     result["wall_s"] = round(time.perf_counter() - wall, 1)
     result["load_average_end"] = os.getloadavg()
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")

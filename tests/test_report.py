@@ -107,7 +107,8 @@ def test_train_report_plots_each_step(test_plugins, tmp_path, capsys):
     assert '<section id="training">' in html and "3 optimizer steps" in html
     assert "Reward" in html and "Weight version" in html and "Staleness" in html
     assert "Not reported by this trainer: loss, entropy" in html  # rollout_only trains nothing
-    assert "no episode ledger" in html
+    assert "no episode ledger" not in html  # the training run's rollouts are in its ledger: browsable
+    assert len(page_data(html)["episodes"]) == 3 * 3 * 2  # steps x rows x samples (one episode each)
 
 
 def test_report_command_and_its_errors(eval_dir, tmp_path, capsys):

@@ -30,7 +30,9 @@ def test_train_runs_the_trainer_and_writes_metrics_per_step(tmp_path, test_plugi
     assert code == ExitCode.OK
     steps = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3] and all(s["reward_mean"] == 0.5 for s in steps)
-    assert all(s["version"] == 0 and s["stale_dropped"] == 0 and s["wall_s"] >= 0 for s in steps)
+    assert all(s["version"] == 0 and s["stale_dropped"] == 0 and "wall_s" not in s for s in steps)
+    timings = [json.loads(line) for line in (out / "train_timings.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in timings] == [1, 2, 3] and all(t["wall_s"] >= 0 for t in timings)
     assert "step 2/3  reward_mean=0.5  version=0  stale_dropped=0" in captured.err
     summary = json.loads(captured.out)
     assert summary["steps"] == 3 and summary["rollouts"]["samples"] == 12

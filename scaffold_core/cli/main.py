@@ -6,6 +6,7 @@ Heavier imports stay inside the commands so start-up is fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -50,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a key, e.g. --set trainer.max_steps=10 (repeatable)")
     p.add_argument("-o", "--output", help="output directory for checkpoints and metrics (overrides output.dir)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous training run in the directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the training run in -o DIR from its last checkpoint (the config must match)")
+    p.add_argument("--force-config", action="store_true",
+                   help="with --resume: continue even though the config changed (recorded in config-history.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.set_defaults(handler=cmd_train)
@@ -222,10 +227,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)  # validates the trainer section before anything loads
     require_trainer(config, get_registry())
+    overwrite = args.overwrite or config.output.overwrite
+    if args.resume and overwrite:
+        raise ConfigError("--resume continues the run in the directory and --overwrite replaces it: pass one")
+    if args.force_config and not args.resume:
+        raise ConfigError("--force-config only applies with --resume")
     output_dir = train_output_dir(config, args.output)
-    print(f"scaffold: training into {output_dir}", file=sys.stderr)
-    summary = run_training(config, output_dir, progress=False if args.no_progress else None,
-                           overwrite=args.overwrite or config.output.overwrite)
+    print(f"scaffold: {'resuming' if args.resume else 'training into'} {output_dir}", file=sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):  # what trainer libraries print; stdout is the summary's
+        summary = run_training(config, output_dir, progress=False if args.no_progress else None,
+                               overwrite=overwrite, resume=args.resume, force_config=args.force_config)
     print(json.dumps(summary, indent=2, default=str))
     if not args.no_report:
         from ..report.build import report_at_end

@@ -35,6 +35,9 @@ EVAL_FILE = "eval.json"
 REPORT_FILE = "report.html"
 #: ``scaffold train``: one line per optimizer step, appended as steps finish.
 TRAIN_METRICS = "train_metrics.jsonl"
+#: ``scaffold train``: the clock readings of each step (``wall_s``, ``rollout_s``, ...), apart so that
+#: ``train_metrics.jsonl`` holds only what the run computed.
+TRAIN_TIMINGS = "train_timings.jsonl"
 #: ``scaffold train``: what the trainer returned, at the end.
 TRAIN_SUMMARY = "train_summary.json"
 METRICS_FILE = "metrics.json"
@@ -103,10 +106,16 @@ def read_config(directory: str | Path) -> tuple[str, dict[str, Any]] | None:
 
 
 def read_train_steps(directory: str | Path) -> list[dict[str, Any]]:
-    """The per-step metrics of a training run, in order; a torn or unreadable line is skipped."""
-    raw = _read_bytes(Path(directory) / TRAIN_METRICS)
+    """The per-step metrics of a training run, in order, each with its step's clock readings from
+    ``train_timings.jsonl``; a torn or unreadable line is skipped."""
+    steps = _step_lines(Path(directory) / TRAIN_METRICS)
+    timings = {t["step"]: t for t in _step_lines(Path(directory) / TRAIN_TIMINGS)}
+    return [{**step, **{k: v for k, v in timings.get(step["step"], {}).items() if k not in step}} for step in steps]
+
+
+def _step_lines(path: Path) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = []
-    for line in (raw or b"").splitlines():
+    for line in (_read_bytes(path) or b"").splitlines():
         try:
             step = json.loads(line)
         except ValueError:

@@ -33,6 +33,7 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
     "rollout.bad_rows", "rollout.max_failed_fraction",
     "verifier.timeout", "verifier.workers",
     "output.dir", "output.overwrite", "output.save_dataset", "output.private",
+    "trainer.rollout_timeout", "trainer.report_to",
 )
 ABSENT = "(absent)"
 SHOWN_KEYS = 8
@@ -108,10 +109,12 @@ def read_saved_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def check_resume_config(directory: Path, config: Any, *, force: bool = False) -> dict[str, tuple[Any, Any]]:
+def check_resume_config(directory: Path, config: Any, *, force: bool = False,
+                        command: str = "run") -> dict[str, tuple[Any, Any]]:
     """Compare ``config`` with the one saved in ``directory``; refuse a change unless ``force``.
 
-    Returns the changes continued with (``force``), or ``{}``.
+    Returns the changes continued with (``force``), or ``{}``. ``command``: the ``scaffold`` command the
+    refusal tells to resume with.
     """
     import yaml
 
@@ -133,8 +136,8 @@ def check_resume_config(directory: Path, config: Any, *, force: bool = False) ->
     if not force:
         raise RunDirError(
             f"--resume: {path} holds a different config than this run: {describe(changes)}. Resume with the saved "
-            f"config (scaffold run {path} -o {directory} --resume), start a new run in another directory with -o, "
-            f"or pass --force-config to continue anyway (recorded in {history})", path=str(path))
+            f"config (scaffold {command} {path} -o {directory} --resume), start a new run in another directory with "
+            f"-o, or pass --force-config to continue anyway (recorded in {history})", path=str(path))
     print(f"scaffold: WARNING: --force-config: resuming {directory} with a changed config ({describe(changes)}); "
           f"its episodes before and after the change are mixed; recorded in {history}", file=sys.stderr)
     return changes

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from ..plugins.markers import hookimpl
 from .helpers import ListTask
@@ -88,29 +88,49 @@ def register_tasks(registry: Any) -> None:
 
 
 class RolloutOnlyTrainer:
-    """``rollout_only``: ``steps`` rounds of one group per task row each; reports mean reward; never trains."""
+    """``rollout_only``: ``steps`` rounds of one group per task row each; reports mean reward; never trains.
 
-    def __init__(self, steps: int = 2, group: int = 2):
+    ``filter_groups``/``max_refill_rounds`` filter and refill the groups of each step as a GRPO trainer
+    would (:mod:`scaffold_core.train.filtering`); each step's rollouts go to ``job.ledger``. It keeps no
+    checkpoint: ``--resume`` starts it over.
+    """
+
+    def __init__(self, steps: int = 2, group: int = 2, filter_groups: Literal["none", "zero_variance"] = "none",
+                 max_refill_rounds: int = 2):
+        from ..train.filtering import GroupFilter
+
         if steps < 1 or group < 1:
             raise ValueError(f"steps and group must be >= 1, got {steps} and {group}")
         self.steps = steps
         self.group = group
+        self.filter = GroupFilter(filter_groups, max_refill_rounds)
 
     def train(self, job: Any) -> dict[str, Any]:
         import asyncio
 
+        from ..train.filtering import refill_from, run_step_groups
         from ..train.prompt_groups import TrainingRollouts
         from ..trainer import TrainStep
 
+        if job.resume:
+            job.rewind(0, None)
+
         async def loop() -> dict[str, Any]:
+            skipped = 0
             async with TrainingRollouts.from_config(job.config, registry=job.registry) as rollouts:
+                rows = list(enumerate(rollouts.rows()))
                 for step in range(1, self.steps + 1):
-                    groups = await rollouts.run_groups(rollouts.rows(), samples=self.group)
-                    rewards = [r for g in groups for r in g.rewards]
+                    refill = refill_from(rows, rows, seed=rollouts.sampling.seed, step=step)
+                    groups = await run_step_groups(rollouts, rows, samples=self.group, step=step,
+                                                   group_filter=self.filter, refill=refill)
+                    skipped += groups.skipped
+                    if job.ledger is not None:
+                        job.ledger.write_step(groups, weight_version=rollouts.weight_version)
                     job.report(TrainStep(step, self.steps, {
-                        "reward_mean": sum(rewards) / max(1, len(rewards)), "version": rollouts.weight_version,
-                        "stale_dropped": rollouts.stats.stale_dropped, "samples": len(rewards)}))
-                return {"rollouts": rollouts.stats.to_dict()}
+                        **groups.metrics(), "version": rollouts.weight_version,
+                        "stale_dropped": rollouts.stats.stale_dropped, "skipped": int(groups.skipped),
+                        "steps_skipped": skipped}))
+                return {"rollouts": rollouts.stats.to_dict(), "steps_skipped": skipped}
 
         return asyncio.run(loop())
 

@@ -215,7 +215,8 @@ class TrainingRollouts:
         return list(await asyncio.gather(*coros))
 
     async def run_group(self, row: dict[str, Any], *, samples: int | None = None, index: int = 0,
-                        sampling: SamplingParams | None = None, group_id: str | None = None) -> RolloutGroup:
+                        sampling: SamplingParams | None = None, group_id: str | None = None,
+                        task: Any = None) -> RolloutGroup:
         """Run ``row`` through the controller until the group holds ``samples`` training samples.
 
         ``samples=None`` runs one episode and keeps whatever it produces.
@@ -225,7 +226,9 @@ class TrainingRollouts:
         controller sees them as ``ctx.sampling`` and episode seeds derive
         from their ``seed``. ``group_id``: the group's id, which prefixes
         every episode id (``<group_id>/<n>``); by default ``<row id>@<call
-        number>``, which repeats across runs so that seeds do.
+        number>``, which repeats across runs so that seeds do. ``task``: the
+        task that renders this row's prompt and reference (default: the
+        rollouts' own; e.g. the same task over a held-out split).
         """
         if self._runtime is None:
             raise RuntimeError("TrainingRollouts is not started: use `async with rollouts:` or await start()")
@@ -240,7 +243,7 @@ class TrainingRollouts:
         sampling = sampling or self.sampling
         attempt = 0
         while True:
-            group.samples = await self._fill(group, samples, attempt, sampling)
+            group.samples = await self._fill(group, samples, attempt, sampling, task or self.components.task)
             stale = [s for s in group.samples if self.staleness.is_stale(s, self.weight_version)]
             if not stale:
                 break
@@ -259,9 +262,8 @@ class TrainingRollouts:
         return group
 
     async def _fill(self, group: RolloutGroup, samples: int | None, attempt: int,
-                    sampling: SamplingParams) -> list[TrainingSample]:
+                    sampling: SamplingParams, task: Any) -> list[TrainingSample]:
         """Run waves of episodes until ``samples`` samples are in hand (or a wave yields nothing)."""
-        task = self.components.task
         per_episode = getattr(self.components.controller, "samples", 1)
         per_episode = per_episode if isinstance(per_episode, int) and per_episode >= 1 else 1
         out: list[TrainingSample] = []

@@ -1,9 +1,19 @@
-"""``scaffold train``: run the configured trainer with a progress bar and per-step metrics on file.
+"""``scaffold train``: run the configured trainer with a progress bar, per-step metrics and its rollouts on file.
 
 Files in the run directory: ``config.yaml`` (the resolved config),
 ``train_metrics.jsonl`` (one line per optimizer step, appended as steps
-finish), ``train_summary.json`` (what the trainer returned, at the end), and
+finish: what the run computed), ``train_timings.jsonl`` (the same steps'
+clock readings), ``train_summary.json`` (what the trainer returned, at the
+end), the rollouts of every step (``episodes.jsonl``, and at the end
+``samples.jsonl``, ``failures.jsonl``, ``trajectories/`` and ``metrics.json``,
+as ``scaffold run`` writes them: :mod:`scaffold_core.train.step_ledger`), and
 whatever the trainer writes (its checkpoints).
+
+``resume=True`` continues the run in the directory: the config must match
+the saved one (as ``scaffold run --resume``; ``force_config`` continues
+anyway and records the change), and the trainer picks up from its last
+checkpoint, calling ``job.rewind`` so that the steps it runs again are
+recorded once.
 """
 
 from __future__ import annotations
@@ -18,7 +28,13 @@ from ..errors import ConfigError
 from ..output.files import atomic_write_text
 from ..output.reader import TRAIN_METRICS as METRICS_FILE
 from ..output.reader import TRAIN_SUMMARY as SUMMARY_FILE
-from ..trainer import STEP_METRICS, TrainJob, TrainStep
+from ..output.reader import TRAIN_TIMINGS as TIMINGS_FILE
+from ..output.saved_config import CONFIG_FILE, check_resume_config, record_forced_change
+from ..trainer import STEP_METRICS, TrainJob, TrainStep, is_timing
+from .step_ledger import StepLedger
+
+#: The files ``scaffold train`` itself writes (a fresh run removes them; the ledger's are the run output's).
+TRAIN_FILES = (METRICS_FILE, TIMINGS_FILE, SUMMARY_FILE)
 
 
 def train_output_dir(config: Any, output: str | None) -> Path:
@@ -31,20 +47,28 @@ def train_output_dir(config: Any, output: str | None) -> Path:
 
 
 def prepare_dir(directory: Path, overwrite: bool) -> None:
-    """Create the run directory; refuse one holding an earlier training run unless ``overwrite``."""
+    """Create the run directory for a fresh run; refuse one holding an earlier training run unless ``overwrite``."""
     if (directory / METRICS_FILE).exists() and not overwrite:
-        raise ConfigError(f"{directory} already holds a training run ({METRICS_FILE}); choose another -o "
-                          "directory, or pass --overwrite to replace it")
+        raise ConfigError(f"{directory} already holds a training run ({METRICS_FILE}); continue it with --resume, "
+                          "choose another -o directory, or pass --overwrite to replace it")
     directory.mkdir(parents=True, exist_ok=True)
-    for name in (METRICS_FILE, SUMMARY_FILE):
+    for name in TRAIN_FILES:
         (directory / name).unlink(missing_ok=True)
+
+
+def check_resume(directory: Path, config: Any, force_config: bool) -> dict[str, tuple[Any, Any]]:
+    """Refuse to resume a directory that holds no training run, or one whose saved config differs."""
+    if not (directory / CONFIG_FILE).is_file():
+        raise ConfigError(f"--resume: {directory} holds no training run to continue (no {CONFIG_FILE}); start one "
+                          "without --resume")
+    return check_resume_config(directory, config, force=force_config, command="train")
 
 
 def format_step(step: TrainStep) -> str:
     """``step 3/20  reward_mean=0.4375  loss=0.0123  version=2  stale_dropped=0  ...``"""
     total = f"/{step.max_steps}" if step.max_steps else ""
-    shown = [k for k in STEP_METRICS if k in step.metrics] + sorted(
-        k for k in step.metrics if k not in STEP_METRICS and k in ("step_time_s", "rollout_s"))
+    extra = ("skipped", "groups_filtered", "eval_reward_mean", "step_time_s", "rollout_s")
+    shown = [k for k in STEP_METRICS if k in step.metrics] + [k for k in extra if k in step.metrics]
     parts = [f"{k}={_number(step.metrics[k])}" for k in shown]
     if step.checkpoint:
         parts.append(f"checkpoint={step.checkpoint}")
@@ -57,13 +81,29 @@ def _number(value: Any) -> str:
     return str(value)
 
 
+def _keep_steps(path: Path, last: int) -> None:
+    """Rewrite a per-step file keeping the lines of steps up to ``last`` (atomically)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a torn last line
+        if isinstance(step, int) and step <= last:
+            kept.append(line + "\n")
+    atomic_write_text(path, "".join(kept))
+
+
 class StepReporter:
-    """Receives each :class:`TrainStep`: moves the bar, prints the line, appends it to the metrics file."""
+    """Receives each :class:`TrainStep`: moves the bar, prints the line, appends it to the metrics files."""
 
     def __init__(self, directory: Path, *, progress: bool | None = None, stream: TextIO | None = None):
         from tqdm import tqdm
 
         self.path = directory / METRICS_FILE
+        self.timings_path = directory / TIMINGS_FILE
         self.stream = stream or sys.stderr
         self.steps: list[TrainStep] = []
         self.bar = tqdm(total=None, unit="step", desc="training", dynamic_ncols=True, file=self.stream,
@@ -72,9 +112,13 @@ class StepReporter:
 
     def __call__(self, step: TrainStep) -> None:
         self.steps.append(step)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({**step.to_dict(), "wall_s": round(time.perf_counter() - self.started, 3)},
-                               default=str) + "\n")
+        record = step.to_dict()
+        computed = {k: v for k, v in record.items() if not is_timing(k)}
+        clocks = {"step": step.step, **{k: v for k, v in record.items() if is_timing(k)},
+                  "wall_s": round(time.perf_counter() - self.started, 3)}
+        for path, values in ((self.path, computed), (self.timings_path, clocks)):
+            with path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(values, default=str) + "\n")
         if step.max_steps and self.bar.total != step.max_steps:
             self.bar.total = step.max_steps
         self.bar.update(step.step - self.bar.n)
@@ -82,6 +126,12 @@ class StepReporter:
         if isinstance(reward, (int, float)):
             self.bar.set_postfix_str(f"reward={reward:.3f}", refresh=False)
         self.bar.write(format_step(step), file=self.stream)
+
+    def rewind(self, last: int) -> None:
+        """Forget the steps after ``last`` (a resumed run runs them again)."""
+        for path in (self.path, self.timings_path):
+            _keep_steps(path, last)
+        self.bar.n = last
 
     def close(self) -> None:
         self.bar.close()
@@ -96,24 +146,56 @@ def require_trainer(config: Any, registry: Any) -> None:
 
 
 def run_training(config: Any, output_dir: Path, *, registry: Any = None, progress: bool | None = None,
-                 overwrite: bool = False, stream: TextIO | None = None) -> dict[str, Any]:
-    """Build the configured trainer, run it, and write the metrics and summary files. Returns the summary."""
+                 overwrite: bool = False, resume: bool = False, force_config: bool = False,
+                 stream: TextIO | None = None) -> dict[str, Any]:
+    """Build the configured trainer, run it, and write the metrics, rollouts and summary files.
+
+    Returns the summary. ``resume``: continue the training run in ``output_dir`` (see the module doc).
+    """
     if registry is None:
         from ..plugins import get_registry
 
         registry = get_registry()
     require_trainer(config, registry)
     trainer = registry.create("trainer", config.trainer.name, config.trainer.options, path="trainer")
-    prepare_dir(output_dir, overwrite)
-    atomic_write_text(output_dir / "config.yaml", config.to_yaml())
+    private = bool(getattr(config.output, "private", True))
+    if resume:
+        changes = check_resume(output_dir, config, force_config)
+        (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    else:
+        changes = {}
+        prepare_dir(output_dir, overwrite)
+    ledger = StepLedger(output_dir, resume=resume, overwrite=overwrite and not resume, private=private)
+    try:
+        if changes:
+            record_forced_change(output_dir, changes, private=private)
+        atomic_write_text(output_dir / CONFIG_FILE, config.to_yaml(), private=private)
+        summary = _train(trainer, config, output_dir, ledger, registry, resume=resume, progress=progress,
+                         stream=stream)
+    finally:
+        ledger.close()
+    atomic_write_text(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _train(trainer: Any, config: Any, output_dir: Path, ledger: StepLedger, registry: Any, *, resume: bool,
+           progress: bool | None, stream: TextIO | None) -> dict[str, Any]:
     reporter = StepReporter(output_dir, progress=progress, stream=stream)
+
+    def rewind(step: int, state: dict[str, Any] | None) -> None:
+        reporter.rewind(step)
+        ledger.rewind((state or {}).get("ledger"))
+
+    job = TrainJob(config=config, output_dir=output_dir, report=reporter, registry=registry, ledger=ledger,
+                   resume=resume, rewind=rewind, checkpoint_state=lambda: {"ledger": ledger.state()})
     started = time.perf_counter()
     try:
-        summary = dict(trainer.train(TrainJob(config=config, output_dir=output_dir, report=reporter,
-                                              registry=registry)) or {})
+        summary = dict(trainer.train(job) or {})
     finally:
         reporter.close()
     summary.setdefault("steps", len(reporter.steps))
+    if ledger.steps_written or any(p.stat().st_size for p in ledger.ledger_files()):
+        metrics = ledger.finish(save_dataset=bool(getattr(config.output, "save_dataset", True)))
+        summary["rollouts_on_disk"] = {k: metrics.get(k) for k in ("episodes", "samples", "failed")}
     summary["wall_s"] = round(time.perf_counter() - started, 3)
-    atomic_write_text(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
     return summary

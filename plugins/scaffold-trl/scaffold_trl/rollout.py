@@ -7,6 +7,18 @@ back, and expects one completion per entry, in order: ``prompt_ids``,
 TRL does not check), plus any extra keys, which reach the reward functions.
 Each prompt here is the key of one task row (see :class:`PromptIndex`); each
 group of copies becomes one :meth:`TrainingRollouts.run_group` call.
+
+Filtering (``trainer.filter_groups: zero_variance``): the step's groups go
+through :func:`scaffold_core.train.filtering.run_step_groups`, which leaves
+out groups whose rewards are all equal and rolls out other prompts of the
+task in their place (at most ``max_refill_rounds`` rounds). TRL needs exactly
+one completion per entry it asked for, so the informative groups come first
+and any slot still empty is filled with *padding*: a one-token prompt and
+completion whose ``env_mask`` is 0 and whose reward is ``None`` (TRL counts
+it as unscorable: advantage 0, left out of its reward statistics). Padding
+adds nothing to the loss or its token count (``dapo``, ``bnpo``). A step with
+no informative group at all is padding only, and takes no optimizer step
+(see ``trainer.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaffold_core.train.filtering import KEEP_EVERY_GROUP, GroupFilter, StepGroups, refill_from, run_step_groups
 from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 
 log = logging.getLogger("scaffold.trl")
@@ -53,6 +66,11 @@ class PromptIndex:
     def prompts(self) -> list[str]:
         return list(self.rows)
 
+    @property
+    def indexed_rows(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every usable row with its position in the task: what a refill draws from."""
+        return list(self.rows.values())
+
     def lookup(self, prompt: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(prompt, str) or prompt not in self.rows:
             shown = prompt if isinstance(prompt, str) else type(prompt).__name__
@@ -62,17 +80,26 @@ class PromptIndex:
 
 @dataclass
 class RolloutRecord:
-    """What one ``rollout_func`` call produced (kept for metrics and for tests)."""
+    """What one ``rollout_func`` call produced (kept for metrics and for tests).
+
+    ``groups`` (a :class:`StepGroups`) is held for the latest call only; earlier records keep their
+    metrics (``RolloutBridge.history``), so memory does not grow with the steps.
+    """
 
     step: int
     version: int
-    groups: list[RolloutGroup]
+    groups: StepGroups | None
     seconds: float
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False
 
     @property
     def samples(self) -> list[Any]:
-        return [s for g in self.groups for s in g.samples]
+        """The samples handed to the trainer."""
+        return [s for g in self.groups.used for s in g.samples] if self.groups is not None else []
+
+    def light(self) -> RolloutRecord:
+        return RolloutRecord(self.step, self.version, None, self.seconds, self.metrics, self.skipped)
 
 
 def split_groups(prompts: list[Any], group_size: int) -> list[Any]:
@@ -88,8 +115,13 @@ def split_groups(prompts: list[Any], group_size: int) -> list[Any]:
     return heads
 
 
-def to_trl_output(groups: list[RolloutGroup], group_size: int) -> dict[str, Any]:
-    """TRL's rollout dict, checked: one completion per entry, none empty, one logprob per completion token."""
+def to_trl_output(groups: list[RolloutGroup], group_size: int, *, slots: int | None = None,
+                  pad_id: int = 0) -> dict[str, Any]:
+    """TRL's rollout dict, checked: one completion per entry, none empty, one logprob per completion token.
+
+    ``slots``: the number of groups TRL asked for; the slots ``groups`` leave empty are padding (a
+    one-token prompt and completion ``[pad_id]``, ``env_mask`` 0, reward ``None``).
+    """
     out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
                                  REWARD_KEY: [], GROUP_KEY: []}
     for group in groups:
@@ -115,13 +147,17 @@ def to_trl_output(groups: list[RolloutGroup], group_size: int) -> dict[str, Any]
             out["env_mask"].append(s.loss_mask[n:])
             out[REWARD_KEY].append(float(s.reward))
             out[GROUP_KEY].append(group.group_id)
+    for _ in range(max(0, (slots or 0) - len(groups)) * group_size):
+        for key, value in (("prompt_ids", [pad_id]), ("completion_ids", [pad_id]), ("logprobs", [0.0]),
+                           ("env_mask", [0]), (REWARD_KEY, None), (GROUP_KEY, "")):
+            out[key].append(value)
     return out
 
 
-def scaffold(completions: list[Any], scaffold_reward: list[float], **_: Any) -> list[float | None]:
+def scaffold(completions: list[Any], scaffold_reward: list[float | None], **_: Any) -> list[float | None]:
     """TRL reward function: the verifier's reward of each sample, as scaffold computed it (metric
-    ``rewards/scaffold/mean``)."""
-    return [float(r) for r in scaffold_reward]
+    ``rewards/scaffold/mean``); ``None`` for padding (unscorable: advantage 0)."""
+    return [None if r is None else float(r) for r in scaffold_reward]
 
 
 class RolloutBridge:
@@ -134,17 +170,27 @@ class RolloutBridge:
     it. ``sync`` decides how the weights get there: ``None`` when the engine
     wraps the trainer's model (it already sees them, only the version moves);
     otherwise a callable returning the source (a checkpoint directory) for
-    ``engine.update_weights``.
+    ``engine.update_weights``. ``group_filter`` leaves out groups that teach
+    nothing and refills them from the task's other rows (drawn with ``seed``).
+    ``ledger`` (a :class:`~scaffold_core.train.step_ledger.StepLedger`)
+    receives each step's rollouts once the trainer has their advantages
+    (:meth:`trained`).
     """
 
     def __init__(self, rollouts: TrainingRollouts, index: PromptIndex, loop: Any, *, sync: Any = None,
-                 timeout: float = 3600.0):
+                 timeout: float = 3600.0, group_filter: GroupFilter = KEEP_EVERY_GROUP, seed: int | None = None,
+                 ledger: Any = None, pad_id: int = 0):
         self.rollouts = rollouts
         self.index = index
         self.loop = loop
         self.sync = sync
         self.timeout = timeout
+        self.group_filter = group_filter
+        self.seed = seed
+        self.ledger = ledger
+        self.pad_id = pad_id
         self.history: list[RolloutRecord] = []
+        self.latest: RolloutRecord | None = None
 
     def sync_weights(self, trainer: Any) -> None:
         """Make the engine serve the trainer's current weights as version ``global_step`` (no-op if it does)."""
@@ -155,25 +201,40 @@ class RolloutBridge:
             self.loop.run(engine.update_weights(source, version=step), self.timeout)
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        group_size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+        training = bool(trainer.model.training)
+        group_size = trainer.num_generations if training else trainer.num_generations_eval
         heads = split_groups(prompts, group_size)
         rows = [self.index.lookup(p) for p in heads]
-        step = int(trainer.state.global_step)
+        step = int(trainer.state.global_step) + 1  # the optimizer step these rollouts are for
         started = time.perf_counter()
         engine = self.rollouts.components.engine
         self.sync_weights(trainer)
-
-        coros = [self.rollouts.run_group(row, samples=group_size, index=i) for i, row in rows]
-        groups = self.loop.run(_gather(coros), self.timeout)
-        output = to_trl_output(groups, group_size)
-        rewards = output[REWARD_KEY]
+        group_filter = self.group_filter if training else KEEP_EVERY_GROUP
+        refill = refill_from(self.index.indexed_rows, rows, seed=self.seed, step=step)
+        groups = self.loop.run(run_step_groups(self.rollouts, rows, samples=group_size, step=step,
+                                               group_filter=group_filter, refill=refill), self.timeout)
+        output = to_trl_output(groups.used, group_size, slots=len(heads), pad_id=self.pad_id)
         record = RolloutRecord(step=step, version=engine.weight_version, groups=groups,
-                               seconds=time.perf_counter() - started)
-        record.metrics = {"reward_mean": sum(rewards) / len(rewards), "rollout_s": round(record.seconds, 3),
-                          "completions": len(rewards),
-                          "generated_tokens": sum(sum(m) for m in output["env_mask"])}
-        self.history.append(record)
+                               seconds=time.perf_counter() - started, skipped=groups.skipped)
+        used = len(groups.used) * group_size
+        record.metrics = {**groups.metrics(), "rollout_s": round(record.seconds, 3), "completions": used,
+                          "generated_tokens": sum(sum(m) for m in output["env_mask"][:used])}
+        if groups.skipped:
+            log.info("step %d: no prompt group with different rewards after %d refill rounds; no optimizer step",
+                     step, groups.refill_rounds)
+        self.latest = record
+        self.history.append(record.light())
         return output
+
+    def trained(self, advantages: list[float]) -> None:
+        """The trainer's advantages for the latest rollouts (one per entry, padding included): write the
+        step's rollouts to the ledger."""
+        record = self.latest
+        if record is None or record.groups is None:
+            return
+        used = sum(len(g.samples) for g in record.groups.used)
+        if self.ledger is not None:
+            self.ledger.write_step(record.groups, weight_version=record.version, advantages=advantages[:used])
 
 
 async def _gather(coros: list[Any]) -> list[Any]:

@@ -9,11 +9,19 @@ saved and loaded into the engine (``engine.update_weights``) before the
 first rollout of each new step. Either way the trainer's step number is the
 engine's weight version, recorded on every generated token.
 
+Groups whose rewards are all equal are filtered and refilled
+(``filter_groups``, ``rollout.py``); a step with none left takes no
+optimizer step (``grpo.py``). Every step's rollouts go to the run's ledger,
+checkpoints hold what ``--resume`` needs (``checkpoints.py``), metrics go to
+the tracking sinks of ``report_to`` (``tracking.py``), and ``eval_every``
+samples held-out prompts between steps.
+
 TRL 1.16 is imported inside :meth:`TRLTrainer.train` only.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -22,10 +30,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scaffold_core.errors import ConfigError
-from scaffold_core.trainer import Trainer, TrainJob, TrainStep
+from scaffold_core.train.filtering import GroupFilter
+from scaffold_core.trainer import Trainer, TrainJob
 
+from . import checkpoints, tracking
+from .grpo import callbacks, drop_skipped_figures, make_trainer
 from .loop_thread import LoopThread
 from .rollout import PromptIndex, RolloutBridge, scaffold
+
+log = logging.getLogger("scaffold.trl")
 
 #: Engine options that describe how the embedded engine loads its model (the trainer loads it instead).
 LOAD_OPTIONS = ("model", "dtype", "device", "cache_converted", "trust_remote_code")
@@ -33,6 +46,27 @@ LOAD_OPTIONS = ("model", "dtype", "device", "cache_converted", "trust_remote_cod
 DERIVED_FIELDS = ("output_dir", "num_generations", "max_completion_length", "temperature", "top_p", "top_k",
                   "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "use_vllm",
                   "logging_steps", "disable_tqdm", "remove_unused_columns")
+#: GRPOConfig fields that are options of this trainer (set them as ``trainer.<option>``).
+OPTION_FIELDS = {"learning_rate": "learning_rate", "beta": "beta", "loss_type": "loss_type",
+                 "scale_rewards": "scale_rewards", "epsilon": "epsilon", "max_grad_norm": "max_grad_norm",
+                 "weight_decay": "weight_decay", "warmup_steps": "warmup_steps", "save_steps": "save_steps",
+                 "save_total_limit": "save_total_limit", "seed": "seed", "report_to": "report_to",
+                 "full_determinism": "deterministic"}
+Sink = Literal["tensorboard", "trackio", "wandb"]
+#: Options that may not be null.
+REQUIRED = ("max_steps", "prompts_per_step", "num_generations", "eval_samples")
+
+
+def _check_grpo(grpo: dict[str, Any]) -> None:
+    """``grpo:`` may set GRPOConfig fields scaffold does not set from its config or this trainer's options."""
+    clash = sorted(set(grpo) & set(DERIVED_FIELDS))
+    if clash:
+        raise ValueError(f"grpo: {', '.join(clash)} come from scaffold's config (trainer and sampling "
+                         "sections); set them there")
+    options = sorted(set(grpo) & set(OPTION_FIELDS))
+    if options:
+        raise ValueError("grpo: " + ", ".join(options) + " are options of this trainer: set "
+                         + ", ".join(f"trainer.{OPTION_FIELDS[k]}" for k in options) + " instead")
 
 
 class TRLTrainer(Trainer):
@@ -43,33 +77,33 @@ class TRLTrainer(Trainer):
                  loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "dapo",
                  scale_rewards: Literal["group", "batch", "none"] = "group", epsilon: float = 0.2,
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 save_steps: int | None = None, seed: int = 0, threads: int | None = None,
-                 policy: str | None = None, rollout_timeout: float = 3600.0,
+                 save_steps: int | None = None, save_total_limit: int | None = None, seed: int = 0,
+                 threads: int | None = None, policy: str | None = None, rollout_timeout: float = 3600.0,
+                 filter_groups: Literal["none", "zero_variance"] = "zero_variance", max_refill_rounds: int = 2,
+                 report_to: list[Sink] | None = None, deterministic: bool = False, eval_every: int | None = None,
+                 eval_task: dict[str, Any] | None = None, eval_samples: int = 4,
                  grpo: dict[str, Any] | None = None):
-        for name, value in (("max_steps", max_steps), ("prompts_per_step", prompts_per_step)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if num_generations < 2:
-            raise ValueError(f"num_generations must be >= 2 (GRPO compares samples of one prompt), got "
-                             f"{num_generations}")
-        if learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        for name, value, least in (("max_steps", max_steps, 1), ("prompts_per_step", prompts_per_step, 1),
+                                   ("num_generations", num_generations, 2), ("save_steps", save_steps, 1),
+                                   ("save_total_limit", save_total_limit, 1), ("threads", threads, 1),
+                                   ("eval_every", eval_every, 1), ("eval_samples", eval_samples, 1)):
+            if value is not None and value < least:
+                why = " (GRPO compares samples of one prompt)" if name == "num_generations" else ""
+                raise ValueError(f"{name} must be >= {least}{'' if name in REQUIRED else ' or null'}{why}, "
+                                 f"got {value}")
+        for positive, amount in (("learning_rate", learning_rate), ("rollout_timeout", rollout_timeout)):
+            if amount <= 0:
+                raise ValueError(f"{positive} must be > 0, got {amount}")
         if beta < 0:
             raise ValueError(f"beta must be >= 0, got {beta}")
         batch = prompts_per_step * num_generations
         if micro_batch_size is not None and (micro_batch_size < 1 or batch % micro_batch_size):
             raise ValueError(f"micro_batch_size must divide prompts_per_step * num_generations ({batch}), "
                              f"got {micro_batch_size}")
-        if save_steps is not None and save_steps < 1:
-            raise ValueError(f"save_steps must be >= 1 or null, got {save_steps}")
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be >= 1 or null, got {threads}")
-        if rollout_timeout <= 0:
-            raise ValueError(f"rollout_timeout must be > 0 seconds, got {rollout_timeout}")
-        clash = sorted(set(grpo or {}) & set(DERIVED_FIELDS))
-        if clash:
-            raise ValueError(f"grpo: {', '.join(clash)} come from scaffold's config (trainer and sampling "
-                             "sections); set them there")
+        _check_grpo(grpo or {})
+        if eval_every is not None and eval_task is None:
+            raise ValueError("eval_every needs eval_task: the training task's options for the held-out rows, "
+                             "e.g. eval_task: {split: test}")
         self.max_steps = max_steps
         self.learning_rate = learning_rate
         self.num_generations = num_generations
@@ -83,10 +117,17 @@ class TRLTrainer(Trainer):
         self.weight_decay = weight_decay
         self.warmup_steps = warmup_steps
         self.save_steps = save_steps or max_steps
+        self.save_total_limit = save_total_limit
         self.seed = seed
         self.threads = threads
         self.policy = policy
         self.rollout_timeout = rollout_timeout
+        self.group_filter = GroupFilter(filter_groups, max_refill_rounds)
+        self.report_to = tracking.check_sinks(list(report_to or []))
+        self.deterministic = deterministic
+        self.eval_every = eval_every
+        self.eval_task = dict(eval_task or {})
+        self.eval_samples = eval_samples
         self.grpo = dict(grpo or {})
 
     def train(self, job: TrainJob) -> dict[str, Any]:
@@ -115,6 +156,11 @@ class GRPORun:
         self.trainer: Any = None
         self.bridge: RolloutBridge | None = None
         self.wraps_model = False
+        self.steps_skipped = 0
+        self.eval_rows: list[dict[str, Any]] = []
+        self.eval_source: Any = None
+        self.pending_eval: dict[str, Any] = {}
+        self.resumed_from: str | None = None
 
     def __enter__(self) -> GRPORun:
         try:
@@ -161,9 +207,21 @@ class GRPORun:
             raise ConfigError(f"task {self.config.task.name!r}: no usable rows to train on "
                               f"({len(index.unusable)} could not be rendered)")
         self.index = index
+        if self.options.eval_every:
+            from scaffold_core.train.evaluation import eval_task
+
+            self.eval_source = eval_task(self.config, self.job.registry, self.options.eval_task)
+            self.eval_rows = list(self.eval_source.load())
+            if not self.eval_rows:
+                raise ConfigError(f"trainer.eval_task: {self.options.eval_task} gives no rows to evaluate on")
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.bridge = RolloutBridge(self.rollouts, index, self.loop, timeout=self.options.rollout_timeout,
-                                    sync=None if self.wraps_model else self._save_for_engine)
+                                    sync=None if self.wraps_model else self._save_for_engine,
+                                    group_filter=self.options.group_filter, seed=self.config.sampling.seed,
+                                    ledger=self.job.ledger, pad_id=int(pad or 0))
+        tracking.prepare_environment(self.options.report_to, Path(self.job.output_dir))
         self.trainer = self._grpo_trainer(index.prompts)
+        tracking.place_tensorboard(self.trainer, Path(self.job.output_dir))
 
     def _load_policy(self) -> None:
         from scaffold_core.engines.model_loading import load_model_and_tokenizer, resolve_model
@@ -199,28 +257,91 @@ class GRPORun:
         self.tokenizer.save_pretrained(str(target))
         return str(target)
 
-    def _grpo_trainer(self, prompts: list[str]) -> Any:
-        import datasets
-        from transformers import PrinterCallback
-        from trl import GRPOConfig, GRPOTrainer
+    def _grpo_config(self) -> Any:
+        from trl import GRPOConfig
 
         o = self.options
         batch = o.prompts_per_step * o.num_generations
-        args = GRPOConfig(
-            output_dir=str(self.job.output_dir), use_cpu=self.device == "cpu", bf16=False, fp16=False,
-            activation_checkpointing=False, use_vllm=False, beta=o.beta, num_generations=o.num_generations,
+        fields: dict[str, Any] = dict(
+            use_cpu=self.device == "cpu", bf16=False, fp16=False, activation_checkpointing=False,
+            save_strategy="steps", save_only_model=False, disable_dropout=True, project="scaffold",
+            run_name=Path(self.job.output_dir).name or "scaffold")
+        fields.update(o.grpo)  # what grpo: may set
+        fields.update(  # what comes from scaffold's config and the trainer's options
+            output_dir=str(self.job.output_dir), use_vllm=False, beta=o.beta, num_generations=o.num_generations,
             per_device_train_batch_size=o.micro_batch_size, gradient_accumulation_steps=batch // o.micro_batch_size,
             max_completion_length=self.config.sampling.max_tokens, temperature=self.config.sampling.temperature,
             top_p=1.0, top_k=0, learning_rate=o.learning_rate, max_steps=o.max_steps, logging_steps=1,
-            save_strategy="steps", save_steps=o.save_steps, save_only_model=True, report_to="none",
-            disable_dropout=True, seed=o.seed, disable_tqdm=True, loss_type=o.loss_type,
+            save_steps=o.save_steps, save_total_limit=o.save_total_limit, report_to=o.report_to or "none",
+            full_determinism=o.deterministic, seed=o.seed, disable_tqdm=True, loss_type=o.loss_type,
             scale_rewards=o.scale_rewards, epsilon=o.epsilon, max_grad_norm=o.max_grad_norm,
-            weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, remove_unused_columns=False, **o.grpo)
-        trainer = GRPOTrainer(model=self.model, reward_funcs=scaffold, args=args, processing_class=self.tokenizer,
-                              train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
-                              rollout_func=self.bridge, callbacks=[_reporter(self)])
+            weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, remove_unused_columns=False)
+        return GRPOConfig(**fields)
+
+    def _grpo_trainer(self, prompts: list[str]) -> Any:
+        import datasets
+        from transformers import PrinterCallback
+
+        trainer = make_trainer(self, model=self.model, reward_funcs=scaffold, args=self._grpo_config(),
+                               processing_class=self.tokenizer,
+                               train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+                               rollout_func=self.bridge, callbacks=[callbacks(self)])
         trainer.remove_callback(PrinterCallback)  # scaffold prints each step itself
         return trainer
+
+    # -- what each step adds ---------------------------------------------------------
+    def step_log(self, logs: dict[str, Any], series: dict[str, list[float]]) -> None:
+        """Merge scaffold's metrics of the step into the Trainer's log (``series``: TRL's metrics of the step)."""
+        assert self.bridge is not None
+        record = self.bridge.latest
+        if record is None:
+            return
+        stats = self.rollouts.stats
+        if record.skipped:
+            drop_skipped_figures(logs, series)
+        logs.update({**record.metrics, "version": record.version, "stale_dropped": stats.stale_dropped,
+                     "stale_regenerated": stats.stale_regenerated, "skipped": int(record.skipped),
+                     "steps_skipped": self.steps_skipped, **self.pending_eval})
+        self.pending_eval = {}
+
+    def maybe_evaluate(self, step: int) -> None:
+        """Sample the held-out rows on the current weights when ``step`` is a multiple of ``eval_every``."""
+        every = self.options.eval_every
+        if not every or step % every or self.eval_source is None:
+            return
+        from scaffold_core.train.evaluation import evaluate
+
+        started = time.perf_counter()
+        figures = self.run(evaluate(self.rollouts, self.eval_source, self.eval_rows,
+                                    samples=self.options.eval_samples, step=step), self.options.rollout_timeout)
+        self.pending_eval = {k: v for k, v in figures.items() if v is not None}
+        self.pending_eval["eval_time_s"] = round(time.perf_counter() - started, 3)
+
+    def checkpoint_state(self, step: int) -> dict[str, Any]:
+        """What ``scaffold_state.json`` of the checkpoint at ``step`` holds."""
+        return {"step": step, "job": self.job.checkpoint_state(),
+                "trainer": {"steps_skipped": self.steps_skipped, "rollouts": self.rollouts.stats.to_dict()}}
+
+    def _start_point(self) -> str | None:
+        """The checkpoint to resume from (its metrics and ledger rewound to it), or None for a fresh start."""
+        output_dir = Path(self.job.output_dir)
+        if not self.job.resume:
+            removed = checkpoints.remove_all(output_dir)
+            if removed:
+                log.info("removed the checkpoints of an earlier run in %s: %s", output_dir, ", ".join(removed))
+            return None
+        found = checkpoints.last_complete(output_dir)
+        if found is None:
+            self.job.rewind(0, None)
+            return None
+        folder, state = found
+        self.job.rewind(int(state["step"]), state.get("job"))
+        counters = state.get("trainer") or {}
+        self.steps_skipped = int(counters.get("steps_skipped", 0))
+        for key, value in (counters.get("rollouts") or {}).items():
+            if hasattr(self.rollouts.stats, key):
+                setattr(self.rollouts.stats, key, int(value))
+        return str(folder)
 
     # -- running -------------------------------------------------------------------
     def run(self, coro: Any, timeout: float = 600.0) -> Any:
@@ -240,9 +361,11 @@ class GRPORun:
             warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                     category=FutureWarning)
             try:
-                result = self.trainer.train()
+                self.resumed_from = self._start_point()
+                result = self.trainer.train(resume_from_checkpoint=self.resumed_from)
                 final = Path(self.job.output_dir) / "final"
                 self.trainer.save_model(str(final))
+                tracking.finish(self.options.report_to)
             finally:
                 if bars:
                     hf_logging.enable_progress_bar()
@@ -255,6 +378,7 @@ class GRPORun:
                 "checkpoint-*")), "weight_version": self.engine.weight_version,
             "rollouts": self.rollouts.stats.to_dict(), "train_s": round(time.perf_counter() - started, 2),
             "duplicate_prompts": self.index.duplicates, "unusable_rows": len(self.index.unusable),
+            "steps_skipped": self.steps_skipped, "resumed_from": self.resumed_from,
         }
 
     def close(self) -> None:
@@ -276,30 +400,3 @@ def _make_trainable(model: Any) -> None:
         quantizer.remove_quantization_config(model)
     if getattr(model, "is_quantized", False):
         model.is_quantized = False
-
-
-def _reporter(run: GRPORun) -> Any:
-    """A TrainerCallback turning each step's log into a scaffold TrainStep."""
-    from transformers import TrainerCallback
-
-    class ScaffoldSteps(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if run.bridge is not None and run.trainer is not None:
-                run.bridge.sync_weights(run.trainer)  # the engine serves the new weights from here on
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
-            if not logs or "loss" not in logs or run.bridge is None or not run.bridge.history:
-                return  # the end-of-training summary log, or nothing rolled out yet
-            record = run.bridge.history[-1]
-            stats = run.rollouts.stats
-            metrics = {"reward_mean": record.metrics["reward_mean"], "loss": float(logs["loss"]),
-                       "version": record.version, "stale_dropped": stats.stale_dropped,
-                       "stale_regenerated": stats.stale_regenerated, "reward_std": logs.get("reward_std"),
-                       "rollout_s": record.metrics["rollout_s"], "step_time_s": logs.get("step_time"),
-                       "completions": record.metrics["completions"], "grad_norm": logs.get("grad_norm"),
-                       "entropy": logs.get("entropy"), "learning_rate": logs.get("learning_rate")}
-            checkpoint = f"checkpoint-{state.global_step}" if control.should_save else None
-            run.job.report(TrainStep(int(state.global_step), int(state.max_steps) or None,
-                                     {k: v for k, v in metrics.items() if v is not None}, checkpoint))
-
-    return ScaffoldSteps()

@@ -4,6 +4,7 @@ carry version 1 and were sampled from the updated weights."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -17,6 +18,7 @@ from scaffold_core.engines.model_loading import bundled_smollm2_gguf  # noqa: E4
 from scaffold_core.generation import GenerationRequest  # noqa: E402
 from scaffold_core.sampling import SamplingParams  # noqa: E402
 from scaffold_core.testing import plugin_set  # noqa: E402
+from scaffold_core.train.step_ledger import StepLedger  # noqa: E402
 from scaffold_core.trainer import TrainJob  # noqa: E402
 from scaffold_core.verifier import Verdict, Verifier  # noqa: E402
 
@@ -73,7 +75,9 @@ def test_two_grpo_steps_train_on_rollouts_of_the_live_weights(tmp_path):
     }, registry=pset.registry)
     options = pset.registry.create("trainer", "trl", config.trainer.options)
     reported = []
-    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry)
+    ledger = StepLedger(tmp_path / "run")
+    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry,
+                   ledger=ledger)
     checks = {}
 
     with GRPORun(options, job) as run:
@@ -93,7 +97,7 @@ def test_two_grpo_steps_train_on_rollouts_of_the_live_weights(tmp_path):
 
             def on_pre_optimizer_step(self, args, state, control, **kw):
                 if state.global_step == 1:  # step 2's rollouts are in, its optimizer step not yet taken
-                    samples = run.bridge.history[1].samples[:3]
+                    samples = run.bridge.latest.samples[:3]
                     checks["step2"] = [(s.logprobs[s.prompt_len:], teacher_forced(model, None, s),
                                         teacher_forced(model, initial, s)) for s in samples]
 
@@ -107,10 +111,17 @@ def test_two_grpo_steps_train_on_rollouts_of_the_live_weights(tmp_path):
     assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").is_file()
     assert not torch.equal(initial[PARAM], dict(model.named_parameters())[PARAM])
 
-    # versions: step 1 sampled with version 0, step 2 with version 1, on every generated token
+    # versions: step 1 sampled with version 0, step 2 with version 1, on every generated token (read from the
+    # rollouts the run wrote to its ledger, with the advantages TRL trained on)
+    ledger.close()
+    rows = [t for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()
+            for t in json.loads(line)["trajectories"]]
     for record, version in zip(history, (0, 1)):
-        assert record.version == version and len(record.samples) == 8
-        assert {v for s in record.samples for v, m in zip(s.versions, s.loss_mask) if m} == {version}
+        assert record.version == version and record.metrics["completions"] == 8
+        step = [r for r in rows if r["step"] == record.step]
+        assert len(step) == 8 and all(r["used"] and r["weight_version"] == version for r in step)
+        assert {v for r in step for v, m in zip(r["versions"], r["loss_mask"]) if m} == {version}
+        assert abs(sum(r["advantage"] for r in step)) < 1e-3 and any(r["advantage"] for r in step)
     assert [s.metrics["version"] for s in reported] == [0, 1]
     assert checks["before"].weight_version == 0 and checks["after"].weight_version == 1
 
@@ -174,7 +185,7 @@ def test_a_separate_engine_gets_the_weights_after_every_step(tmp_path):
         "verifier": {"name": "short_answers"}, "engine": {"name": "synced"},
         "sampling": {"max_tokens": 4, "temperature": 1.0},
         "trainer": {"name": "trl", "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
-                    "policy": str(policy), "threads": 1},
+                    "policy": str(policy), "threads": 1, "filter_groups": "none"},  # every answer is "ok"
     }, registry=pset.registry)
     job = TrainJob(config=config, output_dir=tmp_path / "run", registry=pset.registry)
     with GRPORun(pset.registry.create("trainer", "trl", config.trainer.options), job) as run:

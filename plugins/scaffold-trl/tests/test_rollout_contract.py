@@ -67,6 +67,10 @@ def test_output_is_checked_where_trl_would_not():
     assert out["prompt_ids"] == [[0, 1], [0, 1]] and out["completion_ids"] == [[5, 6], [5, 6]]
     assert out["logprobs"] == [[-0.5, -0.25]] * 2 and out["env_mask"] == [[1, 1]] * 2
     assert out[REWARD_KEY] == [1.0, 0.0] and scaffold(["a", "b"], out[REWARD_KEY]) == [1.0, 0.0]
+    padded = to_trl_output([group(sample(), sample(reward=0.0))], 2, slots=2, pad_id=9)
+    assert padded["completion_ids"][2:] == [[9], [9]] and padded["prompt_ids"][2:] == [[9], [9]]
+    assert padded["env_mask"][2:] == [[0], [0]] and padded[REWARD_KEY][2:] == [None, None]
+    assert all(len(v) == 4 for v in padded.values())
     with pytest.raises(RuntimeError, match="produced 1 of 2 samples"):
         to_trl_output([group(sample())], 2)
     with pytest.raises(RuntimeError, match="no completion tokens"):
@@ -99,7 +103,40 @@ def test_the_bridge_answers_trl_with_one_completion_per_entry_in_order():
     assert all(len(c) == len(lp) > 0 for c, lp in zip(out["completion_ids"], out["logprobs"]))
     record = bridge.history[0]
     assert record.version == 0 and record.metrics["completions"] == 6 and record.metrics["reward_mean"] == 0.5
-    assert len({s.episode_id for s in record.samples}) == 6  # six episodes, six seeds
+    assert record.groups is None  # earlier steps keep their figures only: memory stays flat in steps
+    assert len({s.episode_id for s in bridge.latest.samples}) == 6  # six episodes, six seeds, held until the next call
+    assert not record.skipped  # filter_groups none: every group is kept, even those with equal rewards
+
+
+def test_groups_with_equal_rewards_are_refilled_then_padded_and_the_step_is_skipped():
+    """Every group here has equal rewards (the scripted model always answers '2'): the bridge draws the task's
+    other rows (bounded), and with nothing informative hands TRL padding only, which trains nothing."""
+    from scaffold_core.train.filtering import GroupFilter
+
+    engine = ScriptedEngine(lambda prompt, request: "2")
+    engine.weight_version = 0
+    rows = [{"id": f"r{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(5)]
+    rollouts = TrainingRollouts(Components(task=ListTask(rows), controller=NativeController(), engine=engine,
+                                           verifier=ExactMatchVerifier()), sampling=SamplingParams(max_tokens=8))
+    loop = LoopThread()
+    try:
+        loop.run(rollouts.start(), 30)
+        index = PromptIndex(rollouts)
+        bridge = RolloutBridge(rollouts, index, loop, group_filter=GroupFilter("zero_variance", 2), seed=0,
+                               pad_id=7)
+        out = bridge([index.prompts[0]] * 3 + [index.prompts[2]] * 3, FakeTrainer())
+    finally:
+        loop.run(rollouts.close(), 30)
+        loop.stop()
+    record = bridge.latest
+    assert record.skipped and record.metrics["groups_used"] == 0 and record.metrics["refill_rounds"] == 2
+    # 2 asked for, then 2 drawn per round: the 3 rows not tried yet first, then one tried again (fresh samples)
+    assert record.metrics["groups_filtered"] == 6
+    assert {g.row["id"] for g in record.groups.filtered} == {r["id"] for r in rows}
+    right = sum(g.row["id"] == "r1" for g in record.groups.filtered)  # "1 + 1?" is answered right
+    assert record.metrics["reward_mean"] == pytest.approx(right / 6) and record.metrics["completions"] == 0
+    assert out["completion_ids"] == [[7]] * 6 and out["env_mask"] == [[0]] * 6 and out[REWARD_KEY] == [None] * 6
+    assert scaffold([""] * 6, out[REWARD_KEY]) == [None] * 6  # TRL: unscorable, advantage 0
 
 
 def test_loop_thread_bounds_every_wait():

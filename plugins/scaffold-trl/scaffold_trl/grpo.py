@@ -1,0 +1,147 @@
+"""TRL's GRPOTrainer with scaffold's hooks, and the callback that reports each step.
+
+Three of GRPOTrainer's own methods are extended, each by a few lines:
+
+* ``_generate_and_score_completions``: once TRL has computed the step's
+  advantages, the step's rollouts go to the ledger with them;
+* ``log``: scaffold's per-step metrics join the Trainer's log before it is
+  sent anywhere, so every tracking sink (and ``trainer_state.json``'s log
+  history) gets them together with TRL's; on a skipped step the figures of an
+  optimizer step that did not happen (``loss``, ``grad_norm``, TRL's series
+  with no value) are left out;
+* ``_save_checkpoint``: ``scaffold_state.json`` is written into the
+  checkpoint before the Trainer's files (see ``checkpoints.py``), as TRL
+  itself adds its entropy controller's state;
+* ``_get_train_sampler``: TRL's sampler, seeded again at every epoch from
+  the seed and the epoch's number. TRL's own draws each epoch's order from
+  one generator, so a run resumed in a later epoch (the Trainer does not
+  replay the epochs before it) would see other prompts than the run it
+  continues; seeded per epoch, it sees the same ones.
+
+A step with no informative group *skips* the optimizer step: its batch is
+padding only, and :class:`ScaffoldSteps` clears every gradient
+(``set_to_none``) just before ``optimizer.step()``, so AdamW, which steps only
+parameters that have a gradient, changes no weight and no moment. The step
+counter, the learning-rate schedule and the checkpoint cadence still count
+the step (``max_steps`` counts steps taken or skipped).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from scaffold_core.sampling import derive_seed
+from scaffold_core.trainer import TrainStep
+
+from .checkpoints import write_state
+
+#: TRL's log keys reported with each step (renamed where scaffold has its own name).
+TRL_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy", "learning_rate": "learning_rate",
+            "reward_std": "reward_std", "step_time": "step_time_s"}
+#: Figures of an optimizer step: not reported for a skipped one.
+STEP_ONLY = ("loss", "grad_norm", "entropy")
+
+
+class QuietPadding(logging.Filter):
+    """Drops TRL's warning that every reward function returned None when the row is scaffold's padding
+    (``scaffold_group`` empty): padding has no reward on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("All reward functions returned None") and "'scaffold_group': ''" in message)
+
+
+def quiet_padding() -> None:
+    """Install :class:`QuietPadding` on TRL's GRPO logger (once)."""
+    logger = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, QuietPadding) for f in logger.filters):
+        logger.addFilter(QuietPadding())
+
+
+def make_trainer(run: Any, **kwargs: Any) -> Any:
+    """A GRPOTrainer (built with ``kwargs``) whose rollouts, logs and checkpoints go through ``run``."""
+    quiet_padding()
+    from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
+
+    class EpochSeededSampler(RepeatSampler):
+        """TRL's sampler whose order in epoch ``e`` depends on the seed and ``e`` only (accelerate's data loader
+        calls ``set_epoch`` before each epoch)."""
+
+        def set_epoch(self, epoch: int) -> None:
+            if self.shuffle and self.seed is not None:
+                self.generator.manual_seed(derive_seed(self.seed, "epoch", epoch))
+
+    class ScaffoldGRPOTrainer(GRPOTrainer):
+        def _get_train_sampler(self, dataset: Any = None) -> Any:
+            s: Any = super()._get_train_sampler(dataset)
+            return EpochSeededSampler(data_source=s.data_source, mini_repeat_count=s.mini_repeat_count,
+                                      batch_size=s.batch_size, repeat_count=s.repeat_count, shuffle=s.shuffle,
+                                      seed=s.seed)
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            output = super()._generate_and_score_completions(inputs)
+            if getattr(self.model, "training", False):
+                run.bridge.trained([float(a) for a in output["advantages"].reshape(-1).tolist()])
+            return output
+
+        def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
+            if getattr(self.model, "training", False) and "loss" in logs:
+                run.step_log(logs, self._metrics["train"])
+            super().log(logs, start_time)
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            step = int(self.state.global_step)
+            write_state(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}", run.checkpoint_state(step))
+            super()._save_checkpoint(model, trial)
+
+    return ScaffoldGRPOTrainer(**kwargs)
+
+
+def drop_skipped_figures(logs: dict[str, Any], series: dict[str, list[float]]) -> None:
+    """Leave out of a skipped step's log what only an optimizer step measures, and TRL's series that hold
+    no value (padding has none: they would be sent as ``None``)."""
+    for key in STEP_ONLY:
+        logs.pop(key, None)
+    for key in [k for k, values in series.items() if all(isinstance(v, float) and math.isnan(v) for v in values)]:
+        del series[key]
+
+
+def step_report(logs: dict[str, Any], state: Any, checkpoint: bool) -> TrainStep:
+    """The :class:`TrainStep` of one training log (scaffold's metrics already merged into it)."""
+    metrics = {name: logs[key] for key, name in TRL_KEYS.items() if logs.get(key) is not None}
+    metrics.update({k: v for k, v in logs.items() if k in SCAFFOLD_KEYS or k.startswith("eval_")})
+    return TrainStep(int(state.global_step), int(state.max_steps) or None, metrics,
+                     f"checkpoint-{state.global_step}" if checkpoint else None)
+
+
+#: The per-step metrics scaffold adds to the Trainer's log (see ``GRPORun.step_log``).
+SCAFFOLD_KEYS = ("reward_mean", "version", "stale_dropped", "stale_regenerated", "groups_used", "groups_filtered",
+                 "refill_rounds", "skipped", "steps_skipped", "samples", "completions", "generated_tokens",
+                 "rollout_s")
+
+
+def callbacks(run: Any) -> Any:
+    """The TrainerCallback that syncs weights, skips, evaluates and reports each step for ``run``."""
+    from transformers import TrainerCallback
+
+    class ScaffoldSteps(TrainerCallback):
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            latest = run.bridge.latest if run.bridge is not None else None
+            if latest is not None and latest.skipped:
+                run.model.zero_grad(set_to_none=True)  # AdamW steps only parameters with a gradient
+                run.steps_skipped += 1
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if run.bridge is not None and run.trainer is not None:
+                run.bridge.sync_weights(run.trainer)  # the engine serves the new weights from here on
+                run.maybe_evaluate(int(state.global_step))
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+            if logs and "steps_skipped" in logs:  # a training step's log (not the end-of-training summary)
+                run.job.report(step_report(logs, state, bool(control.should_save)))
+
+    return ScaffoldSteps()

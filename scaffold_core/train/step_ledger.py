@@ -1,0 +1,157 @@
+"""A training run's rollouts on disk, step by step, in the ledger and dataset form of ``scaffold run``.
+
+``scaffold train`` gives every trainer a :class:`StepLedger` (``job.ledger``).
+After each step the trainer calls :meth:`StepLedger.write_step`: every
+episode of the step, completed or failed, goes to ``episodes.jsonl`` with one
+append, written by :class:`~scaffold_core.output.rundir.RunOutput` as
+``scaffold run`` writes it (so nothing of a step stays in memory after it).
+Each training sequence is a :class:`TrainedSample`: the usual fields (prompt
+and completion ids, loss mask, behaviour logprobs, per-token versions,
+reward, the advantage the trainer used) plus the ``step``, the
+``weight_version`` its rollouts were generated with, whether the trainer
+``used`` it (False for a group left out as zero-variance, or a sample cut
+from a group), and the prompt and completion text. At the end
+:meth:`StepLedger.finish` derives ``samples.jsonl``, ``failures.jsonl``,
+``trajectories/`` (a ``datasets`` dataset with those columns) and
+``metrics.json`` exactly as ``scaffold run`` does.
+
+Resuming: :meth:`StepLedger.state` is what a checkpoint keeps (the size of
+each ledger file); :meth:`StepLedger.rewind` cuts the ledger back to it, so
+the steps after the checkpoint, run again, are recorded once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..episode import EpisodeResult
+from ..errors import RunDirError
+from ..output.files import open_nofollow
+from ..output.ledger import LEDGER
+from ..output.rundir import RunOutput
+from ..trajectory import TrainingSample
+from .filtering import StepGroups
+from .prompt_groups import RolloutGroup
+
+#: Files of the ledger: ``episodes.jsonl`` and any file beside it whose name starts the same way.
+LEDGER_PREFIX = LEDGER.split(".", 1)[0] + "."
+_BASE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSample))
+
+
+@dataclass(slots=True)
+class TrainedSample(TrainingSample):
+    """A training sequence as a training run used it (or left it out)."""
+
+    step: int = 0
+    weight_version: int = 0
+    used: bool = False
+    prompt_text: str = ""
+    completion_text: str = ""
+
+
+class StepLedger:
+    """The rollouts of every step of a training run, appended to the run directory's ledger.
+
+    Owns the directory's :class:`RunOutput` (its lock is held until :meth:`close`): ``resume`` continues
+    the ledger there, ``overwrite`` replaces an earlier run's files.
+    """
+
+    def __init__(self, directory: str | Path, *, resume: bool = False, overwrite: bool = False,
+                 private: bool = True):
+        self.dir = Path(directory)
+        self.private = private
+        self.output = RunOutput(self.dir, resume=resume, overwrite=overwrite, private=private)
+        self.steps_written = 0
+
+    # -- writing ----------------------------------------------------------------------------------
+    def write_step(self, step: StepGroups | Sequence[RolloutGroup], *, weight_version: int,
+                   advantages: Sequence[float] | None = None, number: int | None = None) -> int:
+        """Append every episode of one step; returns the number of records written.
+
+        ``step``: the step's :class:`StepGroups` (its ``used`` groups are marked used, the others not), or
+        a plain list of groups, all used. ``advantages``: the advantage the trainer gave each sample of
+        the used groups, in order (group by group, sample by sample); ``None`` keeps the trajectory
+        maker's. ``number``: the step's number (default: the StepGroups' own).
+        """
+        if isinstance(step, StepGroups):
+            used, groups, number = step.used, step.groups, step.step if number is None else number
+        else:
+            used, groups = list(step), list(step)
+            if number is None:
+                raise ValueError("write_step: give the step's number when passing a list of groups")
+        samples = [sample for group in used for sample in group.samples]
+        if advantages is None:
+            advantages = [sample.advantage for sample in samples]
+        elif len(advantages) != len(samples):
+            raise ValueError(f"write_step: {len(advantages)} advantages for {len(samples)} samples in the used groups")
+        chosen = {id(sample): float(a) for sample, a in zip(samples, advantages)}
+        written = 0
+        for group in groups:
+            for episode in group.episodes:
+                self.output.append(_trained(episode, number, weight_version, chosen))
+                written += 1
+        self.steps_written += 1
+        return written
+
+    # -- resuming ---------------------------------------------------------------------------------
+    def ledger_files(self) -> list[Path]:
+        """The ledger and the files kept beside it (``episodes.*``), plain files only."""
+        return sorted(p for p in self.dir.glob(LEDGER_PREFIX + "*") if p.is_file() and not p.is_symlink())
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps to rewind the ledger to this point: the size of each ledger file."""
+        return {"ledger_bytes": {p.name: os.lstat(p).st_size for p in self.ledger_files()}}
+
+    def rewind(self, state: dict[str, Any] | None) -> None:
+        """Cut the ledger back to ``state`` (from :meth:`state`; ``None``: to empty), before anything new is
+        written. A file shorter than recorded means the ledger is not the one the checkpoint saw: refused."""
+        sizes = dict((state or {}).get("ledger_bytes") or {})
+        self.output.close()
+        for path in self.ledger_files():
+            keep = int(sizes.get(path.name, 0))
+            size = os.lstat(path).st_size
+            if size < keep:
+                raise RunDirError(f"{path}: {size} bytes, shorter than the {keep} the checkpoint recorded; the "
+                                  "ledger is not the one this run wrote: resume from an earlier checkpoint, or "
+                                  "start again with --overwrite", path=str(path))
+            if size > keep:
+                fd = open_nofollow(path, os.O_WRONLY)
+                try:
+                    os.ftruncate(fd, keep)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+    # -- the end ------------------------------------------------------------------------------------
+    def finish(self, *, save_dataset: bool = True) -> dict[str, Any]:
+        """Close the ledger and derive samples, failures, the trajectories dataset and ``metrics.json``
+        from it (as at the end of ``scaffold run``); returns those metrics."""
+        from ..plugins.lifecycle import Hooks
+        from ..run.finalize import finalize_run_dir
+
+        self.output.close()
+        return finalize_run_dir(self.dir, {}, hooks=Hooks(None), save_dataset=save_dataset, private=self.private)
+
+    def close(self) -> None:
+        """Close the ledger and release the directory's lock (safe twice)."""
+        try:
+            self.output.close()
+        finally:
+            self.output.release()
+
+
+def _trained(episode: EpisodeResult, step: int, version: int, chosen: dict[int, float]) -> EpisodeResult:
+    """``episode`` with its training sequences as :class:`TrainedSample` (the episode itself is not changed)."""
+    texts = {s.sample_index: s.text for s in episode.samples}
+    rows = []
+    for t in episode.trajectories:
+        base = {name: getattr(t, name) for name in _BASE_FIELDS}
+        base["advantage"] = chosen.get(id(t), 0.0)
+        rows.append(TrainedSample(**base, step=step, weight_version=version, used=id(t) in chosen,
+                                  prompt_text=episode.prompt_text, completion_text=texts.get(t.sample_index, "")))
+    return dataclasses.replace(episode, trajectories=rows)
