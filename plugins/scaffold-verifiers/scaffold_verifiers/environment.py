@@ -23,6 +23,7 @@ line saying why.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,14 +81,14 @@ def load(env_id: str, env_args: dict[str, Any] | None = None) -> LoadedEnvironme
     try:
         config_cls = taskset_config_type(env_id)
     except (ImportError, TypeError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"task.env: verifiers environment {env_id!r} could not be loaded: {_one_line(exc)}. "
+        raise ConfigError(f"task.env: verifiers environment {env_id!r} could not be loaded: {one_line(exc)}. "
                           "Install its package (pip install <its package>) so that verifiers can import it") from None
     try:
         config = config_cls.model_validate({**(env_args or {}), "id": env_id})
         taskset = load_taskset(config)
     except Exception as exc:
         raise ConfigError(f"task.env_args: verifiers environment {env_id!r} rejected its arguments: "
-                          f"{_one_line(exc)}") from None
+                          f"{one_line(exc)}") from None
     task_cls = type(taskset).task_type()
     loaded = LoadedEnvironment(env_id, taskset, config, task_cls)
     loaded.problems = single_turn_problems(vf, loaded)
@@ -137,7 +138,7 @@ def rollout_refusals(loaded: LoadedEnvironment, harness: str) -> list[str]:
     try:
         cls = harness_class(harness)
     except (ImportError, TypeError, AttributeError, ValueError) as exc:
-        return [*problems, f"its harness {harness!r} could not be loaded ({_one_line(exc)})"]
+        return [*problems, f"its harness {harness!r} could not be loaded ({one_line(exc)})"]
     if getattr(cls, "NEEDS_CONTAINER", True):
         problems.append(f"its harness {harness!r} needs a container runtime")
     elif getattr(cls, "EXECUTES_CODE", True):
@@ -161,7 +162,7 @@ def env_config(loaded: LoadedEnvironment, harness: str, options: dict[str, Any] 
                 "runtime": SubprocessConfig(), "harness": seat.harness if seat.harness is not None else default}))
     except Exception as exc:
         raise ConfigError(f"task.env_config: verifiers environment {loaded.env_id!r} rejected its env config: "
-                          f"{_one_line(exc)}") from None
+                          f"{one_line(exc)}") from None
     return config
 
 
@@ -172,19 +173,37 @@ def seat_harnesses(config: Any) -> dict[str, str]:
     return {name: seat.harness.id for name, seat in agent_config_fields(config).items() if seat.harness is not None}
 
 
+def shipped_refusals(loaded: LoadedEnvironment) -> list[str]:
+    """What the tasksets shipped inside verifiers 0.4 need from outside this process, when it is missing
+    (``textarena`` cannot even be imported without its game engine and nltk data)."""
+    config = loaded.config
+    if loaded.env_id == "openenv":
+        if importlib.util.find_spec("openenv") is None:
+            return ["it steps an OpenEnv environment through the openenv client package, which is not installed"]
+        if not getattr(config, "base_url", None):
+            return ["it starts its OpenEnv environment with uv or Docker, which install at run time; give "
+                    "env_args.base_url of a running OpenEnv server"]
+    if loaded.env_id == "nemo_gym" and getattr(config.task, "resources_url", None) is None:
+        return ["it needs a NeMo Gym resource server (a managed one installs NeMo Gym under Python 3.12 with uv "
+                "at run time); give env_args.task.resources_url of a running server"]
+    if loaded.env_id == "harbor":
+        return ["its tasks run in Harbor's container images (Docker) and need the Harbor CLI"]
+    return []
+
+
 def check_rollout(loaded: LoadedEnvironment, harness: str, options: dict[str, Any] | None = None) -> Any:
     """The environment's ``EnvConfig`` (see :func:`env_config`); :class:`UnsupportedEnvironment` (one line) when
     the library's rollout cannot run here."""
     config = env_config(loaded, harness, options)
-    problems = rollout_refusals(loaded, harness)
+    problems = shipped_refusals(loaded) + rollout_refusals(loaded, harness)
     for seat, seat_harness in seat_harnesses(config).items():
         if seat_harness != harness:
             problems += [f"seat {seat!r}: {p}" for p in rollout_refusals(loaded, seat_harness) if "tasks" not in p]
     if problems:
         raise UnsupportedEnvironment(
             f"task.env: verifiers environment {loaded.env_id!r} cannot run here ({'; '.join(problems)}): "
-            "scaffold-verifiers runs the library's agents in its subprocess runtime only (no container); "
-            "use a harness that needs none (harness: null)")
+            "scaffold-verifiers runs the library's agents in its subprocess runtime on this machine, with nothing "
+            "from outside (no container, no service it does not find running)")
     return config
 
 
@@ -201,7 +220,7 @@ def runtime_dependent(task: Any) -> list[str]:
     return names
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()).rstrip(".")
     text = text if len(text) <= 300 else text[:297] + "..."
     return f"{type(exc).__name__}: {text}"

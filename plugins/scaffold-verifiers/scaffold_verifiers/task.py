@@ -25,6 +25,8 @@ from scaffold_core.task import Task
 from .environment import (
     DEFAULT_HARNESS,
     LoadedEnvironment,
+    UnsupportedEnvironment,
+    one_line,
     check_rollout,
     harness_id,
     load,
@@ -88,8 +90,17 @@ class VerifiersTask(Task):
     def load(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for task in itertools.islice(self._tasks(), self.limit):
+        try:
+            tasks = list(itertools.islice(self._tasks(), self.limit))
+        except Exception as exc:
+            raise DataError(f"task: verifiers environment {self.env!r} could not load its tasks: "
+                            f"{one_line(exc)}") from None
+        for task in tasks:
             data = task.data
+            if getattr(data, "image", None):
+                raise UnsupportedEnvironment(
+                    f"task.env: verifiers environment {self.env!r} runs its tasks in container images ({data.image!r}): "
+                    "scaffold-verifiers runs the library's agents on this machine, in no container")
             row_id = str(data.id if data.id is not None else data.idx)
             if row_id in seen:
                 self.skipped["duplicate id"] += 1
