@@ -61,8 +61,9 @@ class Environments:
         self.stack = contextlib.AsyncExitStack()
         self.lock: asyncio.Lock | None = None
 
-    async def env(self, reference: dict[str, Any]) -> Any:
-        """The started ``Env`` for a row's environment (the endpoint started on the first call)."""
+    async def env(self, reference: dict[str, Any]) -> tuple[Any, int]:
+        """The started ``Env`` for a row's environment and how many judges its task config holds (the endpoint
+        started on the first call)."""
         if self.lock is None:
             self.lock = asyncio.Lock()
         key = json.dumps([reference["env"], reference.get("env_args"), reference["rollout"]], sort_keys=True,
@@ -70,13 +71,12 @@ class Environments:
         async with self.lock:
             if self.endpoint is None:
                 await self._start_endpoint()
-            found = self.envs.get(key)
-            if found is None:
-                found = await asyncio.to_thread(_build_env, reference)
-                await self.stack.enter_async_context(found.serving())
-                self.envs[key] = found
-                self.judges[key] = count_judges(found.taskset.config.task)
-            return found, self.judges[key]
+            if key not in self.envs:
+                env = await asyncio.to_thread(_build_env, reference)
+                await self.stack.enter_async_context(env.serving())
+                self.envs[key] = env
+                self.judges[key] = count_judges(env.taskset.config.task)
+            return self.envs[key], self.judges[key]
 
     async def _start_endpoint(self) -> None:
         from scaffold_serve.episodes import AgentEndpoint
@@ -237,7 +237,9 @@ def _outcome(episode: Any, played: Any, ctx: EpisodeContext, env_id: str, second
     if not session.trajectories:
         raise EpisodeError(f"verifiers environment {env_id!r}: the episode made no model call through its session",
                            component="environment")
-    samples, chosen, skipped = [], None, 0
+    samples: list[Any] = []
+    chosen: int | None = None
+    skipped = 0
     final = trainable[-1] if trainable else None
     for trajectory in session.trajectories:
         trace = traces.get(trajectory.tags[0]) if trajectory.tags else (

@@ -26,10 +26,10 @@ from .environment import (
     DEFAULT_HARNESS,
     LoadedEnvironment,
     UnsupportedEnvironment,
-    one_line,
     check_rollout,
     harness_id,
     load,
+    one_line,
     runtime_dependent,
 )
 from .transcript import prompt_messages, rollout_messages
@@ -99,8 +99,8 @@ class VerifiersTask(Task):
             data = task.data
             if getattr(data, "image", None):
                 raise UnsupportedEnvironment(
-                    f"task.env: verifiers environment {self.env!r} runs its tasks in container images ({data.image!r}): "
-                    "scaffold-verifiers runs the library's agents on this machine, in no container")
+                    f"task.env: verifiers environment {self.env!r} runs its tasks in container images "
+                    f"({data.image!r}): scaffold-verifiers runs the library's agents on this machine, in no container")
             row_id = str(data.id if data.id is not None else data.idx)
             if row_id in seen:
                 self.skipped["duplicate id"] += 1

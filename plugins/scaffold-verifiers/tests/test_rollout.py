@@ -15,12 +15,12 @@ import pytest
 vf = pytest.importorskip("verifiers.v1")
 datasets = pytest.importorskip("datasets")
 
-import scaffold_multiturn  # noqa: E402
-import scaffold_serve  # noqa: E402
 import scaffold_verifiers  # noqa: E402
 from scaffold_verifiers.environment import check_rollout, load  # noqa: E402
 from scaffold_verifiers.program import run_chat_program_here  # noqa: E402
 
+import scaffold_multiturn  # noqa: E402
+import scaffold_serve  # noqa: E402
 from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
