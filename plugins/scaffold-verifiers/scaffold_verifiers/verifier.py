@@ -61,7 +61,8 @@ class VerifiersRubric(Verifier):
         if reference.get("rollout"):
             raise VerifierError(f"verifiers environment {reference['env']!r} is played by the library's own rollout "
                                 "(more than one turn, tools or judges), not scored on one response: use controller: "
-                                "{name: verifiers_rollout} (the verifiers task's default)")
+                                "{name: verifiers_rollout} (the verifiers task's default), with samples: N for several "
+                                "rollouts per prompt (majority_vote and best_of_n re-score single responses)")
         env_args: Any = reference.get("env_args") or {}
         data: Any = reference[TASK_KEY]
         messages: Any = reference["messages"]

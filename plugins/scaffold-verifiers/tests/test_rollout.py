@@ -215,3 +215,42 @@ def test_a_configured_judge_endpoint_gets_the_judge_calls(pset, tmp_path, quiz_s
     judged = [r for r in quiz_server.engine.requests[before:]
               if JUDGE_PROMPT in quiz_server.engine.tokenizer.decode(r.prompt_ids)]
     assert len(judged) == 1 and episodes["france"]["samples"][0]["verdict_metrics"]["reward/reference"] == 1.0
+
+
+def test_each_conversation_is_scored_by_the_agent_run_that_made_it():
+    """An episode of several agent runs (the library names each in its calls' X-Session-ID): each conversation of
+    the session is one sample rewarded by its own trace; an untrainable seat's run (a judge agent) and a retried
+    attempt's calls give no sample; the episode's answer is the last trainable run's."""
+    from types import SimpleNamespace
+
+    from scaffold_multiturn.tool_formats import HermesFormat
+    from scaffold_serve.session import Session
+    from scaffold_serve.wire import parse_chat_request
+    from scaffold_verifiers.rollout import _outcome
+
+    from scaffold_core.generation import GenerationResult
+
+    tokenizer = ByteTokenizer()
+    session = Session("s", tokenizer, HermesFormat())
+    traces = []
+    for name, text, reward, trainable in (("solver", "first", 0.25, True), ("judge", "verdict", 1.0, False),
+                                          ("solver", "second", 0.75, True)):
+        trace = vf.Trace(task=vf.TraceTask(type="Task", data=vf.TaskData(prompt="p")),
+                         agent=vf.AgentInfo(config=vf.AgentConfig(), name=name, trainable=trainable))
+        trace.record_reward("score", reward, 1.0)
+        traces.append(trace)
+        ask = parse_chat_request({"model": "scaffold", "messages": [{"role": "user", "content": f"go {text}"}]})
+        ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+        session.commit(session.plan(ask), [GenerationResult(ids, [-0.5] * len(ids), "stop", text, 0)], ask,
+                       tag=trace.id)
+    retried = parse_chat_request({"model": "scaffold", "messages": [{"role": "user", "content": "a retried try"}]})
+    ids = tokenizer.encode("lost") + [tokenizer.eos_token_id]
+    session.commit(session.plan(retried), [GenerationResult(ids, [-0.5] * len(ids), "stop", "lost", 0)], retried,
+                   tag="an-abandoned-attempt")
+    played = SimpleNamespace(traces=traces)
+    outcome = _outcome(SimpleNamespace(session=session, side=[]), played, SimpleNamespace(sample_base=0), "env", 1.0)
+    assert [s.verdict.reward for s in outcome.samples] == [0.25, 0.75]
+    assert [s.metadata["trace"] for s in outcome.samples] == [traces[0].id, traces[2].id]
+    assert outcome.samples[1].verdict.metrics == {"reward/score": 0.75}
+    assert outcome.chosen == 1 and outcome.answer_reward == 0.75
+    assert outcome.metrics["skipped_trajectories"] == 2.0 and outcome.metrics["traces"] == 3.0
