@@ -223,12 +223,12 @@ def test_each_conversation_is_scored_by_the_agent_run_that_made_it():
     attempt's calls give no sample; the episode's answer is the last trainable run's."""
     from types import SimpleNamespace
 
-    from scaffold_multiturn.tool_formats import HermesFormat
-    from scaffold_serve.session import Session
-    from scaffold_serve.wire import parse_chat_request
     from scaffold_verifiers.rollout import _outcome
 
     from scaffold_core.generation import GenerationResult
+    from scaffold_multiturn.tool_formats import HermesFormat
+    from scaffold_serve.session import Session
+    from scaffold_serve.wire import parse_chat_request
 
     tokenizer = ByteTokenizer()
     session = Session("s", tokenizer, HermesFormat())
