@@ -9,7 +9,9 @@ The modules: :mod:`~scaffold_serve.wire` (request checking, errors), :mod:`~scaf
 (OpenAI messages to the tool-call formats of scaffold-multiturn), :mod:`~scaffold_serve.trajectory`
 and :mod:`~scaffold_serve.session` (the prefix invariant, forks, drift), :mod:`~scaffold_serve.service`
 (sessions, sampling, context), :mod:`~scaffold_serve.backends` (engine or runtime),
-:mod:`~scaffold_serve.app` (HTTP) and :mod:`~scaffold_serve.server` (uvicorn). Heavy imports
+:mod:`~scaffold_serve.app` (HTTP), :mod:`~scaffold_serve.server` (uvicorn) and
+:mod:`~scaffold_serve.episodes` (the run's endpoint and an episode's sessions, shared by every controller
+that runs agent code). Heavy imports
 (starlette, uvicorn, openai) happen only when a server or an agent starts.
 """
 

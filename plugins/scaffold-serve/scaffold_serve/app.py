@@ -207,7 +207,8 @@ class Endpoint:
         entry = self._entry(request)
         body = await read_json(request)
         chat = parse_chat_request(body)
-        prepared = self.service.prepare(entry, chat)
+        tag_header = self.service.options.tag_header
+        prepared = self.service.prepare(entry, chat, request.headers.get(tag_header) if tag_header else None)
         cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         if chat.stream:
             return StreamingResponse(self._stream(request, prepared, cid, created), media_type="text/event-stream",

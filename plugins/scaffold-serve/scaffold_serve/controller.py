@@ -26,21 +26,20 @@ import importlib
 import inspect
 import math
 import re
-import secrets
 import time
 from typing import Any, Literal
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import EpisodeContext, Outcome, copy_data
 from scaffold_core.errors import ConfigError, EpisodeError
-from scaffold_core.generation import AwaitTask, VerificationTask
+from scaffold_core.generation import VerificationTask
 from scaffold_core.plugins import current_path
 from scaffold_core.verifier import Verdict
 from scaffold_multiturn.agent import build_format
 from scaffold_multiturn.controller import samples_in_parallel
 
-from .backends import AgentChannel, Job, engine_failure
-from .service import ChatService, ServeOptions
+from .episodes import AgentEndpoint, EpisodeSessions
+from .service import ServeOptions
 from .session import Session
 
 #: ``package.module:function`` or ``path/to/file.py:function`` (the function name may be dotted).
@@ -84,12 +83,10 @@ def _load_file(path: str) -> Any:
 
 
 class Serving:
-    """The endpoint one run's agents talk to: its service, server and key (shared by every episode)."""
+    """The endpoint one run's agents talk to and the agent function (shared by every episode)."""
 
-    def __init__(self, service: ChatService, server: Any, api_key: str, solve: Any):
-        self.service = service
-        self.server = server
-        self.api_key = api_key
+    def __init__(self, endpoint: AgentEndpoint, solve: Any):
+        self.endpoint = endpoint
         self.solve = solve
 
 
@@ -149,23 +146,15 @@ class OpenAIAgentController(Controller):
             import openai  # noqa: F401  (the client every agent gets)
         except ImportError as exc:
             raise ConfigError("the openai_agent controller needs the openai package: pip install openai") from exc
-        from .app import Endpoint, build_app
-        from .server import BackgroundServer
-
         solve = load_entry(self.entry)
         options = ServeOptions(model_name=self.model_name, sampling_from=self.sampling, max_calls=self.max_calls,
                                context_length=self.context_length)
-        service = ChatService(options, tokenizer=None, tool_format=self.format)
-        api_key = secrets.token_urlsafe(24)
-        server = await BackgroundServer(build_app(Endpoint(service, allow_open=False), api_key=api_key)).start()
-        self.serving = Serving(service, server, api_key, solve)
+        self.serving = Serving(await AgentEndpoint.start(options, self.format), solve)
 
     async def close(self) -> None:
         serving, self.serving = self.serving, None
         if serving is not None:
-            for session_id in list(serving.service.sessions):
-                serving.service.close_session(session_id)
-            await serving.server.stop()
+            await serving.endpoint.close()
 
     # -- episodes ---------------------------------------------------------------------------------
     def process(self, ctx: EpisodeContext):
@@ -175,73 +164,28 @@ class OpenAIAgentController(Controller):
         if serving is None:
             raise EpisodeError("the openai_agent controller was not started (its endpoint is not serving)",
                                component="controller")
-        options = serving.service.options
-        if options.context_length is None and ctx.tokenizer is not None:
-            options.context_length = _context_length(ctx.tokenizer)
-        channel = AgentChannel()
-        session = serving.service.open_session(channel, reference=ctx.reference, tokenizer=ctx.tokenizer,
-                                               sampling=ctx.sampling, metadata={"episode": ctx.episode_id,
-                                                                                "sample": ctx.sample_base})
-        agent: asyncio.Future | None = None
+        episode = EpisodeSessions(serving.endpoint, ctx, what=f"agent {self.entry}")
         started = time.monotonic()
         try:
-            launch = AwaitTask(functools.partial(self._launch, serving, session, ctx), timeout=30.0,
-                               component="agent", what="starting the agent")
-            yield [launch]
-            agent = launch.result
-            while True:
-                left = self.timeout - (time.monotonic() - started)
-                wait = AwaitTask(functools.partial(channel.next_jobs, agent), timeout=max(left, 0.001),
-                                 component="agent", what=f"agent {self.entry}")
-                yield [wait]
-                if not wait.result:
-                    break
-                yield from self._generate(ctx, wait.result)
-            answer = self._answer(agent, session)
-            verdict = yield from self._score(session, answer, ctx)
+            row = copy_data(ctx.row)
+            agent = yield from episode.run(functools.partial(self._solve, serving, episode, row), self.timeout)
+            answer = self._answer(agent, episode.session)
+            verdict = yield from self._score(episode.session, answer, ctx)
         finally:
-            channel.close("the episode ended")
-            if agent is not None and not agent.done():
-                agent.cancel()
-            serving.service.close_session(session.id)
-        return self._outcome(session, answer, verdict, ctx, time.monotonic() - started)
+            episode.close()
+        return self._outcome(episode.session, answer, verdict, ctx, time.monotonic() - started)
 
-    async def _launch(self, serving: Serving, session: Session, ctx: EpisodeContext) -> asyncio.Future:
-        return asyncio.ensure_future(self._solve(serving, session, copy_data(ctx.row)))
-
-    async def _solve(self, serving: Serving, session: Session, row: dict[str, Any]) -> Any:
+    async def _solve(self, serving: Serving, episode: EpisodeSessions, row: dict[str, Any]) -> Any:
         import openai
 
-        base_url = f"{serving.server.url}/sessions/{session.id}/v1"
+        base_url, api_key = episode.base_url(), serving.endpoint.api_key
         if inspect.iscoroutinefunction(serving.solve):
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=serving.api_key, max_retries=0,
-                                        timeout=self.timeout)
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=self.timeout)
             async with client:
                 return await serving.solve(row, client)
-        sync_client = openai.OpenAI(base_url=base_url, api_key=serving.api_key, max_retries=0, timeout=self.timeout)
+        sync_client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=self.timeout)
         with sync_client:
             return await asyncio.to_thread(serving.solve, row, sync_client)
-
-    def _generate(self, ctx: EpisodeContext, jobs: list[Job]):
-        """The agent's waiting calls, generated by the runtime as one list of tasks; results go back to the calls."""
-        tasks = []
-        for job in jobs:
-            for i, seed in enumerate(job.seeds):
-                task = ctx.generation_task(i, prompt_ids=job.prompt_ids, sampling=job.sampling, call=job.request_id)
-                if seed is not None:
-                    task.seed = seed
-                tasks.append((job, task))
-        try:
-            yield [task for _, task in tasks]
-        except Exception as exc:  # the engine failed: the calls get the error, and the episode fails with it
-            error = engine_failure(exc, "the engine")
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(error)
-            raise
-        for job in jobs:
-            if not job.future.done():
-                job.future.set_result([task.need_result() for owner, task in tasks if owner is job])
 
     def _answer(self, agent: asyncio.Future, session: Session) -> str | None:
         if agent.cancelled():
@@ -279,7 +223,3 @@ class OpenAIAgentController(Controller):
         return Outcome(samples=samples, chosen=session.last_trajectory, answer=answer,
                        answer_reward=None if math.isnan(verdict.reward) else verdict.reward, metrics=metrics)
 
-
-def _context_length(tokenizer: Any) -> int | None:
-    limit = getattr(tokenizer, "model_max_length", None)
-    return int(limit) if isinstance(limit, int) and 1 < limit < 10**8 else None

@@ -48,15 +48,22 @@ class ServeOptions:
     max_in_flight: int = 64
     max_body_bytes: int = 16 << 20
     context_length: int | None = None
+    tag_header: str | None = None
+
+
+#: The longest call tag kept (a header value is the client's to choose).
+MAX_TAG = 128
 
 
 @dataclass(eq=False)
 class Entry:
-    """A session, the backend its generations go to, and the sampling defaults of its calls."""
+    """A session, the backend its generations go to, the sampling defaults of its calls, and who decides
+    their sampling (``config`` or ``request``; ``None``: the service's ``sampling_from``)."""
 
     session: Session
     backend: Any
     sampling: SamplingParams
+    sampling_from: Literal["request", "config"] | None = None
 
 
 @dataclass(slots=True)
@@ -69,6 +76,7 @@ class Prepared:
     sampling: SamplingParams
     seeds: list[int | None]
     request_id: str
+    tag: str | None = None
 
 
 class ChatService:
@@ -86,8 +94,9 @@ class ChatService:
     # -- sessions ----------------------------------------------------------------------------------
     def open_session(self, backend: Any = None, *, session_id: str | None = None, reference: Any = None,
                      metadata: dict[str, Any] | None = None, tokenizer: Any = None,
-                     sampling: SamplingParams | None = None) -> Session:
-        """A new session; ``backend``, ``tokenizer`` and ``sampling`` default to the service's."""
+                     sampling: SamplingParams | None = None,
+                     sampling_from: Literal["request", "config"] | None = None) -> Session:
+        """A new session; ``backend``, ``tokenizer``, ``sampling`` and ``sampling_from`` default to the service's."""
         if len(self.sessions) >= self.options.max_sessions:
             raise WireError(429, f"{len(self.sessions)} sessions are open, the most this server keeps "
                                  "(max_sessions); finish some first", code="too_many_sessions")
@@ -100,7 +109,7 @@ class ChatService:
         session = Session(session_id, tokenizer if tokenizer is not None else self.tokenizer, self.format,
                           reference=reference, metadata=metadata)
         self.sessions[session_id] = Entry(session, backend if backend is not None else self.backend,
-                                          sampling or self.options.sampling)
+                                          sampling or self.options.sampling, sampling_from)
         return session
 
     def entry(self, session_id: str) -> Entry:
@@ -124,8 +133,9 @@ class ChatService:
                                  f"{self.options.model_name!r} (GET /v1/models)", param="model",
                             code="model_not_found")
 
-    def prepare(self, entry: Entry, request: ChatRequest) -> Prepared:
-        """Check the call and plan it against its session (nothing recorded until it is generated)."""
+    def prepare(self, entry: Entry, request: ChatRequest, tag: str | None = None) -> Prepared:
+        """Check the call and plan it against its session (nothing recorded until it is generated); ``tag``
+        (the value of the ``tag_header``, if any) is recorded with it."""
         self.check_model(request.model)
         self._check_size(request)
         session = entry.session
@@ -143,12 +153,14 @@ class ChatService:
             raise WireError(400, f"the messages cannot be rendered with the model's chat template: "
                                  f"{type(exc).__name__}: {exc}", param="messages") from exc
         self._check_context(len(plan.prompt_ids), request.max_tokens)
-        sampling = self.sampling(request, entry.sampling)
+        sampling_from = entry.sampling_from or self.options.sampling_from
+        sampling = self.sampling(request, entry.sampling, sampling_from)
         call = next(self._calls)
         seeds: list[int | None] = [None] * request.n  # the backend's own (a fresh seed per call and choice)
-        if request.seed is not None and self.options.sampling_from == "request":
+        if request.seed is not None and sampling_from == "request":
             seeds = [mix_seed(request.seed, i) for i in range(request.n)]  # the same seed, the same choices
-        return Prepared(entry, request, plan, sampling, seeds, f"{session.id}/{session.counts['calls']}/{call}")
+        return Prepared(entry, request, plan, sampling, seeds, f"{session.id}/{session.counts['calls']}/{call}",
+                        tag[:MAX_TAG] if tag else None)
 
     def _check_size(self, request: ChatRequest) -> None:
         """Refuse, before rendering or tokenizing anything, messages no context could hold (rendering and
@@ -171,9 +183,10 @@ class ChatService:
                                  f"{asked}; shorten the messages or lower max_tokens", param="messages",
                             code="context_length_exceeded")
 
-    def sampling(self, request: ChatRequest, base: SamplingParams) -> SamplingParams:
+    def sampling(self, request: ChatRequest, base: SamplingParams,
+                 sampling_from: Literal["request", "config"] | None = None) -> SamplingParams:
         """The call's sampling: the request's parameters over ``base``, or ``base`` (see ``sampling_from``)."""
-        if self.options.sampling_from == "config":
+        if (sampling_from or self.options.sampling_from) == "config":
             max_tokens = min(request.max_tokens, base.max_tokens) if request.max_tokens else base.max_tokens
             return base.replace(max_tokens=max_tokens, stop=tuple(dict.fromkeys(base.stop + request.stop)))
         return SamplingParams(
@@ -196,7 +209,7 @@ class ChatService:
             session.in_flight -= 1
         if session.closed:
             raise WireError(409, f"session {session.id!r} was closed while this call ran", code="session_closed")
-        return session.commit(prepared.plan, results, prepared.request)
+        return session.commit(prepared.plan, results, prepared.request, prepared.tag)
 
     # -- rewards -------------------------------------------------------------------------------------
     @staticmethod

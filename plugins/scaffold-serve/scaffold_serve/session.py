@@ -152,8 +152,10 @@ class Session:
                 "dropped_tokens": len(old) - position}
 
     # -- committing (after generation) ------------------------------------------------------------
-    def commit(self, plan: Plan, results: list[GenerationResult], request: ChatRequest) -> list[Choice]:
-        """Record a generated call: each choice continues its own conversation. Returns the choices."""
+    def commit(self, plan: Plan, results: list[GenerationResult], request: ChatRequest,
+               tag: str | None = None) -> list[Choice]:
+        """Record a generated call (``tag``: the client's name for it, if any): each choice continues its own
+        conversation. Returns the choices."""
         base = self._base(plan)
         if plan.drift is not None:
             base.drift = dict(plan.drift)
@@ -165,6 +167,8 @@ class Session:
             else:  # a fresh conversation: the request's messages are its prompt
                 traj.wire = list(plan.new_keys)
             traj.add_model_turn(result)
+            if tag is not None and tag not in traj.tags:
+                traj.tags.append(tag)
             choice = self._choice(i, traj, result, request)
             traj.set_turn_key(Message("assistant", choice.content or "", tool_calls=choice.tool_calls).key())
             if traj.index < 0:
@@ -176,7 +180,7 @@ class Session:
         self.counts["calls"] += 1
         self.counts[plan.kind] += 1
         self.counts["choice"] += len(copies)
-        self._record(plan, choices)
+        self._record(plan, choices, tag)
         return choices
 
     def _base(self, plan: Plan) -> Trajectory:
@@ -209,10 +213,10 @@ class Session:
             finish = "tool_calls"
         return Choice(index, result, content if content or not calls else None, calls, finish, traj.index)
 
-    def _record(self, plan: Plan, choices: list[Choice]) -> None:
+    def _record(self, plan: Plan, choices: list[Choice], tag: str | None) -> None:
         prompt_len = len(plan.prompt_ids)
         self.calls.append({
-            "index": len(self.calls), "kind": plan.kind, "time": time.time(), "prompt_len": prompt_len,
+            "index": len(self.calls), "kind": plan.kind, "time": time.time(), "prompt_len": prompt_len, "tag": tag,
             "new_messages": plan.new_messages, "drift": plan.drift,
             "choices": [{"trajectory": c.trajectory, "output_ids": c.result.output_ids,
                          "logprobs": c.result.logprobs, "versions": c.result.token_versions(),

@@ -66,6 +66,8 @@ class Trajectory:
     #: The weight version of each output token (-1 for environment tokens).
     steps: list[EnvStep | GenerationResult] = field(default_factory=list)
     drift: dict[str, Any] | None = None
+    #: The tags of the calls that continued it (see ``ServeOptions.tag_header``), in order.
+    tags: list[str] = field(default_factory=list)
 
     @classmethod
     def begin(cls, index: int, origin: str, tools_key: str, start: Start, tokenizer: Any,
@@ -127,6 +129,7 @@ class Trajectory:
                 done += 1
             twin.steps.append(step)
         twin.generated = self.generated[:turns]
+        twin.tags = list(self.tags)
         twin.wire = self.wire[:self.generated[turns - 1] + 1] if turns else []
         return twin
 
@@ -139,7 +142,7 @@ class Trajectory:
         prompt_len = len(conv.prompt_ids)
         return {
             "index": self.index, "origin": self.origin, "parent": self.parent, "drift": self.drift,
-            "prompt_len": prompt_len, "input_ids": conv.ids,
+            "tags": list(self.tags), "prompt_len": prompt_len, "input_ids": conv.ids,
             "loss_mask": [0] * prompt_len + list(conv.output_mask),
             "logprobs": [0.0] * prompt_len + list(conv.output_logprobs),
             "versions": [-1] * prompt_len + list(conv.output_versions),
@@ -153,6 +156,7 @@ class Trajectory:
         prompt_len = len(conv.prompt_ids)
         report = conv.drift()
         meta = {**metadata, "trajectory": self.index, "origin": self.origin, "parent": self.parent,
+                **({"tags": list(self.tags)} if self.tags else {}),
                 "turns": [t.to_dict(prompt_len) for t in conv.turns],
                 "messages": conv.messages[len(self.start.messages):],
                 "drift": self.drift, "template_drift": report.to_dict()}

@@ -11,6 +11,10 @@ import math
 import pytest
 from serve_helpers import ADD_TOOL, LiveServer, TrackingEngine, tool_result
 
+from scaffold_core.sampling import SamplingParams
+from scaffold_core.testing import ScriptedEngine
+from scaffold_serve.service import ServeOptions
+
 openai = pytest.importorskip("openai")
 
 
@@ -159,5 +163,38 @@ def test_a_format_the_chat_template_cannot_render_is_a_clear_400():
                                                     tools=[ADD_TOOL])
         reply = server.client().chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "x"}])
         assert reply.choices[0].message.content == "Hello there."
+    finally:
+        server.close()
+
+
+def test_calls_are_tagged_by_the_configured_header_and_a_session_may_take_the_requests_sampling():
+    """One client running two agents through one session names each agent's calls (verifiers' clients send
+    X-Session-ID); each conversation carries the tags of the calls that made it. A side session opened with
+    sampling_from=request honours the client's temperature while the service's own sessions keep the config's."""
+    from scaffold_serve.backends import EngineBackend
+
+    options = ServeOptions(sampling=SamplingParams(max_tokens=64, temperature=1.0), sampling_from="config",
+                           tag_header="X-Session-ID")
+    server = LiveServer(ScriptedEngine("fine"), options=options)
+    try:
+        sid = server.open_session()
+        client = server.client(sid)
+        ask = [{"role": "user", "content": "hi"}]
+        for agent in ("run-a", "run-b"):
+            client.chat.completions.create(model="scaffold", messages=ask, temperature=0.0,
+                                           extra_headers={"X-Session-ID": agent})
+        session = server.session(sid)
+        assert [c["tag"] for c in session.calls] == ["run-a", "run-b"]
+        assert [t.tags for t in session.trajectories] == [["run-a"], ["run-b"]]
+        assert all(r.sampling.temperature == 1.0 for r in server.engine.requests)  # the config's, not the client's
+        service = server.service
+        assert service is not None
+
+        async def open_side():  # sessions are touched on the server's event loop only
+            return service.open_session(EngineBackend(server.engine, seed=0), sampling_from="request")
+
+        side = server.loop.run(open_side(), 10)
+        server.client(side.id).chat.completions.create(model="scaffold", messages=ask, temperature=0.0)
+        assert server.engine.requests[-1].sampling.temperature == 0.0
     finally:
         server.close()

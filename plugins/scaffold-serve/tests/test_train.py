@@ -16,7 +16,9 @@ import scaffold_serve  # noqa: E402
 from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.engines.model_loading import bundled_smollm2_gguf  # noqa: E402
+from scaffold_core.output import read_ledger  # noqa: E402
 from scaffold_core.testing import plugin_set  # noqa: E402
+from scaffold_core.train.step_ledger import StepLedger  # noqa: E402
 from scaffold_core.trainer import TrainJob  # noqa: E402
 from scaffold_core.verifier import Verdict, Verifier  # noqa: E402
 
@@ -53,14 +55,21 @@ def test_two_grpo_steps_on_an_openai_agent(tmp_path):
                     "learning_rate": 1e-4, "seed": 0, "threads": 1},
     }, registry=pset.registry)
     reported = []
-    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry)
+    ledger = StepLedger(tmp_path / "run")
+    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry,
+                   ledger=ledger)
     with GRPORun(pset.registry.create("trainer", "trl", config.trainer.options), job) as run:
         summary = run.train()
         history = run.bridge.history
+    ledger.close()
     assert summary["steps"] == 2 and [s.step for s in reported] == [1, 2]
     assert all(math.isfinite(s.metrics["loss"]) for s in reported)
+    # every step's rollouts are in the run's ledger: step 1 sampled with version 0, step 2 with version 1
+    rows = [t for record in read_ledger(tmp_path / "run" / "episodes.jsonl") for t in record["trajectories"]]
     for record, version in zip(history, (0, 1)):
-        assert record.version == version and len(record.samples) == 4
-        for sample in record.samples:
-            assert {v for v, m in zip(sample.versions, sample.loss_mask) if m} == {version}
-            assert sample.prompt_len > 0 and sum(sample.loss_mask) > 0
+        assert record.version == version and record.metrics["completions"] == 4
+        step = [r for r in rows if r["step"] == record.step and r["used"]]
+        assert len(step) == 4 and all(r["weight_version"] == version for r in step)
+        for sample in step:
+            assert {v for v, m in zip(sample["versions"], sample["loss_mask"]) if m} == {version}
+            assert sample["prompt_len"] > 0 and sum(sample["loss_mask"]) > 0

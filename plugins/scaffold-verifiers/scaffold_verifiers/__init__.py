@@ -8,8 +8,13 @@ Components (hookimpls only; the logic lives in sibling modules):
   ``@vf.reward`` functions (async ones included) and ``@vf.metric`` functions, run by the library's own
   scoring on the response; each function's value is kept in the sample's verdict metrics.
 
-Single-turn environments only, today: what multi-turn, tool and judge environments need is in
-:mod:`scaffold_verifiers.environment`. ``verifiers`` is imported only when a task or verifier is built.
+* controller ``verifiers_rollout`` (:class:`scaffold_verifiers.rollout.VerifiersRolloutController`, the
+  task's default): single-turn environments as ``native`` plays them; multi-turn, tool and judge
+  environments through the library's own rollout, against a scaffold-serve session per episode, so their
+  trajectories are token-faithful.
+
+Which path an environment takes: :mod:`scaffold_verifiers.environment`. ``verifiers`` is imported only when a
+task, verifier or controller is built.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ def register_tasks(registry):
     from .task import VerifiersTask
 
     registry.add("verifiers", VerifiersTask)
+
+
+@hookimpl
+def register_controllers(registry):
+    from .rollout import VerifiersRolloutController
+
+    registry.add("verifiers_rollout", VerifiersRolloutController)
 
 
 @hookimpl

@@ -6,25 +6,24 @@ imports ``my_env``) exporting a ``Taskset`` subclass, whose tasks carry the data
 judges). A **harness** plays the tasks; a taskset may also export its own ``Env`` (multi-agent play, a game
 engine playing the user) and tool servers (``Toolset``: MCP servers for the model).
 
-scaffold runs a taskset the way the library's tool-less chat harness (``null``) does: the model answers the
-prompt in one turn, then the task's own ``score`` runs on that transcript. That is the **single-turn** path,
-and :func:`single_turn_problems` lists why an environment cannot take it.
+Two paths, and :func:`single_turn_problems` says which one an environment takes:
 
-The seam for the other path: a multi-turn or tool environment runs its own rollout loop (its harness
-program, its ``Env.run``) against an OpenAI-compatible endpoint. For scaffold to keep those trajectories
-token-faithful, that endpoint must be a ``scaffold serve`` session bound to the episode: the session
-records the ids the engine sampled for every turn (prompt tokens, sampled tokens, logprobs, weight version),
-appends only newly rendered messages between turns, and reports a split trajectory when the client edits
-history. A controller (``verifiers_rollout``) will then run ``Env.run_episode`` with a ``ModelContext``
-whose client is that session, read the episode's traces, score them with the task's ``score`` (as the
-single-turn path does) and turn the session's recorded turns into one :class:`~scaffold_core.Sample`.
-Judges need a client too: the same session's endpoint (a judge call is not trained on) or a configured
-one. Until sessions exist, those environments fail with :class:`UnsupportedEnvironment`, one line naming
-what is missing.
+* **single-turn**: the model answers the prompt in one turn, as the library's tool-less chat harness
+  (``null``) plays it, and the task's own ``score`` runs on that transcript (the ``verifiers`` verifier).
+  Any scaffold controller can run it (``native``, ``majority_vote``, ...).
+* **the library's rollout** (everything else: an ``Env`` of its own, a harness, tools, judges): the
+  ``verifiers_rollout`` controller runs ``Env.run_episode`` exactly as the library does (its harness
+  program, its tool servers, its scoring) against an OpenAI client bound to a scaffold-serve session
+  of the episode, which records the ids the engine sampled on every turn.
+
+:func:`rollout_refusals` lists what even the rollout cannot run here (a container runtime, a harness that
+executes the model's commands on this machine): those environments fail when the task is built, in one
+line saying why.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,16 +33,14 @@ from scaffold_core.errors import ConfigError, MissingDependencyError
 #: The verifiers releases this plugin is written against (the ``verifiers.v1`` API).
 SUPPORTED = "0.4"
 INSTALL_HINT = "pip install 'scaffold-verifiers[verifiers]' (or: pip install 'verifiers>=0.4,<0.5')"
-#: What the multi-turn path is waiting for, as the error says it.
-NEEDS_SERVE = ("its own rollout loop needs an OpenAI client bound to a `scaffold serve` session (token-faithful "
-               "multi-turn recording)")
-#: What judges are waiting for.
-NEEDS_CLIENT = "its judges need a model client (a `scaffold serve` session's endpoint or a configured one)"
-NOT_YET = "which this version of scaffold-verifiers does not have yet"
+#: The controller that runs the library's own rollout (multi-turn, tools, judges).
+ROLLOUT_CONTROLLER = "verifiers_rollout"
+#: The harness scaffold plays plain tasksets with: the library's tool-less chat loop (it serves MCP tools).
+DEFAULT_HARNESS = "null"
 
 
 class UnsupportedEnvironment(ConfigError):
-    """The environment needs a rollout scaffold-verifiers cannot run yet; the message says which and why."""
+    """The environment needs something scaffold-verifiers cannot run; the message says which and why."""
 
 
 def library() -> Any:
@@ -84,14 +81,14 @@ def load(env_id: str, env_args: dict[str, Any] | None = None) -> LoadedEnvironme
     try:
         config_cls = taskset_config_type(env_id)
     except (ImportError, TypeError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"task.env: verifiers environment {env_id!r} could not be loaded: {_one_line(exc)}. "
+        raise ConfigError(f"task.env: verifiers environment {env_id!r} could not be loaded: {one_line(exc)}. "
                           "Install its package (pip install <its package>) so that verifiers can import it") from None
     try:
         config = config_cls.model_validate({**(env_args or {}), "id": env_id})
         taskset = load_taskset(config)
     except Exception as exc:
         raise ConfigError(f"task.env_args: verifiers environment {env_id!r} rejected its arguments: "
-                          f"{_one_line(exc)}") from None
+                          f"{one_line(exc)}") from None
     task_cls = type(taskset).task_type()
     loaded = LoadedEnvironment(env_id, taskset, config, task_cls)
     loaded.problems = single_turn_problems(vf, loaded)
@@ -117,18 +114,104 @@ def single_turn_problems(vf: Any, loaded: LoadedEnvironment) -> list[str]:
     return problems
 
 
-def check_single_turn(loaded: LoadedEnvironment) -> None:
-    """Raise :class:`UnsupportedEnvironment` (one line) unless the environment is single-turn."""
-    if loaded.problems:
-        judges_only = all("judges" in p for p in loaded.problems)
-        needs = NEEDS_CLIENT if judges_only else NEEDS_SERVE
-        raise UnsupportedEnvironment(f"task.env: verifiers environment {loaded.env_id!r} is not single-turn ("
-                                     f"{'; '.join(loaded.problems)}): {needs}, {NOT_YET}")
+def harness_id(loaded: LoadedEnvironment, harness: str | None) -> str:
+    """The harness the environment's agents play with: ``harness``, else the taskset's own, else ``null``
+    (the library would pick ``bash``, whose shell tool runs the model's commands on this machine)."""
+    from verifiers.v1.utils.loaders import default_harness_id
+
+    if harness:
+        return harness
+    own = default_harness_id(loaded.env_id)
+    return own if own == loaded.env_id else DEFAULT_HARNESS
+
+
+def rollout_refusals(loaded: LoadedEnvironment, harness: str) -> list[str]:
+    """Why the library's rollout of this environment cannot run here (empty: it can).
+
+    Agents run in the library's ``subprocess`` runtime (this machine, no container), so a task or harness
+    that needs a container is refused, and so is a harness that hands the model local execution (a shell)."""
+    from verifiers.v1.utils.loaders import harness_class
+
+    problems = []
+    if getattr(loaded.task_cls, "NEEDS_CONTAINER", False):
+        problems.append(f"its tasks ({loaded.task_cls.__name__}) need a container runtime")
+    try:
+        cls = harness_class(harness)
+    except (ImportError, TypeError, AttributeError, ValueError) as exc:
+        return [*problems, f"its harness {harness!r} could not be loaded ({one_line(exc)})"]
+    if getattr(cls, "NEEDS_CONTAINER", True):
+        problems.append(f"its harness {harness!r} needs a container runtime")
+    elif getattr(cls, "EXECUTES_CODE", True):
+        problems.append(f"its harness {harness!r} runs the model's commands on this machine, outside any jail")
+    return problems
+
+
+def env_config(loaded: LoadedEnvironment, harness: str, options: dict[str, Any] | None = None) -> Any:
+    """The library's ``EnvConfig`` for playing this environment here: ``options`` (its fields besides the
+    taskset) over the environment's defaults, every agent seat in the ``subprocess`` runtime, and seats
+    that pin no harness playing with ``harness``. ConfigError naming the environment when it is invalid."""
+    from verifiers.v1 import SubprocessConfig
+    from verifiers.v1.configs.agent import agent_config_fields
+    from verifiers.v1.utils.loaders import harness_config_type, resolve_env_config
+
+    try:
+        config = resolve_env_config({**(options or {}), "taskset": loaded.config})
+        default = harness_config_type(harness).model_validate({"id": harness})
+        for name, seat in agent_config_fields(config).items():
+            setattr(config, name, seat.model_copy(update={
+                "runtime": SubprocessConfig(), "harness": seat.harness if seat.harness is not None else default}))
+    except Exception as exc:
+        raise ConfigError(f"task.env_config: verifiers environment {loaded.env_id!r} rejected its env config: "
+                          f"{one_line(exc)}") from None
+    return config
+
+
+def seat_harnesses(config: Any) -> dict[str, str]:
+    """Each agent seat's harness id."""
+    from verifiers.v1.configs.agent import agent_config_fields
+
+    return {name: seat.harness.id for name, seat in agent_config_fields(config).items() if seat.harness is not None}
+
+
+def shipped_refusals(loaded: LoadedEnvironment) -> list[str]:
+    """What the tasksets shipped inside verifiers 0.4 need from outside this process, when it is missing
+    (``textarena`` cannot even be imported without its game engine and nltk data)."""
+    config = loaded.config
+    if loaded.env_id == "openenv":
+        if importlib.util.find_spec("openenv") is None:
+            return ["it steps an OpenEnv environment through the openenv client package, which is not installed"]
+        if not getattr(config, "base_url", None):
+            return ["it starts its OpenEnv environment with uv or Docker, which install at run time; give "
+                    "env_args.base_url of a running OpenEnv server"]
+    if loaded.env_id == "nemo_gym" and getattr(config.task, "resources_url", None) is None:
+        return ["it needs a NeMo Gym resource server (a managed one installs NeMo Gym under Python 3.12 with uv "
+                "at run time); give env_args.task.resources_url of a running server"]
+    if loaded.env_id == "harbor":
+        return ["its tasks run in Harbor's container images (Docker) and need the Harbor CLI"]
+    return []
+
+
+def check_rollout(loaded: LoadedEnvironment, harness: str, options: dict[str, Any] | None = None) -> Any:
+    """The environment's ``EnvConfig`` (see :func:`env_config`); :class:`UnsupportedEnvironment` (one line) when
+    the library's rollout cannot run here."""
+    config = env_config(loaded, harness, options)
+    problems = shipped_refusals(loaded) + rollout_refusals(loaded, harness)
+    for seat, seat_harness in seat_harnesses(config).items():
+        if seat_harness != harness:
+            problems += [f"seat {seat!r}: {p}" for p in rollout_refusals(loaded, seat_harness) if "tasks" not in p]
+    if problems:
+        raise UnsupportedEnvironment(
+            f"task.env: verifiers environment {loaded.env_id!r} cannot run here ({'; '.join(problems)}): "
+            "scaffold-verifiers runs the library's agents in its subprocess runtime on this machine, with nothing "
+            "from outside (no container, no service it does not find running)")
+    return config
 
 
 def runtime_dependent(task: Any) -> list[str]:
     """The task's reward and metric functions that need a runtime (a sandbox to inspect), by name."""
-    names = []
+    names: list[str] = []
+    if task is None:
+        return names
     for kind in ("reward", "metric"):
         for fn in task.hooks(kind):
             param = inspect.signature(fn).parameters.get("runtime")
@@ -137,7 +220,7 @@ def runtime_dependent(task: Any) -> list[str]:
     return names
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()).rstrip(".")
     text = text if len(text) <= 300 else text[:297] + "..."
     return f"{type(exc).__name__}: {text}"

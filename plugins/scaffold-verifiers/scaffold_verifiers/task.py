@@ -7,7 +7,10 @@ prompt or its few-shot messages), and the reference is the task's own data, whic
 verifier (the default) turns back into the task to run its rewards.
 
 Environments that need more than one model turn (an ``Env`` of their own, a harness, tools) or a client
-(judges) fail when the task is built, with one line saying what (see :mod:`scaffold_verifiers.environment`).
+(judges) are played by the library's own rollout: the task's default controller, ``verifiers_rollout``, runs
+them (and runs single-turn ones as ``native`` does). What cannot run here (a container runtime, a harness
+that runs the model's commands on this machine) fails when the task is built, in one line (see
+:mod:`scaffold_verifiers.environment`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,17 @@ from typing import Any, ClassVar
 from scaffold_core.errors import DataError
 from scaffold_core.task import Task
 
-from .environment import LoadedEnvironment, UnsupportedEnvironment, check_single_turn, load, runtime_dependent
-from .transcript import prompt_messages
+from .environment import (
+    DEFAULT_HARNESS,
+    LoadedEnvironment,
+    UnsupportedEnvironment,
+    check_rollout,
+    harness_id,
+    load,
+    one_line,
+    runtime_dependent,
+)
+from .transcript import prompt_messages, rollout_messages
 
 #: The key of the reference that carries a task's wire data.
 TASK_KEY = "verifiers_task"
@@ -33,28 +45,39 @@ class VerifiersTask(Task):
 
     * ``env``: the environment id (its package installed; ``owner/name@version`` hub ids work as in verifiers).
     * ``env_args``: the fields of the environment's ``TasksetConfig`` (its dataset knobs, ``task: {...}``).
-    * ``harness`` (``null``): how tasks are played; ``null`` (the library's tool-less chat loop: one turn)
-      is the one supported today.
+    * ``harness`` (the taskset's own, else ``null``): the library harness the agents play with. ``null``
+      (the library's chat loop, serving the task's MCP tools) plays single-turn tasks in one turn;
+      harnesses that need a container or run the model's commands on this machine are refused.
+    * ``env_config``: the fields of the environment's ``EnvConfig`` besides the taskset (its agent seats,
+      ``max_concurrent_agents``, ``timeout``, ``retries``); agents always run in the ``subprocess`` runtime.
     * ``limit``, ``shuffle`` (with ``seed``): which tasks, applied with the taskset's own views.
     """
 
-    default_config: ClassVar[dict[str, Any]] = {"verifier": {"name": "verifiers"}}
+    default_config: ClassVar[dict[str, Any]] = {"verifier": {"name": "verifiers"},
+                                                "controller": {"name": "verifiers_rollout"}}
 
-    def __init__(self, env: str, env_args: dict[str, Any] | None = None, harness: str = "null",
-                 limit: int | None = None, shuffle: bool = False, seed: int = 0):
+    def __init__(self, env: str, env_args: dict[str, Any] | None = None, harness: str | None = None,
+                 env_config: dict[str, Any] | None = None, limit: int | None = None, shuffle: bool = False,
+                 seed: int = 0):
         super().__init__()
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be >= 1 (or null for every task), got {limit}")
-        if harness != "null":
-            raise UnsupportedEnvironment(f"task.harness: {harness!r} runs a program of its own, which "
-                                         "scaffold-verifiers does not run yet; use harness: null (one turn, no tools)")
+        if env_config is not None and "taskset" in env_config:
+            raise ValueError("env_config: the taskset is configured by env and env_args, not env_config.taskset")
         self.env = env
         self.env_args = dict(env_args or {})
+        self.env_config = dict(env_config or {})
         self.limit = limit
         self.shuffle = shuffle
         self.seed = seed
         self.loaded: LoadedEnvironment = load(env, self.env_args)
-        check_single_turn(self.loaded)
+        self.harness = harness_id(self.loaded, harness)
+        #: Whether one model turn scored by the rubric is this environment's whole rollout.
+        self.single_turn = not self.loaded.problems and self.harness == DEFAULT_HARNESS and not self.env_config
+        if self.single_turn:  # reward functions that inspect the agent's sandbox need the library's rollout
+            self.single_turn = not runtime_dependent(next(iter(self.loaded.taskset.take(1)), None))
+        if not self.single_turn:
+            check_rollout(self.loaded, self.harness, self.env_config)
 
     def _tasks(self) -> Iterator[Any]:
         view = self.loaded.taskset
@@ -67,21 +90,24 @@ class VerifiersTask(Task):
     def load(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for task in itertools.islice(self._tasks(), self.limit):
-            if not rows:
-                needy = runtime_dependent(task)
-                if needy:
-                    raise UnsupportedEnvironment(
-                        f"task.env: verifiers environment {self.env!r} scores with {', '.join(needy)}, which "
-                        "inspect(s) a runtime (a sandbox the agent worked in); a single-turn run has none")
+        try:
+            tasks = list(itertools.islice(self._tasks(), self.limit))
+        except Exception as exc:
+            raise DataError(f"task: verifiers environment {self.env!r} could not load its tasks: "
+                            f"{one_line(exc)}") from None
+        for task in tasks:
             data = task.data
+            if getattr(data, "image", None):
+                raise UnsupportedEnvironment(
+                    f"task.env: verifiers environment {self.env!r} runs its tasks in container images "
+                    f"({data.image!r}): scaffold-verifiers runs the library's agents on this machine, in no container")
             row_id = str(data.id if data.id is not None else data.idx)
             if row_id in seen:
                 self.skipped["duplicate id"] += 1
                 continue
             seen.add(row_id)
-            rows.append({"id": row_id, "messages": prompt_messages(data),
-                         TASK_KEY: data.model_dump(mode="json", exclude_none=True)})
+            messages = prompt_messages(data) if self.single_turn else rollout_messages(data)
+            rows.append({"id": row_id, "messages": messages, TASK_KEY: data.model_dump(mode="json", exclude_none=True)})
         if not rows:
             raise DataError(f"task: verifiers environment {self.env!r} has no tasks")
         return rows
@@ -91,5 +117,9 @@ class VerifiersTask(Task):
 
     def reference(self, row: dict[str, Any]) -> dict[str, Any]:
         """The environment, the task's data and its prompt: what the ``verifiers`` verifier rebuilds the task
-        and the transcript from."""
-        return {"env": self.env, "env_args": self.env_args, TASK_KEY: row[TASK_KEY], "messages": row["messages"]}
+        and the transcript from, and what the ``verifiers_rollout`` controller plays (``rollout``: whether the
+        library's rollout must play it, with which harness and env config)."""
+        reference = {"env": self.env, "env_args": self.env_args, TASK_KEY: row[TASK_KEY], "messages": row["messages"]}
+        if not self.single_turn:
+            reference["rollout"] = {"harness": self.harness, "env_config": self.env_config}
+        return reference

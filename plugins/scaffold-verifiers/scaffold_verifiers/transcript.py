@@ -32,6 +32,23 @@ def prompt_messages(data: Any) -> list[dict[str, str]]:
     return messages
 
 
+def rollout_messages(data: Any) -> list[dict[str, str]]:
+    """The task's opening as text chat messages, for display and the episode's prompt record only: the library's
+    rollout builds the model's real prompts itself (its harness, tools and user turns)."""
+    messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    prompt = data.prompt
+    if isinstance(prompt, str):
+        messages.append({"role": "user", "content": prompt})
+    elif prompt:
+        for message in prompt:
+            role = message.role if message.role in ("system", "user", "assistant") else "user"
+            content = message.content
+            text = content if isinstance(content, str) else "".join(
+                getattr(part, "text", "") for part in content or ())
+            messages.append({"role": role, "content": text})
+    return messages or [{"role": "user", "content": ""}]
+
+
 def _text(content: Any, idx: Any) -> str:
     if content is None:
         return ""

@@ -58,6 +58,11 @@ class VerifiersRubric(Verifier):
         if not isinstance(reference, dict) or TASK_KEY not in reference or "env" not in reference:
             raise VerifierError(f"the verifiers verifier scores the verifiers task's rows; got reference "
                                 f"{str(reference)[:80]!r}: use task: {{name: verifiers, env: ...}}")
+        if reference.get("rollout"):
+            raise VerifierError(f"verifiers environment {reference['env']!r} is played by the library's own rollout "
+                                "(more than one turn, tools or judges), not scored on one response: use controller: "
+                                "{name: verifiers_rollout} (the verifiers task's default), with samples: N for several "
+                                "rollouts per prompt (majority_vote and best_of_n re-score single responses)")
         env_args: Any = reference.get("env_args") or {}
         data: Any = reference[TASK_KEY]
         messages: Any = reference["messages"]

@@ -15,6 +15,7 @@ def test_listed_by_scaffold_list_plugins_with_its_components():
     assert plugin["distribution"] == "scaffold-verifiers"
     assert plugin["components"]["task"] == ["verifiers"]
     assert plugin["components"]["verifier"] == ["verifiers"]
+    assert plugin["components"]["controller"] == ["verifiers_rollout"]
 
 
 def test_registering_imports_neither_its_library_nor_heavy_ones():

@@ -147,6 +147,16 @@ class TestVerifiersTaskConformance(TaskConformance):
     name = "verifiers"
     options = {"env": "scaffold_vf_qa"}
 
+    def scaffold_registry(self) -> Any:
+        """The task's default controller (verifiers_rollout) formats tools with scaffold-multiturn's formats, a
+        dependency of scaffold-verifiers (through scaffold-serve): registered here as an install has it."""
+        import scaffold_multiturn
+        import scaffold_serve
+
+        plugins = plugin_set(scaffold_multiturn, scaffold_serve, verifiers=scaffold_verifiers)
+        assert not plugins.registry.broken, plugins.registry.broken
+        return plugins.registry
+
     def gold_response(self, row: dict[str, Any], reference: Any) -> str:
         return reference["verifiers_task"]["answer"]
 
@@ -167,25 +177,81 @@ class TestVerifiersRubricConformance(VerifierConformance):
     time_limit = 30.0
 
 
-# -- what is not single-turn -------------------------------------------------------------------------------
+# -- what is not single-turn: the library's rollout (tests/test_rollout.py plays them) --------------------------
 
 
 @pytest.mark.parametrize("env, env_args, why", [
-    ("scaffold_vf_tools", {}, r"it gives the model tools \(toolsets\)\): its own rollout loop needs an OpenAI client "
-                              r"bound to a `scaffold serve` session"),
-    ("scaffold_vf_game", {}, r"it defines its own Env"),
-    ("scaffold_vf_arith", {"task": {"judges": [{"id": "reference"}]}}, r"its rubric has judges .*: its judges need a "
-                                                                        r"model client"),
+    ("scaffold_vf_tools", {}, "it gives the model tools"),
+    ("scaffold_vf_game", {}, "it defines its own Env"),
+    ("scaffold_vf_arith", {"task": {"judges": [{"id": "reference"}]}}, "its rubric has judges"),
 ])
-def test_environments_that_need_more_than_one_turn_fail_in_one_line(env, env_args, why):
-    with pytest.raises(ConfigError, match=why) as info:
-        build_task(env, env_args=env_args)
-    assert "\n" not in str(info.value) and "does not have yet" in str(info.value)
+def test_environments_that_need_more_than_one_turn_take_the_librarys_rollout(env, env_args, why):
+    """They build, their rows say the library's rollout plays them (with the null harness, in the subprocess
+    runtime), and the one-response verifier refuses them in one line naming the controller that can."""
+    task = build_task(env, env_args=env_args)
+    assert not task.single_turn and any(why in p for p in task.loaded.problems)
+    reference = task.reference(task.load()[0])
+    assert reference["rollout"] == {"harness": "null", "env_config": {}}
+    verifier = registry().create("verifier", "verifiers", {}, path="verifier")
+    from scaffold_core.errors import VerifierError
+
+    with pytest.raises(VerifierError, match="use controller: {name: verifiers_rollout}") as info:
+        verifier.verify("an answer", reference)
+    assert "\n" not in str(info.value)
 
 
-def test_a_harness_other_than_null_is_refused():
-    with pytest.raises(ConfigError, match=r"task\.harness: 'bash' runs a program of its own"):
+def test_a_harness_that_runs_the_models_commands_here_is_refused():
+    with pytest.raises(ConfigError, match=r"its harness 'bash' runs the model's commands on this machine") as info:
         build_task("scaffold_vf_arith", harness="bash")
+    assert "\n" not in str(info.value)
+
+
+def test_bad_env_config_is_a_one_line_config_error():
+    with pytest.raises(ConfigError, match=r"task\.env_config: .*'scaffold_vf_game' rejected its env config") as info:
+        build_task("scaffold_vf_game", env_config={"agent": {"max_turns": "many"}})
+    assert "\n" not in str(info.value)
+
+
+def test_the_controller_plays_only_verifiers_rows_and_checks_its_options():
+    from scaffold_verifiers.rollout import VerifiersRolloutController
+
+    with pytest.raises(ValueError, match="judge must be 'same'"):
+        VerifiersRolloutController(judge="gpt")
+    with pytest.raises(ValueError, match="judge.base_url must be an http"):
+        VerifiersRolloutController(judge={"base_url": "localhost", "model": "m"})
+    controller = VerifiersRolloutController()
+    task = build_task("scaffold_vf_qa", limit=1)
+    contexts = make_contexts(task, ScriptedEngine().tokenizer, SamplingParams(max_tokens=8))
+    contexts[0].reference = "Paris"
+    with pytest.raises(ConfigError, match="plays the verifiers task's rows"):
+        next(controller.process(contexts[0]))
+
+
+def test_judges_are_pointed_at_the_endpoint_wherever_the_task_config_holds_them():
+    from scaffold_verifiers.judges import JudgeEndpoint, bind_judges, count_judges
+
+    class JudgedConfig(vf.TaskConfig):
+        grader: vf.JudgeConfig = vf.JudgeConfig()  # a judge a task's own reward builds
+
+    config = JudgedConfig(judges=[{"id": "reference"}])
+    assert count_judges(config) == 2
+    bound = bind_judges(config, JudgeEndpoint("http://127.0.0.1:1/sessions/s/v1", "scaffold", "KEY_VAR"))
+    for judge in (bound.judges[0], bound.grader):
+        assert (judge.base_url, judge.model, judge.api_key_var) == ("http://127.0.0.1:1/sessions/s/v1", "scaffold",
+                                                                    "KEY_VAR")
+    assert type(bound.judges[0]).__name__ == "ReferenceJudgeConfig" and bound.judges[0].choices == ("yes", "no")
+    assert config.grader.base_url != bound.grader.base_url  # the environment's own config is left as it was
+
+
+def test_the_chat_program_runs_here_only_with_every_package_it_declares():
+    from scaffold_verifiers.program import declared_dependencies, missing_dependencies
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+
+    declared = declared_dependencies(CHAT_PROGRAM_SOURCE)
+    assert "openai" in declared and any(d.startswith("mcp") for d in declared)
+    assert missing_dependencies(declared) == []
+    assert missing_dependencies(["mcp==0.1", "no-such-package-here"]) == ["mcp==0.1 (installed: 2.0.0)",
+                                                                          "no-such-package-here"]
 
 
 def test_bad_ids_and_arguments_are_one_line_config_errors():
@@ -201,16 +267,22 @@ SHIPPED = sorted(m.name for m in pkgutil.iter_modules(__import__("verifiers.v1.t
                                                                   fromlist=["x"]).__path__))
 
 
+SHIPPED_NEEDS = {"harbor": "container images", "nemo_gym": "NeMo Gym resource server",
+                 "openenv": "openenv client package", "textarena": "textarena requires nltk and textarena"}
+
+
 @pytest.mark.parametrize("env", SHIPPED)
 def test_every_environment_shipped_with_verifiers_gives_a_one_line_answer(env):
-    """The tasksets inside verifiers 0.4 all need a service, a container or a game engine and play several
-    turns: each is refused with one line (never a traceback); none is silently run as something else."""
+    """The tasksets inside verifiers 0.4 all need something from outside (a game engine package and its data
+    downloads, an OpenEnv server or client, NeMo Gym servers, containers): each is refused with one line naming
+    what (never a traceback); none is silently run as something else."""
     minimal = {"openenv": {"base_url": "http://127.0.0.1:9"}, "nemo_gym": {"dataset": "rows.jsonl"}}
     with pytest.raises(ConfigError) as info:
         build_task(env, env_args=minimal.get(env, {}))
     text = str(info.value)
     assert "\n" not in text
-    assert "is not single-turn" in text or "could not be loaded" in text, text
+    assert "cannot run here" in text or "could not be loaded" in text, text
+    assert SHIPPED_NEEDS.get(env, "") in text
 
 
 # -- training on the embedded engine ---------------------------------------------------------------------
