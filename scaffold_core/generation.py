@@ -53,6 +53,12 @@ class GenerationResult:
     ``finish_reason`` is ``stop`` (EOS, stop token or stop string), ``length``
     (max_tokens reached) or ``abort``. ``weight_version`` names the policy
     that produced the tokens when the engine knows it.
+
+    ``top_logprobs`` is set only when the request asked for it
+    (``sampling.top_logprobs > 0``) and the engine supports it: one dict per
+    output id, ``{token_id: logprob}`` of the most likely tokens at that
+    position (the same distribution as ``logprobs``; the sampled token need not
+    be among them). ``None`` means the engine gave none.
     """
 
     output_ids: list[int]
@@ -61,12 +67,17 @@ class GenerationResult:
     text: str = ""
     weight_version: int | str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: list[dict[int, float]] | None = None
 
     def check(self) -> GenerationResult:
         """Raise ValueError if the result breaks the engine contract."""
         if len(self.output_ids) != len(self.logprobs):
             raise ValueError(
                 f"engine returned {len(self.output_ids)} output ids but {len(self.logprobs)} logprobs"
+            )
+        if self.top_logprobs is not None and len(self.top_logprobs) != len(self.output_ids):
+            raise ValueError(
+                f"engine returned {len(self.output_ids)} output ids but {len(self.top_logprobs)} top_logprobs entries"
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"engine returned finish_reason {self.finish_reason!r}; expected one of {FINISH_REASONS}")

@@ -58,12 +58,23 @@ class Verdict:
     its canonical form (``"18"`` for ``18.00``): answers with equal keys are
     the same answer, which is what ``majority_vote`` counts (:attr:`vote_key`).
     ``reason`` says why, in a few words.
+
+    ``scored`` is ``False`` only for a verdict made by :meth:`unscored`: the
+    verifier could not score the response (a model judge whose judgement
+    does not parse). Its reward is NaN; the sample is unscored, never read as
+    0.0 (see ``trajectory.usable_reward``). Any other NaN reward is an error.
     """
 
     reward: float
     extracted: str | None = None
     key: str | None = None
     reason: str = ""
+    scored: bool = True
+
+    @classmethod
+    def unscored(cls, reason: str, extracted: str | None = None) -> Verdict:
+        """A verdict that gives no reward at all (NaN, ``scored=False``): the response could not be scored."""
+        return cls(math.nan, extracted, None, reason, scored=False)
 
     @property
     def vote_key(self) -> str | None:
@@ -112,6 +123,8 @@ def check_verdict(verifier: Any, verdict: Any, response: str = "", reference: Re
     if not isinstance(verdict, Verdict):
         raise InvalidVerdictError(f"{name}.verify returned {type(verdict).__name__}, expected Verdict")
     reward = verdict.reward
+    if not verdict.scored and isinstance(reward, float) and math.isnan(reward):
+        return verdict  # an explicit Verdict.unscored(...): the sample stays without a reward
     low, high = reward_range_of(verifier)
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) \
             or not low <= reward <= high:
