@@ -27,6 +27,7 @@ SCRIPTS = [
     ("task loading with a limit", "task_loading.py", []),
     ("port contention", "ports.py", []),
     ("GRPO with TRL on scaffold rollouts", "train_trl.py", []),
+    ("inference-time scaling methods", "scaling_methods.py", []),
 ]
 
 

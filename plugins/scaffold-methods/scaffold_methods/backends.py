@@ -153,7 +153,7 @@ def read_completion(status: int, payload: bytes, endpoint: str) -> Judged:
         data = json.loads(payload)
         choice = data["choices"][0]
         content = choice["message"].get("content")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
         raise JudgeError(f"the judge at {endpoint} sent no chat completion ({type(exc).__name__}): {shown}",
                             retryable=False) from None
     usage = data.get("usage") if isinstance(data, dict) else None

@@ -14,8 +14,8 @@ Probe tokens are never loss tokens: the probe text and the probe's answer
 are in the sample with mask 0 (context a trainer sees, logprob 0.0), the
 trace's own tokens with mask 1. A trace that ends by itself (EOS, a stop
 string, ``max_tokens``) before the answers settle is kept whole, exactly as
-generated. ``metadata`` records ``stopped_by: dynasor``, the probe answers
-and how many trace tokens were generated when it stopped.
+generated. ``metadata`` records ``stopped_by: dynasor``, the probes' replies
+and answers, and how many trace tokens were generated when it stopped.
 
 Metrics: ``policy_tokens`` (trace and probe tokens), ``probe_tokens``,
 ``probes``, ``stopped_early`` (1.0 when the probes stopped the trace).
@@ -35,21 +35,22 @@ from scaffold_core.tokenizers import encode
 from .accounting import TokenCount, verify_texts
 from .traces import Trace
 
-DEFAULT_PROBE = "\n\n... Oh, I suddenly got the answer to the whole problem.\nFinal answer: ####"
+DEFAULT_PROBE = "\n\nSo the final answer is"
 DEFAULT_HEDGES = ("wait", "hmm", "but", "however", "alternatively", "double-check", "not sure", "maybe", "?")
 
 
 class DynasorController(Controller):
     """Dynasor-CoT certainty probing (see the module docstring)."""
 
-    def __init__(self, chunk: int = 32, certainty: int = 3, probe: str = DEFAULT_PROBE, probe_tokens: int = 12,
-                 hedges: Sequence[str] = DEFAULT_HEDGES, min_tokens: int = 0):
+    def __init__(self, chunk: int = 32, certainty: int = 3, probe: str = DEFAULT_PROBE, probe_tokens: int = 16,
+                 probe_stop: Sequence[str] = ("\n",), hedges: Sequence[str] = DEFAULT_HEDGES, min_tokens: int = 0):
         if chunk < 1 or certainty < 1 or probe_tokens < 1 or min_tokens < 0:
             raise ValueError("chunk, certainty and probe_tokens must be >= 1, min_tokens >= 0")
         if not probe.strip():
             raise ValueError("probe must be text that asks for the answer, e.g. '... Final answer: ####'")
         self.chunk, self.certainty, self.probe = chunk, certainty, probe
         self.probe_tokens, self.min_tokens = probe_tokens, min_tokens
+        self.probe_stop = tuple(s for s in probe_stop if s)
         self.hedges = tuple(h.lower() for h in hedges if h)
         words = [re.escape(h) for h in self.hedges if h[0].isalnum() and h[-1].isalnum()]
         self._hedge = re.compile(r"\b(?:" + "|".join(words) + r")\b", re.IGNORECASE) if words else None
@@ -64,10 +65,11 @@ class DynasorController(Controller):
         if ctx.tokenizer is None:
             raise ValueError("dynasor needs the episode's tokenizer (ctx.tokenizer) to append its probe")
         probe_ids = encode(ctx.tokenizer, self.probe)
-        probe_sampling = SamplingParams(max_tokens=self.probe_tokens, temperature=0.0)
+        probe_sampling = SamplingParams(max_tokens=self.probe_tokens, temperature=0.0, stop=self.probe_stop)
         count = TokenCount()
         trace = Trace(0, ctx.sampling.max_tokens)
         answers: list[str | None] = []
+        replies: list[str] = []
         while not trace.done:
             task = trace.next_task(ctx, self.chunk)
             yield [task]
@@ -82,6 +84,7 @@ class DynasorController(Controller):
             count.policy += len(result.output_ids)
             count.probe += len(result.output_ids)
             [verdict] = yield from verify_texts(ctx, [self.probe + result.text])
+            replies.append(result.text)
             answers.append(None if self.hedged(result.text) else verdict.vote_key)
             recent = answers[-self.certainty:]
             if len(recent) == self.certainty and recent[0] is not None and len(set(recent)) == 1:
@@ -89,7 +92,7 @@ class DynasorController(Controller):
                 trace.insert(probe_ids)
                 trace.insert(list(result.output_ids))
                 trace.stop("answers_agree", "dynasor", finish="stop", trace_tokens=generated, answer=recent[0])
-        trace.metadata["probe_answers"] = answers
+        trace.metadata.update(probe_answers=answers, probe_replies=replies)
         sample = trace.to_sample(ctx)
         metrics = {"probes": float(len(answers)), "stopped_early": float(trace.metadata.get("stopped_by") == "dynasor"),
                    **count.metrics()}

@@ -31,6 +31,7 @@ As the run's verifier the judge sees only the response and the reference
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, ClassVar, Literal
@@ -54,6 +55,7 @@ YES_NO_TEMPLATE = "Question:\n{question}\n\nResponse:\n{response}\n\nIs the resp
 PARTIAL_YES_NO_TEMPLATE = ("Question:\n{question}\n\nThe first steps of a solution:\n{response}\n\nAre these steps "
                            "correct so far? Answer Yes or No.")
 REFERENCE_LINE = "\n\nThe correct answer is: {reference}"
+_PLACEHOLDER = re.compile(r"\{(low|high|reference|question|response)\}")
 
 #: Judges that hold an engine or a private loop, closed by the plugin's ``on_run_end`` hook.
 LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -114,9 +116,9 @@ class JudgeVerifier(Verifier):
             template += REFERENCE_LINE
         answers = " or ".join(reference_answers(reference)) if isinstance(reference, (str, int, float, list)) \
             else ("" if reference is None else str(reference))
-        text = (template.replace("{low}", f"{self.low:g}").replace("{high}", f"{self.high:g}")
-                .replace("{reference}", answers).replace("{question}", question)
-                .replace("{response}", response))
+        values = {"low": f"{self.low:g}", "high": f"{self.high:g}", "reference": answers, "question": question,
+                  "response": response}
+        text = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)  # one pass: texts are never re-read
         out = [{"role": "system", "content": self.system}] if self.system else []
         return out + [{"role": "user", "content": text}]
 

@@ -135,11 +135,14 @@ class _Search:
         yield tasks
         self.count.policy_tasks(tasks)
         for child, task in zip(children, tasks):
+            before = len(child.trace.output_ids)
             child.trace.absorb(task, ctx.tokenizer)
-            result = task.need_result()
-            child.steps.append(result.text)
-            child.complete = child.trace.finish_reason == "length" or (
-                child.trace.finish_reason == "stop" and not _ended_by(ctx.tokenizer, result, self.o.delimiter))
+            child.steps.append(task.need_result().text)
+            finish = child.trace.finish_reason
+            stepped = child.depth < self.o.depth  # the delimiter was a stop string of this call
+            at_delimiter = stepped and finish == "stop" and _ends_step(ctx.tokenizer, child.trace.output_ids, before,
+                                                                       self.o.delimiter)
+            child.complete = finish == "length" or (finish == "stop" and not at_delimiter)
             if not child.complete:
                 child.trace.finish_reason = None  # a step boundary: the path goes on
         texts = [_path_text(ctx, c.trace) for c in children]
@@ -224,12 +227,17 @@ def _fork(trace: Trace, index: int) -> Trace:
                  metadata={"node": index})
 
 
-def _ended_by(tokenizer: Any, result: Any, delimiter: str) -> bool:
-    """Whether a step stopped at the delimiter (rather than at EOS or another stop)."""
+def _ends_step(tokenizer: Any, ids: list[int], before: int, delimiter: str) -> bool:
+    """Whether the step ``ids[before:]`` stopped at the delimiter (rather than at EOS or another stop string).
+
+    The engine stops at the first delimiter, so the step ended at one exactly when a delimiter ends inside
+    the step's text (one begun in the previous step included).
+    """
     if tokenizer is None:
-        return delimiter in result.text or not result.text
-    full = response_text(tokenizer, result.output_ids)
-    return delimiter in full[len(result.text):]
+        return True  # no way to tell: a stop is read as a step boundary (depth still ends the path)
+    earlier = len(response_text(tokenizer, ids[:before]))
+    text = response_text(tokenizer, ids)
+    return text.find(delimiter, max(0, earlier - len(delimiter) + 1)) >= 0
 
 
 def _path_text(ctx: EpisodeContext, trace: Trace) -> str:

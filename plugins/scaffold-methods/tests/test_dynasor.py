@@ -35,7 +35,7 @@ def test_stops_when_consecutive_probes_agree_and_masks_the_probe():
     result = dynasor(engine)
     [sample] = result.samples
     probe_ids = engine.tokenizer.encode(DEFAULT_PROBE)
-    answer_ids = engine.tokenizer.encode(" 12\n") + [engine.tokenizer.eos_token_id]
+    answer_ids = engine.tokenizer.encode(" 12\n")  # the reply stops at the end of its line
     assert sample.output_ids == engine.tokenizer.encode(TRACE[:24]) + probe_ids + answer_ids
     assert sample.output_mask == [1] * 24 + [0] * (len(probe_ids) + len(answer_ids))
     _, loss_mask, logprobs, _ = sample_tokens(sample)
@@ -44,11 +44,13 @@ def test_stops_when_consecutive_probes_agree_and_masks_the_probe():
     assert sample.finish_reason == "stop" and sample.metadata["stopped_by"] == "dynasor"
     assert sample.metadata["trace_tokens"] == 24 and sample.metadata["probe_answers"] == ["5", "12", "12"]
     assert result.metrics["probes"] == 3 and result.metrics["stopped_early"] == 1.0
-    assert result.metrics["probe_tokens"] == 4 + 5 + 5
-    assert result.metrics["policy_tokens"] == 24 + 14
+    assert sample.metadata["probe_replies"] == [" 5", " 12", " 12"]
+    assert result.metrics["probe_tokens"] == 3 + 4 + 4
+    assert result.metrics["policy_tokens"] == 24 + 11
     # probes are greedy and short; trace chunks keep the episode's sampling
     probes = [r for r in engine.requests if r.sampling.temperature == 0.0]
-    assert len(probes) == 3 and {r.sampling.max_tokens for r in probes} == {12}
+    assert len(probes) == 3 and {r.sampling.max_tokens for r in probes} == {16}
+    assert {r.sampling.stop for r in probes} == {("\n",)}
     chunks = [r for r in engine.requests if r.sampling.temperature == 1.0]
     assert [r.sampling.max_tokens for r in chunks] == [8, 8, 8]
 
@@ -68,7 +70,7 @@ def test_a_trace_that_ends_first_is_kept_whole():
     [sample] = result.samples
     assert sample.text == short and sample.output_mask == [1] * (len(short) + 1)
     assert "stopped_by" not in sample.metadata and result.metrics["stopped_early"] == 0.0
-    assert result.metrics["policy_tokens"] == len(short) + 1 + 4 + 4
+    assert result.metrics["policy_tokens"] == len(short) + 1 + 3 + 3
 
 
 def test_max_tokens_ends_an_uncertain_trace_with_length():

@@ -186,3 +186,11 @@ def test_a_judge_on_another_engine_as_verifier_and_as_scorer():
     assert result.ok, result.error
     assert [s.metadata["score"] for s in result.samples] == [pytest.approx(0.6)] * 2
     assert judge.backend.engine.requests == 2 and result.metrics["verifier_tokens"] == 2 * (len("Score: 6") + 1)
+
+
+def test_placeholders_are_filled_in_one_pass_so_texts_are_never_reinterpreted():
+    judge = JudgeVerifier(use_reference=True)
+    [system, user] = judge.messages("Q {response} {high}", "R {question} {reference}", "12")
+    assert system["role"] == "system" and "Q {response} {high}" in user["content"]
+    assert "R {question} {reference}" in user["content"] and "The correct answer is: 12" in user["content"]
+    assert "from 0 (certainly wrong) to 10" in user["content"]
