@@ -4,8 +4,9 @@ A row asks ``What is 7 + 5?`` (``operands`` numbers of ``digits`` digits
 each, joined by the ``operations``), with the instruction to think step by
 step and write the answer after ``####``. The rows are the same for the same
 options on every machine. With one-digit sums the bundled SmolLM2-135M
-answers about a third of them correctly at temperature 0.7, the range where
-inference-time methods have room to help (``bench/scaling_methods.py``).
+answers 20% to 40% of them correctly at temperature 0.7 and 64 tokens (several
+runs of ``bench/scaling_methods.py``), the range where inference-time methods
+have room to help.
 
 The ``arithmetic`` verifier reads the integer after the last ``####``, else
 the last integer in the response (small models often forget the marker);
