@@ -1,7 +1,7 @@
 """Inference-time scaling methods on the bundled SmolLM2-135M: accuracy and generated tokens per method.
 
-Task: ``arithmetic`` (one-digit sums, made from ``--seed``), ``--problems`` of them, sampled at
-temperature 0.7 with at most ``--max-tokens`` tokens, scored by the ``arithmetic`` verifier. Methods,
+Task: ``small_arithmetic`` (one-digit sums, made from ``--seed``), ``--problems`` of them, sampled at
+temperature 0.7 with at most ``--max-tokens`` tokens, scored by the ``small_arithmetic`` verifier. Methods,
 each a controller run through scaffold's runtime on the embedded engine:
 
 * native: one sample;

@@ -10,7 +10,7 @@ Components (hookimpls only; the logic lives in sibling modules):
 * controller ``rerank`` (:mod:`scaffold_methods.rerank`): best-of-N chosen by a judge or reward model;
 * verifier ``judge`` (:mod:`scaffold_methods.judge`): an LLM judge on any engine or an OpenAI-compatible URL;
 * verifier ``reward_model`` (:mod:`scaffold_methods.reward_model`): a reward-model checkpoint, batched;
-* task and verifier ``arithmetic`` (:mod:`scaffold_methods.arithmetic`): small sums made from a seed.
+* task and verifier ``small_arithmetic`` (:mod:`scaffold_methods.arithmetic`): small sums made from a seed.
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ def register_verifiers(registry):
 
     registry.add("judge", JudgeVerifier)
     registry.add("reward_model", RewardModelVerifier)
-    registry.add("arithmetic", ArithmeticVerifier)
+    registry.add("small_arithmetic", ArithmeticVerifier)
 
 
 @hookimpl
 def register_tasks(registry):
     from .arithmetic import ArithmeticTask
 
-    registry.add("arithmetic", ArithmeticTask)
+    registry.add("small_arithmetic", ArithmeticTask)
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""The ``arithmetic`` task and verifier: small sums made from a seed, no data files.
+"""The ``small_arithmetic`` task and verifier: small sums made from a seed, no data files.
 
 A row asks ``What is 7 + 5?`` (``operands`` numbers of ``digits`` digits
 each, joined by the ``operations``), with the instruction to think step by
@@ -8,7 +8,7 @@ answers 20% to 40% of them correctly at temperature 0.7 and 64 tokens (several
 runs of ``bench/scaling_methods.py``), the range where inference-time methods
 have room to help.
 
-The ``arithmetic`` verifier reads the integer after the last ``####``, else
+The ``small_arithmetic`` verifier reads the integer after the last ``####``, else
 the last integer in the response (small models often forget the marker);
 reward 1.0 when it equals the reference. Its key is the canonical integer,
 so "1,200" and "1200" vote together.
@@ -38,7 +38,7 @@ class ArithmeticTask(Task):
 
     default_config: ClassVar[dict[str, Any]] = {
         "sampling": {"max_tokens": 96, "temperature": 0.7},
-        "verifier": {"name": "arithmetic"},
+        "verifier": {"name": "small_arithmetic"},
     }
 
     def __init__(self, count: int = 200, digits: int = 1, operands: int = 2, operations: Sequence[str] = ("+",),

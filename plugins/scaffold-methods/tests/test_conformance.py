@@ -53,7 +53,7 @@ class TestRerank(ControllerConformance):
 
 class TestArithmeticVerifier(VerifierConformance):
     plugin = scaffold_methods
-    name = "arithmetic"
+    name = "small_arithmetic"
     gold = [("7 + 5 = 12. #### 12", "12"), ("so it is -3", "-3"), ("#### 1,200", "1200")]
     wrong = [("7 + 5 = 13. #### 13", "12"), ("#### 13, not 12", "12"), ("12", "-12")]
     list_references = True
@@ -61,7 +61,7 @@ class TestArithmeticVerifier(VerifierConformance):
 
 class TestArithmeticTask(TaskConformance):
     plugin = scaffold_methods
-    name = "arithmetic"
+    name = "small_arithmetic"
     options: ClassVar[dict[str, Any]] = {"count": 12, "operations": ["+", "-", "*"], "operands": 3}
 
 

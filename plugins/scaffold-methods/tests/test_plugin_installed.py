@@ -14,8 +14,8 @@ def test_listed_with_its_components():
     assert plugin["status"] == "ok" and plugin["distribution"] == "scaffold-methods"
     components = plugin["components"]
     assert components["controller"] == ["deepconf", "dynasor", "rerank", "tree_search"]
-    assert components["verifier"] == ["arithmetic", "judge", "reward_model"]
-    assert components["task"] == ["arithmetic"]
+    assert components["verifier"] == ["judge", "reward_model", "small_arithmetic"]
+    assert components["task"] == ["small_arithmetic"]
 
 
 def test_importing_every_module_loads_no_heavy_library():
