@@ -29,6 +29,7 @@ SCRIPTS = [
     ("port contention", "ports.py", []),
     ("GRPO with TRL on scaffold rollouts", "train_trl.py", []),
     ("report of a 1,319 x 8 eval: size and build time", "report_size.py", []),
+    ("inference-time scaling methods", "scaling_methods.py", []),
 ]
 
 

@@ -69,6 +69,12 @@ class GenerationResult:
     output id: the weight version that sampled it (a request that a weight
     update reached mid-way reads ``[3, 3, 4, 4]``); ``None`` means every
     token is ``weight_version``'s.
+
+    ``top_logprobs`` is set only when the request asked for it
+    (``sampling.top_logprobs > 0``) and the engine supports it: one dict per
+    output id, ``{token_id: logprob}`` of the most likely tokens at that
+    position (the same distribution as ``logprobs``; the sampled token need not
+    be among them). ``None`` means the engine gave none.
     """
 
     output_ids: list[int]
@@ -78,6 +84,7 @@ class GenerationResult:
     weight_version: int | str | None = None
     versions: list[int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: list[dict[int, float]] | None = None
 
     def check(self) -> GenerationResult:
         """Raise ValueError if the result breaks the engine contract."""
@@ -88,6 +95,10 @@ class GenerationResult:
         if self.versions is not None and len(self.versions) != len(self.output_ids):
             raise ValueError(
                 f"engine returned {len(self.output_ids)} output ids but {len(self.versions)} versions"
+            )
+        if self.top_logprobs is not None and len(self.top_logprobs) != len(self.output_ids):
+            raise ValueError(
+                f"engine returned {len(self.output_ids)} output ids but {len(self.top_logprobs)} top_logprobs entries"
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"engine returned finish_reason {self.finish_reason!r}; expected one of {FINISH_REASONS}")

@@ -17,6 +17,12 @@ class SamplingParams:
     learns from. ``temperature == 0`` means greedy decoding. ``top_k == -1``
     means the whole vocabulary. ``seed`` is the base seed; each request gets
     its own seed derived from it, the episode and the sample index.
+    ``top_logprobs`` > 0 asks the engine for the log-probabilities of that
+    many most likely tokens at every output position
+    (:attr:`~scaffold_core.generation.GenerationResult.top_logprobs`); it is a
+    per-request field controllers set (confidence measures, self-evaluation),
+    not a config key. An engine that cannot give them leaves that field
+    ``None``, and callers fall back to the sampled tokens' logprobs.
     """
 
     max_tokens: int
@@ -26,6 +32,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -36,6 +43,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k != -1 and self.top_k < 1:
             raise ValueError(f"top_k must be -1 (whole vocabulary) or >= 1, got {self.top_k!r}")
+        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be an integer >= 0 (0: none), got {self.top_logprobs!r}")
         if isinstance(self.stop, (list, str)):
             object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         if isinstance(self.stop_token_ids, list):

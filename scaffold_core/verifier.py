@@ -60,6 +60,11 @@ class Verdict:
     ``reason`` says why, in a few words. ``metrics`` (optional) holds the parts of the reward by name
     (a rubric's reward functions): kept with the sample in episodes.jsonl and averaged over the run in
     metrics.json.
+
+    ``scored`` is ``False`` only for a verdict made by :meth:`unscored`: the
+    verifier could not score the response (a model judge whose judgement
+    does not parse). Its reward is NaN; the sample is unscored, never read as
+    0.0 (see ``trajectory.usable_reward``). Any other NaN reward is an error.
     """
 
     reward: float
@@ -67,6 +72,12 @@ class Verdict:
     key: str | None = None
     reason: str = ""
     metrics: dict[str, float] | None = None
+    scored: bool = True
+
+    @classmethod
+    def unscored(cls, reason: str, extracted: str | None = None) -> Verdict:
+        """A verdict that gives no reward at all (NaN, ``scored=False``): the response could not be scored."""
+        return cls(math.nan, extracted, None, reason, scored=False)
 
     @property
     def vote_key(self) -> str | None:
@@ -119,6 +130,8 @@ def check_verdict(verifier: Any, verdict: Any, response: str = "", reference: Re
     if not isinstance(verdict, Verdict):
         raise InvalidVerdictError(f"{name}.verify returned {type(verdict).__name__}, expected Verdict")
     reward = verdict.reward
+    if not verdict.scored and isinstance(reward, float) and math.isnan(reward):
+        return verdict  # an explicit Verdict.unscored(...): the sample stays without a reward
     low, high = reward_range_of(verifier)
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) \
             or not low <= reward <= high:

@@ -128,6 +128,45 @@ def test_best_of_n_chooses_the_best_sample_and_keeps_all():
     assert result.samples[result.chosen].text == "2" and result.answer_reward == 1.0
 
 
+class _JudgeLike(Verifier):
+    """Scores "good" 1.0 and "bad" 0.0; anything else it cannot score (an unscored verdict)."""
+
+    def verify(self, response, reference):
+        if response in ("good", "bad"):
+            return Verdict(float(response == "good"), response)
+        return Verdict.unscored("malformed judgement")
+
+
+def test_an_unscored_verdict_is_no_reward_never_zero_and_best_of_n_ranks_it_last():
+    from scaffold_core.run.metrics import RunMetrics, episode_correct
+
+    answers = iter(["??", "bad", "??"])
+    task = ListTask([{"id": "a", "question": "Q", "answer": "x"}])
+    engine = ScriptedEngine(lambda p, r: next(answers))
+    result = run_episodes(make_contexts(task, engine.tokenizer), engine=engine, controller=BestOfNController(samples=3),
+                          verifier=_JudgeLike(), trajectory_maker=SingleTurnTrajectoryMaker(), concurrency=1)[0]
+    assert result.ok, result.error
+    assert result.samples[result.chosen].text == "bad"  # a scored 0.0 beats the unscored samples
+    unscored = [s for s in result.samples if s.text == "??"]
+    assert all(not s.verdict.scored and s.reward != s.reward for s in unscored)  # NaN: no reward
+    assert [t.reward for t in result.trajectories] == [0.0]  # unscored samples are left out, not scored 0.0
+    metrics = RunMetrics()
+    metrics.add(result)
+    assert metrics.summary()["unscored_samples"] == 2
+    result.chosen, result.answer_reward = None, float("nan")
+    assert episode_correct(result) is None  # an unscored answer is neither right nor wrong
+
+
+def test_check_verdict_lets_only_explicit_unscored_verdicts_through():
+    from scaffold_core.errors import InvalidVerdictError
+    from scaffold_core.verifier import check_verdict
+
+    verdict = Verdict.unscored("could not parse", extracted="garbage")
+    assert check_verdict(_JudgeLike(), verdict) is verdict and verdict.reward != verdict.reward
+    with pytest.raises(InvalidVerdictError):
+        check_verdict(_JudgeLike(), Verdict(float("nan")))  # a NaN reward by accident still fails
+
+
 def test_failures_are_counted_with_reasons_and_never_hang():
     def fail(prompt):
         return question_of(prompt) in {"Q1", "Q5"}
@@ -858,3 +897,17 @@ def test_registry_build_takes_a_name_a_mapping_or_the_component_itself_and_names
         registry.build("controller", "nativ")
     with pytest.raises(ConfigError, match=r"controller\.generator: expected a registered controller name .* got 7"):
         registry.create("controller", "majority_vote", {"generator": 7}, path="controller")
+
+
+def test_top_logprobs_are_a_request_field_and_a_checked_result_field():
+    from scaffold_core.sampling import SamplingParams
+
+    assert SamplingParams(max_tokens=4).top_logprobs == 0
+    assert SamplingParams(max_tokens=4, top_logprobs=5).to_dict()["top_logprobs"] == 5
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="top_logprobs"):
+            SamplingParams(max_tokens=4, top_logprobs=bad)
+    GenerationResult([1, 2], [-0.1, -0.2], "stop", top_logprobs=[{1: -0.1}, {2: -0.2, 3: -1.0}]).check()
+    assert GenerationResult([1], [-0.1], "stop").top_logprobs is None
+    with pytest.raises(ValueError, match="1 top_logprobs entries"):
+        GenerationResult([1, 2], [-0.1, -0.2], "stop", top_logprobs=[{1: -0.1}]).check()

@@ -98,6 +98,28 @@ def test_logprobs_match_a_teacher_forced_forward_pass(engine):
     assert worst <= 1e-3
 
 
+def test_top_logprobs_are_the_reported_distributions_top_k(engine):
+    ids = prompts(engine)
+    reqs = [GenerationRequest("t0", ids[0], SamplingParams(max_tokens=6, temperature=0.7, top_logprobs=5), seed=3),
+            GenerationRequest("t1", ids[1], SamplingParams(max_tokens=6, temperature=0.0, top_logprobs=2)),
+            GenerationRequest("t2", ids[2], SamplingParams(max_tokens=6, temperature=0.7), seed=4)]
+    asked, greedy, plain = generate_all(engine, reqs)  # one batch: rows with and without top logprobs
+    assert plain.top_logprobs is None
+    for req, res, k, temperature in ((reqs[0], asked, 5, 0.7), (reqs[1], greedy, 2, 1.0)):
+        res.check()
+        assert len(res.top_logprobs) == len(res.output_ids) and all(len(t) == k for t in res.top_logprobs)
+        with torch.inference_mode():
+            logits = engine.model(torch.tensor([req.prompt_ids + res.output_ids])).logits[0].float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        for j, top in enumerate(res.top_logprobs):
+            values, tokens = torch.topk(logp[len(req.prompt_ids) - 1 + j], k)
+            assert sorted(top) == sorted(tokens.tolist())
+            assert max(abs(top[t] - v) for t, v in zip(tokens.tolist(), values.tolist())) < 1e-3
+            if res.output_ids[j] in top:  # the sampled token's logprob is the same number
+                assert abs(top[res.output_ids[j]] - res.logprobs[j]) < 1e-5
+    assert all(greedy.output_ids[j] == max(t, key=t.get) for j, t in enumerate(greedy.top_logprobs))
+
+
 def test_seeded_sampling_does_not_depend_on_the_batch(engine):
     ids = prompts(engine)
     reqs = [GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=10, temperature=1.0), seed=7 + i)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -98,7 +99,9 @@ class BestOfNController(_SampleThenVerify):
 
     def process(self, ctx: EpisodeContext):
         samples = yield from self._sample_and_verify(ctx)
-        best = max(range(len(samples)), key=lambda i: (samples[i].verdict.reward, -i))
+        # an unscored sample (a verifier that could not score it: NaN reward) ranks below every scored one
+        rewards = [None if math.isnan(s.verdict.reward) else s.verdict.reward for s in samples]
+        best = max(range(len(samples)), key=lambda i: (rewards[i] is not None, rewards[i] or 0.0, -i))
         return Outcome(samples=samples, chosen=best, answer=samples[best].verdict.extracted,
                        answer_reward=samples[best].verdict.reward)
 

@@ -25,6 +25,10 @@ With ``logprobs: processed`` they are taken after truncation and
 renormalisation instead, i.e. from the exact distribution sampled. Greedy
 requests (temperature 0) report the model's untempered log-probabilities.
 
+Top logprobs: a request with ``sampling.top_logprobs = k`` also gets, per
+output position, the ``k`` most likely tokens and their logprobs under the
+same distribution as the sampled token's logprob.
+
 Live weights: :meth:`TransformersEngine.wrap` serves a model object the
 caller owns (a trainer's policy; nothing is copied), and
 :meth:`TransformersEngine.update_weights` loads a state dict or a checkpoint
@@ -73,6 +77,7 @@ class _Row:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the weight version that sampled each output id
+    top: list[dict[int, float]] | None = None  # per output position, when the request asked for top logprobs
     finish: str | None = None
     stop_at: int | None = None  # character offset where a stop string begins
 
@@ -353,7 +358,8 @@ class TransformersEngine(Engine):
             gen = torch.Generator(device="cpu")
             seed = req.seed if req.seed is not None else (sp.seed if sp.seed is not None else torch.seed())
             gen.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
-        return _Row(pending, max_new, self.eos_ids | set(sp.stop_token_ids), tuple(s for s in sp.stop if s), gen)
+        return _Row(pending, max_new, self.eos_ids | set(sp.stop_token_ids), tuple(s for s in sp.stop if s), gen,
+                    top=[] if sp.top_logprobs > 0 else None)
 
     def _run_batch(self, batch: list[_Pending]) -> list[Any]:
         torch = self._torch
@@ -372,7 +378,7 @@ class TransformersEngine(Engine):
             if row.stop_at is not None:
                 text = text[: row.stop_at]
             out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, row.versions[0],
-                                        versions=row.versions))
+                                        versions=row.versions, top_logprobs=row.top))
         return out
 
     def _prefill(self, rows: list[_Row], device: Any) -> Prefill:
@@ -456,7 +462,9 @@ class TransformersEngine(Engine):
         greedy = [r.generator is None for r in rows]
         if all(greedy):
             choice = torch.argmax(logits, dim=-1)
-            picked = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None]).squeeze(1)
+            report = torch.log_softmax(logits, dim=-1)
+            picked = report.gather(1, choice[:, None]).squeeze(1)
+            self._record_top(rows, report)
             return list(zip(choice.tolist(), picked.tolist()))
         vocab = logits.shape[-1]
         temps = torch.tensor([1.0 if g else r.pending.request.sampling.temperature for r, g in zip(rows, greedy)],
@@ -478,7 +486,21 @@ class TransformersEngine(Engine):
             choice = torch.where(is_greedy, torch.argmax(logits, dim=-1), choice)
             report = torch.where(is_greedy[:, None], torch.log_softmax(logits, dim=-1), report)
         picked = report.gather(1, choice[:, None]).squeeze(1)
+        self._record_top(rows, report)
         return list(zip(choice.tolist(), picked.tolist()))
+
+    def _record_top(self, rows: list[_Row], report: Any) -> None:
+        """Append each asking row's top-k ``{token: logprob}`` of this step (one topk for the whole batch)."""
+        ks = [r.pending.request.sampling.top_logprobs if r.top is not None else 0 for r in rows]
+        kmax = min(max(ks), report.shape[-1])
+        if kmax <= 0:
+            return
+        values, ids = self._torch.topk(report, kmax, dim=-1)
+        values, ids = values.tolist(), ids.tolist()
+        for i, row in enumerate(rows):
+            if row.top is not None:
+                k = min(ks[i], kmax)
+                row.top.append(dict(zip(ids[i][:k], values[i][:k])))
 
     def _truncate(self, rows: list[_Row], scaled: Any) -> Any:
         """Apply each row's top-k and top-p to temperature-scaled logits (-inf outside)."""

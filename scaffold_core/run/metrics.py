@@ -23,6 +23,7 @@ Definitions (also in docs/runtime.md):
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import Counter, defaultdict
@@ -59,7 +60,7 @@ def episode_correct(result: EpisodeResult) -> float | None:
         reward = usable_reward(result.samples[result.chosen])
         return None if reward is None else float(reward > 0)
     if result.answer_reward is not None:
-        return float(result.answer_reward > 0)
+        return None if math.isnan(result.answer_reward) else float(result.answer_reward > 0)
     rewards = [r for r in map(usable_reward, result.samples) if r is not None]
     if not rewards:
         return None

@@ -7,9 +7,12 @@ tests share one definition of the wire format (see the plugin README and
 Requests carry ``input_ids`` (never text), an explicit ``sampling_params``
 dict that always sets ``max_new_tokens`` and only uses names SGLang knows
 (0.5.23 rejects unknown keys with a 400; 0.5.8-0.5.15 answer 500), and
-``return_logprob: true``. Responses are read from ``output_ids`` and
-``meta_info.output_token_logprobs`` (``[logprob, token_id, text|null]``
-tuples), ``meta_info.finish_reason.type`` and ``meta_info.weight_version``.
+``return_logprob: true`` (plus ``top_logprobs_num`` when the request's
+``sampling.top_logprobs`` asks for top logprobs). Responses are read from
+``output_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, token_id,
+text|null]`` tuples), ``meta_info.output_top_logprobs`` (a list of such
+tuples per position), ``meta_info.finish_reason.type`` and
+``meta_info.weight_version``.
 """
 
 from __future__ import annotations
@@ -93,12 +96,15 @@ def sampling_params(request: GenerationRequest, *, send_seed: bool = False,
 def generate_body(request: GenerationRequest, rid: str, *, send_seed: bool = False,
                   extra_sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON body of one ``POST /generate`` (one prompt, one sample, logprobs on)."""
-    return {
+    body: dict[str, Any] = {
         "input_ids": list(request.prompt_ids),
         "rid": rid,
         "sampling_params": sampling_params(request, send_seed=send_seed, extra=extra_sampling),
         "return_logprob": True,
     }
+    if request.sampling.top_logprobs > 0:
+        body["top_logprobs_num"] = int(request.sampling.top_logprobs)
+    return body
 
 
 class BodyEncoder:
@@ -119,8 +125,8 @@ class BodyEncoder:
         self._last: tuple[Any, bytes] = (None, b"")
 
     def encode(self, request: GenerationRequest, rid: str) -> bytes:
-        if self.send_seed and request.seed is not None:  # per-request seeds: nothing to reuse
-            return encode_json(generate_body(request, rid, send_seed=True, extra_sampling=self.extra))
+        if (self.send_seed and request.seed is not None) or request.sampling.top_logprobs > 0:  # the general path
+            return encode_json(generate_body(request, rid, send_seed=self.send_seed, extra_sampling=self.extra))
         sp = request.sampling
         last, fragment = self._last
         if sp is not last:
@@ -240,7 +246,38 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
     return GenerationResult(
         output_ids=output_ids, logprobs=logprobs, finish_reason=ftype,
         text=text if isinstance(text, str) else "", weight_version=meta.get("weight_version"), meta=info,
+        top_logprobs=parse_top_logprobs(meta.get("output_top_logprobs"), len(output_ids)),
     )
+
+
+def parse_top_logprobs(entries: Any, n: int) -> list[dict[int, float]] | None:
+    """``meta_info.output_top_logprobs`` as one ``{token_id: logprob}`` dict per output position.
+
+    ``None`` when the server sent none (the request did not ask). A ``null``
+    position becomes an empty dict, and a ``null`` logprob (NaN or infinity
+    serialised by orjson) is NaN. An aborted request's list may be longer than
+    its kept output: it is cut to ``n`` positions.
+    """
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or len(entries) < n:
+        raise ProtocolError(f"meta_info.output_top_logprobs must be a list with one entry per output token ({n}), "
+                            f"got {type(entries).__name__} of {len(entries) if isinstance(entries, list) else '?'}")
+    out: list[dict[int, float]] = []
+    for entry in entries[:n]:
+        position: dict[int, float] = {}
+        if entry is not None:
+            try:
+                for item in entry:
+                    token = item[1]
+                    if type(token) is not int:
+                        raise TypeError("token id is not an integer")
+                    position[token] = math.nan if item[0] is None else float(item[0])
+            except (TypeError, IndexError, ValueError) as exc:
+                raise ProtocolError(f"malformed output_top_logprobs entry ({exc}); expected a list of "
+                                    "[logprob, token_id, text] tuples") from None
+        out.append(position)
+    return out
 
 
 def error_message(status: int, payload: bytes | str) -> str:

@@ -57,7 +57,8 @@ def test_generate_body_matches_the_documented_rl_request():
                     "sampling_params": {"max_new_tokens": 7, "temperature": 1.0, "top_p": 1.0, "top_k": -1}}
 
 
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0, stop=("a",)), dict(top_k=3, stop_token_ids=(9,))])
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0, stop=("a",)), dict(top_k=3, stop_token_ids=(9,)),
+                                      dict(top_logprobs=5)])
 @pytest.mark.parametrize("send_seed", [False, True])
 def test_fast_body_encoder_is_byte_identical(sampling, send_seed):
     enc = BodyEncoder(send_seed=send_seed, extra_sampling={"min_p": 0.05})
@@ -65,6 +66,29 @@ def test_fast_body_encoder_is_byte_identical(sampling, send_seed):
     for _ in range(2):  # the second call uses the cached sampling fragment
         expected = encode_json(generate_body(req, "r" * 32, send_seed=send_seed, extra_sampling={"min_p": 0.05}))
         assert enc.encode(req, "r" * 32) == expected
+
+
+def test_top_logprobs_are_asked_for_only_when_the_request_wants_them():
+    assert "top_logprobs_num" not in generate_body(request(), "abc")
+    body = generate_body(request(top_logprobs=5), "abc")
+    assert body["top_logprobs_num"] == 5 and "top_logprobs" not in body["sampling_params"]
+
+
+def test_output_top_logprobs_become_one_dict_per_output_token():
+    body = json.loads(FINAL_ALL_LOGPROBS)
+    body["output_ids"] = [5, 6]
+    body["meta_info"]["output_top_logprobs"] = [[[-0.5, 5, None], [-1.25, 9, None]], None]
+    result = parse_generate_response(body).check()
+    assert result.top_logprobs == [{5: -0.5, 9: -1.25}, {}]  # a null position is an empty dict
+    body["meta_info"]["output_top_logprobs"] = [[[None, 5, None]], [[-0.1, 6, "x"]]]
+    first, second = parse_generate_response(body).top_logprobs
+    assert math.isnan(first[5]) and second == {6: -0.1}
+    del body["meta_info"]["output_top_logprobs"]
+    assert parse_generate_response(body).top_logprobs is None
+    for bad in ([[[-0.5, 5, None]]], [[["x", 5, None]], None], [[[-0.5, "5", None]], None], "oops"):
+        body["meta_info"]["output_top_logprobs"] = bad
+        with pytest.raises(ProtocolError, match="output_top_logprobs"):
+            parse_generate_response(body)
 
 
 def test_extra_sampling_rejects_unknown_and_managed_keys():
