@@ -10,6 +10,8 @@ PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # The stamp is keyed on the content of every pyproject file: edit one and the next make reinstalls.
 STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (0: one process). Each file's tests stay on one worker (conftest.py).
+TEST_WORKERS ?= 2
 # System (Debian) packages the project needs, as package:command. `make setup` installs the missing ones when it
 # runs as root with apt-get, and otherwise says what to install. bubblewrap (with setpriv and ldd): the python
 # tool's jail; chromium: the report's browser test (driven by Playwright; no browser is ever downloaded).
@@ -43,7 +45,8 @@ lint: setup
 	$(VENV)/bin/mypy scaffold_core $(foreach p,$(PLUGINS),$(p)/$(subst -,_,$(notdir $(p))))
 
 test: setup lint
-	$(PY) -m pytest --import-mode=importlib tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS)
+	$(PY) -m pytest --import-mode=importlib -n $(TEST_WORKERS) --dist loadgroup \
+		tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS)
 
 bench: setup
 	$(PIP) install -q --disable-pip-version-check -e ".[bench]"

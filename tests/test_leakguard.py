@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 LEAKY = '''
 import socket, subprocess, sys, tempfile
 
@@ -28,26 +30,33 @@ def test_clean(tmp_path):
 '''
 
 
-def run_pytest(tmp_path, source: str) -> subprocess.CompletedProcess:
+#: the guard in one pytest process, and under pytest-xdist (as `make test` runs the suite): a worker's sockets
+#: are checked by the worker and reported to the controller, its processes and temp files by the controller
+SESSIONS = pytest.mark.parametrize("options", [[], ["-n", "2"]], ids=["one process", "two xdist workers"])
+
+
+def run_pytest(tmp_path, source: str, options: list[str]) -> subprocess.CompletedProcess:
     test = tmp_path / "test_case.py"
     test.write_text(source)
     env = {k: v for k, v in os.environ.items() if k not in ("SCAFFOLD_TEST_SESSION",)}
     env["TMPDIR"] = str(tmp_path)  # the inner session keeps its temp dir after a failure: inside ours
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                           "scaffold_core.testing.leakguard", str(test)],
+                           "scaffold_core.testing.leakguard", *options, str(test)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
 
 
-def test_guard_reports_and_fails_a_leaky_session(tmp_path):
-    proc = run_pytest(tmp_path, LEAKY)
+@SESSIONS
+def test_guard_reports_and_fails_a_leaky_session(tmp_path, options):
+    proc = run_pytest(tmp_path, LEAKY, options)
     assert proc.returncode == 1, proc.stdout
     assert "left behind by the tests" in proc.stdout
     assert "process" in proc.stdout and "time.sleep(60)" in proc.stdout
-    assert "listening socket" in proc.stdout
+    assert "listening socket" in proc.stdout and ("test worker gw" in proc.stdout) == bool(options)
     assert "temp file left behind" in proc.stdout and ".leak" in proc.stdout
 
 
-def test_guard_passes_a_clean_session(tmp_path):
-    proc = run_pytest(tmp_path, CLEAN)
+@SESSIONS
+def test_guard_passes_a_clean_session(tmp_path, options):
+    proc = run_pytest(tmp_path, CLEAN, options)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "left behind" not in proc.stdout

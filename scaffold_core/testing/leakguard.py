@@ -7,7 +7,8 @@ plugin). At the end of the test session it checks, and fails the session if any 
 * **processes**: every process started during the session inherits the
   ``SCAFFOLD_TEST_SESSION`` marker in its environment; any still alive (after
   a short grace period) is reported by pid and command line, then killed;
-* **ports**: listening sockets opened by the pytest process and not closed;
+* **ports**: listening sockets opened by the pytest process and not closed (under pytest-xdist, by
+  each worker: a worker reports its own to the controller);
 * **temp files**: everything tests create through ``tempfile`` goes to a
   session temp dir (``TMPDIR`` is pointed there); anything left in it, apart
   from pytest's own ``tmp_path`` folders, is reported and removed.
@@ -32,6 +33,9 @@ PERSISTENT_CACHES = ("torchinductor_",)
 PROCESS_LIFETIME_HELPERS = ("multiprocessing.resource_tracker",)
 GRACE_S = 10.0
 _state: dict = {}
+_worker_state: dict = {}
+#: the key of a pytest-xdist worker's output that carries what it left behind to the controller
+WORKER_OUTPUT_KEY = "scaffold_leaks"
 
 
 def _listening_inodes() -> set[str]:
@@ -85,7 +89,10 @@ def _marked_processes(marker: bytes) -> dict[int, str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not Path("/proc/self/environ").exists() or hasattr(config, "workerinput"):
+    if not Path("/proc/self/environ").exists():
+        return
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its own sockets; the rest is the controller's
+        _worker_state.update(sockets=_listening_inodes())
         return
     marker = f"{uuid.uuid4().hex}"
     os.environ[MARKER_ENV] = marker
@@ -95,10 +102,25 @@ def pytest_configure(config: pytest.Config) -> None:
     _state.update(marker=marker.encode(), tmp=Path(session_tmp), sockets=_listening_inodes())
 
 
+def _left_open(before: set[str], who: str) -> list[str]:
+    return [f"listening socket (inode {inode}) left open by {who}" for inode in sorted(_listening_inodes() - before)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, on the controller: gather what a worker left behind."""
+    _state.setdefault("from_workers", []).extend(getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY, []))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _worker_state:
+        name = getattr(session.config, "workerinput", {}).get("workerid", "a worker")
+        output = session.config.workeroutput  # type: ignore[attr-defined]  # set by pytest-xdist on a worker
+        output[WORKER_OUTPUT_KEY] = _left_open(_worker_state["sockets"], f"test worker {name}")
+        return
     if not _state:
         return
-    problems: list[str] = []
+    problems: list[str] = list(_state.get("from_workers", []))
     deadline = time.monotonic() + GRACE_S
     alive = _marked_processes(_state["marker"])
     while alive and time.monotonic() < deadline:
@@ -110,8 +132,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    for inode in sorted(_listening_inodes() - _state["sockets"]):
-        problems.append(f"listening socket (inode {inode}) left open by the test process")
+    problems.extend(_left_open(_state["sockets"], "the test process"))
     leftovers = [p for p in _state["tmp"].iterdir()
                  if not p.name.startswith("pytest-of-") and not p.name.startswith(PERSISTENT_CACHES)]
     for path in leftovers:

@@ -79,7 +79,7 @@ class McpConnection:
         except asyncio.TimeoutError:
             message = self._start_message(f"it did not list its tools within {self.startup_timeout:g} s "
                                           "(raise startup_timeout for a slow server)")
-            await self.close()
+            await self.close(graceful=False)  # it is not listening: no reason to wait for it to wind down
             raise McpStartError(message) from None
         if self.client is None:
             await self._settle()  # the server's exit first: its last words reach the log
@@ -131,12 +131,17 @@ class McpConnection:
                 await asyncio.shield(self._process.stop())
                 self._process = None
 
-    async def close(self) -> None:
-        """Disconnect and stop the server (waits for the process to exit, bounded). Safe twice."""
+    async def close(self, *, graceful: bool = True) -> None:
+        """Disconnect and stop the server (waits for the process to exit, bounded). Safe twice.
+
+        ``graceful=False`` cancels the connection at once instead of letting it end its session first (a
+        server that never answered)."""
         owner, self._owner = self._owner, None
         if owner is not None:
             if self._stop is not None:
                 self._stop.set()
+            if not graceful:
+                owner.cancel()
             try:
                 await asyncio.wait_for(asyncio.shield(owner), timeout=CLOSE_TIMEOUT)
             except asyncio.TimeoutError:

@@ -202,7 +202,7 @@ def test_a_server_that_never_answers_is_stopped_at_the_startup_timeout():
     began = time.monotonic()
     with pytest.raises(McpStartError, match=r"did not list its tools within 2 s .*; its stderr: (\d+)") as info:
         run(tool_set.start())
-    assert time.monotonic() - began < 20
+    assert time.monotonic() - began < 10  # the startup timeout, then the stop: no graceful wait on a mute server
     pid = int(re.search(r"its stderr: (\d+)", str(info.value)).group(1))
     assert not alive(pid), "the hung server was left running"
 
