@@ -45,7 +45,7 @@ lint: setup
 	$(VENV)/bin/mypy scaffold_core $(foreach p,$(PLUGINS),$(p)/$(subst -,_,$(notdir $(p))))
 
 test: setup lint
-	$(PY) -m pytest --import-mode=importlib -n $(TEST_WORKERS) --dist loadgroup \
+	$(PY) -m pytest --import-mode=importlib -n $(TEST_WORKERS) --dist loadfile \
 		tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS)
 
 bench: setup

@@ -1,23 +1,45 @@
 """Root conftest: the whole suite (core and every plugin) runs under the leak guard.
 
-`make test` runs the suite on two pytest-xdist workers (``--dist loadgroup``). A test file's tests run on
-one worker, in order (its module fixtures are built once), and so do all the tests that share an expensive
-session fixture, wherever they are, so that it is built once: the release checkout where `make dist` ran,
-and the bundled SmolLM2 engine.
+`make test` runs the suite on two pytest-xdist workers. A test file's tests run on one worker, in order
+(its module fixtures are built once), and so do all the files that use an expensive session fixture, so
+that it is built once: the release checkout where `make dist` ran, the bundled SmolLM2 engine, and the
+pip-installed fixture plugins.
 """
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["scaffold_core.testing.leakguard"]
 
-#: session fixture -> the xdist group of every test that uses it (the first match wins)
-SHARED_FIXTURE_GROUPS = {"release_checkout": "release", "dist_dir": "release", "smollm2_engine": "smollm2"}
+ROOT = Path(__file__).resolve().parent
+#: session fixture -> the group of every test file that uses it (the first match wins)
+SHARED_FIXTURE_GROUPS = {"release_checkout": "release", "dist_dir": "release", "smollm2_engine": "smollm2",
+                         "fixture_site": "fixture-plugins"}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        names = getattr(item, "fixturenames", ())
-        group = next((g for f, g in SHARED_FIXTURE_GROUPS.items() if f in names), item.nodeid.split("::")[0])
-        item.add_marker(pytest.mark.xdist_group(group))
+@cache
+def file_group(path: str) -> str:
+    """The worker group of a test file: the group of the first shared session fixture it names, else itself."""
+    try:
+        source = (ROOT / path).read_text(encoding="utf-8")
+    except OSError:
+        return path
+    return next((group for fixture, group in SHARED_FIXTURE_GROUPS.items()
+                 if re.search(rf"\b{fixture}\b", source)), path)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist: hand out whole files (and the files of one shared fixture together) to the workers."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return file_group(nodeid.split("::", 1)[0])
+
+    return SharedFixtureScheduling(config, log)

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from scaffold_core.testing.leakguard import GRACE_ENV
+
 LEAKY = '''
 import socket, subprocess, sys, tempfile
 
@@ -40,6 +42,7 @@ def run_pytest(tmp_path, source: str, options: list[str]) -> subprocess.Complete
     test.write_text(source)
     env = {k: v for k, v in os.environ.items() if k not in ("SCAFFOLD_TEST_SESSION",)}
     env["TMPDIR"] = str(tmp_path)  # the inner session keeps its temp dir after a failure: inside ours
+    env[GRACE_ENV] = "1"  # the leaked process never exits: waiting the full grace proves nothing more
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
                            "scaffold_core.testing.leakguard", *options, str(test)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)

@@ -32,6 +32,8 @@ PERSISTENT_CACHES = ("torchinductor_",)
 #: Helper processes that live exactly as long as the test process by design (they exit with it).
 PROCESS_LIFETIME_HELPERS = ("multiprocessing.resource_tracker",)
 GRACE_S = 10.0
+#: seconds the guard waits for the session's processes to exit before it reports them (default GRACE_S)
+GRACE_ENV = "SCAFFOLD_LEAKGUARD_GRACE_S"
 _state: dict = {}
 _worker_state: dict = {}
 #: the key of a pytest-xdist worker's output that carries what it left behind to the controller
@@ -121,7 +123,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not _state:
         return
     problems: list[str] = list(_state.get("from_workers", []))
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + float(os.environ.get(GRACE_ENV) or GRACE_S)
     alive = _marked_processes(_state["marker"])
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
