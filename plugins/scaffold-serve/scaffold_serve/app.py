@@ -221,7 +221,8 @@ class Endpoint:
 
     def _completion(self, prepared: Prepared, choices: list[Choice], cid: str, created: int) -> dict[str, Any]:
         return responses.completion(cid, created, prepared.request.model, choices, len(prepared.plan.prompt_ids),
-                                    logprobs=prepared.request.logprobs, tokenizer=prepared.entry.session.tokenizer)
+                                    logprobs=prepared.request.logprobs, tokenizer=prepared.entry.session.tokenizer,
+                                    top_logprobs=prepared.request.top_logprobs)
 
     async def _stream(self, request: Request, prepared: Prepared, cid: str, created: int) -> AsyncIterator[bytes]:
         chat, model = prepared.request, prepared.request.model
@@ -235,7 +236,8 @@ class Endpoint:
             return
         for choice in choices:
             for chunk in responses.choice_chunks(cid, created, model, choice, logprobs=chat.logprobs,
-                                                 tokenizer=prepared.entry.session.tokenizer):
+                                                 tokenizer=prepared.entry.session.tokenizer,
+                                                 top_logprobs=chat.top_logprobs):
                 yield chunk
         if chat.include_usage:
             yield responses.usage_chunk(cid, created, model, len(prepared.plan.prompt_ids), choices)

@@ -17,22 +17,30 @@ def usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
-def logprobs_of(tokenizer: Any, choice: Choice) -> dict[str, Any]:
-    """Each sampled token (the end-of-turn token included) with the logprob the engine sampled it at."""
+def _token(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
+    token = decode_keep_special(tokenizer, [token_id])
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
+
+
+def logprobs_of(tokenizer: Any, choice: Choice, top: int = 0) -> dict[str, Any]:
+    """Each sampled token (the end-of-turn token included) with the logprob the engine sampled it at, and, when
+    ``top`` > 0, the ``top`` most likely tokens at its position as the engine gave them (none when it gave none)."""
+    result = choice.result
+    tops = result.top_logprobs if top and result.top_logprobs is not None else [None] * len(result.output_ids)
     content = []
-    for token_id, logprob in zip(choice.result.output_ids, choice.result.logprobs):
-        token = decode_keep_special(tokenizer, [token_id])
-        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace")),
-                        "top_logprobs": []})
+    for token_id, logprob, alternatives in zip(result.output_ids, result.logprobs, tops):
+        likely = sorted((alternatives or {}).items(), key=lambda kv: -kv[1])[:top]
+        content.append({**_token(tokenizer, token_id, logprob),
+                        "top_logprobs": [_token(tokenizer, t, lp) for t, lp in likely]})
     return {"content": content, "refusal": None}
 
 
 def completion(cid: str, created: int, model: str, choices: Sequence[Choice], prompt_tokens: int, *,
-               logprobs: bool, tokenizer: Any) -> dict[str, Any]:
+               logprobs: bool, tokenizer: Any, top_logprobs: int = 0) -> dict[str, Any]:
     return {
         "id": cid, "object": "chat.completion", "created": created, "model": model, "system_fingerprint": None,
         "choices": [{"index": c.index, "message": c.message(), "finish_reason": c.finish_reason,
-                     "logprobs": logprobs_of(tokenizer, c) if logprobs else None} for c in choices],
+                     "logprobs": logprobs_of(tokenizer, c, top_logprobs) if logprobs else None} for c in choices],
         "usage": usage(prompt_tokens, choices),
     }
 
@@ -61,10 +69,10 @@ def first_chunks(cid: str, created: int, model: str, n: int) -> bytes:
 
 
 def choice_chunks(cid: str, created: int, model: str, choice: Choice, *, logprobs: bool,
-                  tokenizer: Any) -> Iterator[bytes]:
+                  tokenizer: Any, top_logprobs: int = 0) -> Iterator[bytes]:
     """A generated choice as chunks: its content (with logprobs), its tool calls, then its finish reason."""
     i = choice.index
-    lp = logprobs_of(tokenizer, choice) if logprobs else None
+    lp = logprobs_of(tokenizer, choice, top_logprobs) if logprobs else None
     if choice.content or lp is not None:
         yield _chunk(cid, created, model, [{"index": i, "delta": {"content": choice.content or ""}, "logprobs": lp,
                                              "finish_reason": None}])

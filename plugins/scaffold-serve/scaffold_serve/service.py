@@ -188,14 +188,15 @@ class ChatService:
         """The call's sampling: the request's parameters over ``base``, or ``base`` (see ``sampling_from``)."""
         if (sampling_from or self.options.sampling_from) == "config":
             max_tokens = min(request.max_tokens, base.max_tokens) if request.max_tokens else base.max_tokens
-            return base.replace(max_tokens=max_tokens, stop=tuple(dict.fromkeys(base.stop + request.stop)))
+            return base.replace(max_tokens=max_tokens, stop=tuple(dict.fromkeys(base.stop + request.stop)),
+                                top_logprobs=request.top_logprobs)
         return SamplingParams(
             max_tokens=request.max_tokens or base.max_tokens,
             temperature=base.temperature if request.temperature is None else request.temperature,
             top_p=base.top_p if request.top_p is None else request.top_p,
             top_k=base.top_k if request.top_k is None else request.top_k,
             stop=request.stop or base.stop, stop_token_ids=base.stop_token_ids,
-            seed=base.seed if request.seed is None else request.seed)
+            seed=base.seed if request.seed is None else request.seed, top_logprobs=request.top_logprobs)
 
     async def run(self, prepared: Prepared) -> list[Choice]:
         """Generate the call's choices and record them in the session."""

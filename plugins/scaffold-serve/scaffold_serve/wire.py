@@ -176,9 +176,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
     top_logprobs = _int(body, "top_logprobs", 0, 20) or 0
-    if top_logprobs:
-        raise bad("top_logprobs", "scaffold's engines report the logprob of the sampled token only, so top_logprobs "
-                                  "must be 0 (logprobs: true gives each sampled token's logprob)")
+    if top_logprobs and not _bool(body, "logprobs"):
+        raise bad("top_logprobs", "needs logprobs: true (the most likely tokens come with each sampled token's "
+                                  "logprob)")
     request = ChatRequest(
         model=model, messages=parse_messages(body.get("messages")), tools=parse_tools(body.get("tools")),
         tool_choice=parse_tool_choice(body.get("tool_choice")), max_tokens=max_tokens,

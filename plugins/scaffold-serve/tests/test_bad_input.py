@@ -73,7 +73,8 @@ def assert_still_serving(live):
     (ok_body(stream="yes"), "stream"),
     (ok_body(stop=[1, 2]), "stop"),
     (ok_body(seed=1.5), "seed"),
-    (ok_body(top_logprobs=3), "top_logprobs"),
+    (ok_body(top_logprobs=3), "top_logprobs"),  # without logprobs: true
+    (ok_body(top_logprobs=21, logprobs=True), "top_logprobs"),
     (ok_body(tool_choice="required", tools=[]), "tool_choice"),
     (ok_body(tools={"name": "x"}), "tools"),
     (ok_body(tools=[{"type": "function", "function": {"name": 3}}]), "tools[0].function.name"),

@@ -168,3 +168,16 @@ def test_a_client_killed_mid_stream_stops_its_decoding(smol):
     reply = smol.client().chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "Hi"}],
                                                   max_tokens=3)
     assert reply.usage.completion_tokens <= 3
+
+
+def test_top_logprobs_are_the_models_most_likely_tokens(smol):
+    """``top_logprobs`` gives, per sampled token, the model's most likely tokens there, most likely first; under
+    greedy decoding the sampled token is the first of them, at the same logprob."""
+    reply = smol.client().chat.completions.create(
+        model="scaffold", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=3)
+    tokens = reply.choices[0].logprobs.content
+    assert len(tokens) == reply.usage.completion_tokens > 0
+    for token in tokens:
+        likely = [t.logprob for t in token.top_logprobs]
+        assert len(likely) == 3 and likely == sorted(likely, reverse=True)
+        assert token.top_logprobs[0].token == token.token and abs(likely[0] - token.logprob) < 1e-6
