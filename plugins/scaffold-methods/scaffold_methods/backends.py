@@ -109,14 +109,17 @@ class UrlBackend:
                 async with client.stream("POST", self.endpoint, json=body, headers=headers) as response:
                     payload = bytearray()
                     async for part in response.aiter_bytes():
-                        payload += part
-                        if len(payload) > MAX_REPLY_BYTES:
-                            raise JudgeError(f"the judge at {self.endpoint} sent a reply over "
-                                                f"{MAX_REPLY_BYTES >> 20} MiB")
+                        self._grow(payload, part)
                     status = response.status_code
         except httpx.HTTPError as exc:
             raise JudgeError(f"the judge at {self.endpoint} failed: {type(exc).__name__}: {exc}") from exc
         return read_completion(status, bytes(payload), self.endpoint)
+
+    def _grow(self, payload: bytearray, part: bytes) -> None:
+        """Append a part of the reply; a reply over MAX_REPLY_BYTES is refused before it is all read."""
+        payload += part
+        if len(payload) > MAX_REPLY_BYTES:
+            raise JudgeError(f"the judge at {self.endpoint} sent a reply over {MAX_REPLY_BYTES >> 20} MiB")
 
     def complete_sync(self, messages: Sequence[dict[str, Any]], ask: Ask) -> Judged:
         import httpx
@@ -127,10 +130,7 @@ class UrlBackend:
                 with client.stream("POST", self.endpoint, json=body, headers=headers) as response:
                     payload = bytearray()
                     for part in response.iter_bytes():
-                        payload += part
-                        if len(payload) > MAX_REPLY_BYTES:
-                            raise JudgeError(f"the judge at {self.endpoint} sent a reply over "
-                                                f"{MAX_REPLY_BYTES >> 20} MiB")
+                        self._grow(payload, part)
                     status = response.status_code
         except httpx.HTTPError as exc:
             raise JudgeError(f"the judge at {self.endpoint} failed: {type(exc).__name__}: {exc}") from exc

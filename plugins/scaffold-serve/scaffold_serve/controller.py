@@ -38,7 +38,7 @@ from scaffold_core.verifier import Verdict
 from scaffold_multiturn.agent import build_format
 from scaffold_multiturn.controller import samples_in_parallel
 
-from .episodes import AgentEndpoint, EpisodeSessions
+from .episodes import AgentEndpoint, EpisodeSessions, check_agent_options
 from .service import ServeOptions
 from .session import Session
 
@@ -119,14 +119,7 @@ class OpenAIAgentController(Controller):
             raise ValueError(f"entry must be 'package.module:function' or 'path/to/agent.py:function', got {entry!r}")
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        if sampling not in ("config", "request"):
-            raise ValueError(f"sampling must be 'config' or 'request', got {sampling!r}")
-        if max_calls < 1:
-            raise ValueError(f"max_calls must be >= 1, got {max_calls}")
-        if context_length is not None and context_length < 2:
-            raise ValueError(f"context_length must be >= 2 (or null), got {context_length}")
+        check_agent_options(timeout=timeout, sampling=sampling, max_calls=max_calls, context_length=context_length)
         self.entry = entry
         self.samples = samples
         self.format = build_format(tool_format, f"{current_path('controller')}.tool_format")

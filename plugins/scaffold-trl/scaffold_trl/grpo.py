@@ -47,11 +47,11 @@ STEP_ONLY = ("loss", "grad_norm", "entropy")
 
 class QuietPadding(logging.Filter):
     """Drops TRL's warning that every reward function returned None when the row is scaffold's padding
-    (``scaffold_group`` empty): padding has no reward on purpose."""
+    (``scaffold_group`` empty): padding has no reward on purpose. TRL may prefix its messages (``[RANK 0]``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not (message.startswith("All reward functions returned None") and "'scaffold_group': ''" in message)
+        return not ("All reward functions returned None" in message and "'scaffold_group': ''" in message)
 
 
 def quiet_padding() -> None:

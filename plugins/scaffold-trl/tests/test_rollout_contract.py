@@ -173,3 +173,21 @@ def test_example_configs_resolve():
     for path in examples:
         config = load_config(path, registry=get_registry())
         assert config.trainer is not None and config.trainer.name == "trl"
+
+
+def test_trls_warning_about_scaffolds_padding_rows_is_dropped_and_any_other_kept(caplog):
+    """A skipped step hands TRL padding rows without a reward on purpose: TRL's warning about them (which it may
+    prefix with the rank) is dropped; the same warning about a real group's row still reaches the user."""
+    import logging
+
+    from scaffold_trl.grpo import quiet_padding
+
+    quiet_padding()
+    trl_log = logging.getLogger("trl.trainer.grpo_trainer")
+    warning = "All reward functions returned None for the following kwargs:\n{{'scaffold_reward': None, " \
+              "'scaffold_group': {group!r}, 'prompt': 'Name a color.'}}"
+    with caplog.at_level(logging.WARNING, logger=trl_log.name):
+        trl_log.warning("[RANK 0] " + warning.format(group=""))
+        trl_log.warning(warning.format(group=""))
+        trl_log.warning(warning.format(group="g7"))
+    assert [r.getMessage() for r in caplog.records] == [warning.format(group="g7")]

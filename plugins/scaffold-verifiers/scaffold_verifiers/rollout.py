@@ -127,16 +127,10 @@ class VerifiersRolloutController(NativeController):
                  model_name: str = "scaffold", max_calls: int = 256, context_length: int | None = None):
         super().__init__(samples)
         from scaffold_multiturn.agent import build_format
+        from scaffold_serve.episodes import check_agent_options
         from scaffold_serve.service import ServeOptions
 
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        if sampling not in ("config", "request"):
-            raise ValueError(f"sampling must be 'config' or 'request', got {sampling!r}")
-        if max_calls < 1:
-            raise ValueError(f"max_calls must be >= 1, got {max_calls}")
-        if context_length is not None and context_length < 2:
-            raise ValueError(f"context_length must be >= 2 (or null), got {context_length}")
+        check_agent_options(timeout=timeout, sampling=sampling, max_calls=max_calls, context_length=context_length)
         self.judge = parse_judge_option(judge)
         self.timeout = float(timeout)
         self.model_name = model_name
