@@ -42,23 +42,4 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _split_scope(self, nodeid: str) -> str:
             return file_group(nodeid.split("::", 1)[0])
 
-        def schedule(self) -> None:
-            """The shared-fixture groups first (the longest units of work: last, they would leave one worker
-            idle at the end), then the other files, most tests first."""
-            if self.collection is None and self.registered_collections:
-                sizes: dict[str, int] = {}
-                for nodeid in next(iter(self.registered_collections.values())):
-                    scope = self._split_scope(nodeid)
-                    sizes[scope] = sizes.get(scope, 0) + 1
-                shared = set(SHARED_FIXTURE_GROUPS.values())
-
-                def order(nodeid: str) -> tuple[bool, int]:
-                    scope = self._split_scope(nodeid)
-                    return scope not in shared, -sizes[scope]
-
-                for node, collection in self.registered_collections.items():
-                    self.registered_collections[node] = sorted(collection, key=order)
-                self.config.option.loadscopereorder = False
-            super().schedule()
-
     return SharedFixtureScheduling(config, log)
