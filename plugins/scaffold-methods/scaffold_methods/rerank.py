@@ -22,10 +22,10 @@ from scaffold_core.controller import Controller
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 
 from .accounting import TokenCount, question_of, verify_texts
-from .scoring import close_scorer, make_scorer, rank_key, start_scorer
+from .scoring import ScorerLifetime, make_scorer, rank_key
 
 
-class RerankController(Controller):
+class RerankController(ScorerLifetime, Controller):
     """Best-of-N by a scorer (see the module docstring)."""
 
     shared: ClassVar[tuple[str, ...]] = ("scorer",)  # keeps no per-episode state; may hold an engine or a model
@@ -35,12 +35,6 @@ class RerankController(Controller):
             raise ValueError(f"samples must be >= 1, got {samples}")
         self.samples = samples
         self.scorer = make_scorer(scorer, "controller.scorer")
-
-    async def start(self) -> None:
-        await start_scorer(self.scorer)
-
-    async def close(self) -> None:
-        await close_scorer(self.scorer)
 
     def process(self, ctx: EpisodeContext) -> Generator[Any, Any, Outcome]:
         count = TokenCount()

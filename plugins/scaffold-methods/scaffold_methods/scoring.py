@@ -93,16 +93,21 @@ class VerifierScorer:
         return Scores(values, 0, [v.reason for v in wait.result])
 
 
-async def start_scorer(scorer: Any) -> None:
-    start = getattr(scorer, "start", None)
-    if start is not None:
-        await start()
+class ScorerLifetime:
+    """For a controller that owns a ``scorer``: starts and closes it with the controller (when it has
+    ``start`` / ``close``)."""
 
+    scorer: Any
 
-async def close_scorer(scorer: Any) -> None:
-    close = getattr(scorer, "close", None)
-    if close is not None:
-        await close()
+    async def start(self) -> None:
+        start = getattr(self.scorer, "start", None)
+        if start is not None:
+            await start()
+
+    async def close(self) -> None:
+        close = getattr(self.scorer, "close", None)
+        if close is not None:
+            await close()
 
 
 def rank_key(score: float | None, order: int) -> tuple[int, float, int]:

@@ -42,7 +42,7 @@ from scaffold_core.episode import EpisodeContext, Outcome
 from scaffold_core.tokenizers import response_text
 
 from .accounting import TokenCount, question_of, verify_texts
-from .scoring import close_scorer, make_scorer, rank_key, start_scorer
+from .scoring import ScorerLifetime, make_scorer, rank_key
 from .traces import TRUNCATED, Trace
 
 
@@ -61,7 +61,7 @@ class Node:
         return rank_key(self.score, self.order)
 
 
-class TreeSearchController(Controller):
+class TreeSearchController(ScorerLifetime, Controller):
     """Step-level tree search (see the module docstring)."""
 
     shared: ClassVar[tuple[str, ...]] = ("scorer",)
@@ -80,12 +80,6 @@ class TreeSearchController(Controller):
         self.strategy, self.width, self.expansions, self.depth = strategy, width, expansions, depth
         self.delimiter, self.step_tokens, self.budget, self.keep_partial = delimiter, step_tokens, budget, keep_partial
         self.scorer = make_scorer(scorer, "controller.scorer")
-
-    async def start(self) -> None:
-        await start_scorer(self.scorer)
-
-    async def close(self) -> None:
-        await close_scorer(self.scorer)
 
     def process(self, ctx: EpisodeContext) -> Generator[Any, Any, Outcome]:
         state = _Search(ctx, self)
