@@ -66,6 +66,8 @@ CASES = {
     "logprobs float32 cannot hold": [training(logprobs=[0.0] * 3 + [-0.1234567, -1e-300, -2.5, -0.1])],
     "signed zeros": [training(logprobs=[0.0, -0.0, 0.0, -0.0, -0.0, -0.0, -0.0])],
     "NaN and infinity": [training(logprobs=[0.0] * 3 + [float("nan"), -math.inf, math.inf, -0.5])],
+    "one NaN, repeated": [training(logprobs=[float("nan")] * 7)],
+    "infinity after the prompt": [training(logprobs=[0.0] * 3 + [-math.inf] * 4)],
     "prompt_len out of range": [training(prompt_len=50), training(prompt_len=-1), training(prompt_len=2.5)],
     "empty sequence": [training(input_ids=[], loss_mask=[], logprobs=[], versions=[], prompt=0, generated=0)],
     "booleans in the mask": [training(loss_mask=[False, False, False, True, True, True, True])],

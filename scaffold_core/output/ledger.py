@@ -93,24 +93,53 @@ def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict
 
 
 _LEAVES = (str, int, bool, type(None))
+#: Packed columns whose segments hold integers only (``_pack_ids``/``_int_runs`` take nothing else).
+_INT_SEGMENTS = frozenset(("input_ids", "loss_mask", "versions"))
 
 
 def _finite(record: dict[str, Any]) -> bool:
     """Whether no float in a record made by :func:`packed_entry` is NaN or infinite, checking the values
     where floats sit and walking only the containers whose content is not known (answers, metadata)."""
     for key, value in record.items():
-        if key == "samples" or key == "trajectories":
-            for item in value:
-                for inner in item.values():
-                    if type(inner) is float:
-                        if inner - inner != 0.0:
-                            return False
-                    elif type(inner) not in _LEAVES and not codec.all_finite(inner):
-                        return False
+        if key == "trajectories":
+            if not all(_row_finite(row) for row in value):
+                return False
+        elif key == "samples":
+            if not all(_finite_values(item) for item in value):
+                return False
         elif type(value) is float:
             if value - value != 0.0:
                 return False
         elif type(value) not in _LEAVES and not codec.all_finite(value):
+            return False
+    return True
+
+
+def _finite_values(item: dict[str, Any]) -> bool:
+    for inner in item.values():
+        if type(inner) is float:
+            if inner - inner != 0.0:
+                return False
+        elif type(inner) not in _LEAVES and not codec.all_finite(inner):
+            return False
+    return True
+
+
+def _row_finite(row: dict[str, Any]) -> bool:
+    """:func:`_finite` for a packed training sequence: its integer columns' segments are not walked."""
+    for name, inner in row.items():
+        kind = type(inner)
+        if kind is float:
+            if inner - inner != 0.0:
+                return False
+        elif kind in _LEAVES or name in _INT_SEGMENTS:
+            continue
+        elif name == "logprobs":
+            for seg in inner:  # segments: a float only as a fill
+                fill = seg.get("fill")
+                if type(fill) is float and fill - fill != 0.0:
+                    return False
+        elif not codec.all_finite(inner):
             return False
     return True
 

@@ -184,37 +184,25 @@ def _repeated(unit: bytes, count: int) -> bytes:
 
 def _float_column(values: list[Any], prompt_len: int, pieces: list[bytes], at: int
                   ) -> tuple[list[dict[str, Any]], int]:
-    """Logprobs: a part that is one float repeated is a fill (a zero keeps its sign: its bits are compared),
-    any other part is packed."""
+    """Logprobs: packed as <f8 once; a part whose bytes are one value repeated (bit for bit: a zero keeps its
+    sign) is a fill, any other part is packed (as <f4 when float32 holds it exactly)."""
     n = len(values)
+    raw = _pack_floats(values)[0]
     cuts = [(0, prompt_len), (prompt_len, n)] if 0 < prompt_len < n else [(0, n)]
-    both = len(cuts) == 2 and _float_runs(values, n, prompt_len)
     segments: list[dict[str, Any]] = []
     for start, end in cuts:
-        part = values if end - start == n else values[start:end]
-        first = part[0]
-        if (both or (type(first) is float and part == [first] * len(part))) and (first != 0.0 or _same_bits(part)):
-            segments.append({"fill": first, "n": end - start})
+        part = raw if end - start == n else raw[8 * start:8 * end]
+        unit = part[:8]
+        if part == _repeated(unit, end - start):
+            first = values[start]
+            segments.append({"fill": first if type(first) is float else struct.unpack("<d", unit)[0],
+                             "n": end - start})
             continue
-        raw, dtype = _narrow_floats(_pack_floats(part)[0])
+        data, dtype = _narrow_floats(part)
         segments.append({"dtype": dtype, "at": at, "n": end - start})
-        pieces.append(raw)
-        at += len(raw)
+        pieces.append(data)
+        at += len(data)
     return segments, at
-
-
-def _float_runs(values: list[Any], n: int, prompt_len: int) -> bool:
-    """Whether the prompt's part and the rest are each one float repeated (as ``==`` compares; the bits of
-    zeros are compared by the caller): one pass over the list, against a layout of the same float objects
-    (a comparison that finds the same object moves on at once)."""
-    first, then = values[0], values[prompt_len]
-    return type(first) is float and type(then) is float and \
-        values == [first] * prompt_len + [then] * (n - prompt_len)
-
-
-def _same_bits(part: list[Any]) -> bool:
-    """Whether floats equal to the first (a zero) all have its bits (0.0 == -0.0)."""
-    return _pack_floats(part)[0] == _repeated(struct.pack("<d", part[0]), len(part))
 
 
 def pack_row(columns: Mapping[str, Sequence[Any]], prompt_len: Any, pieces: list[bytes], at: int
