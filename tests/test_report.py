@@ -185,3 +185,28 @@ def test_odd_records_from_plugins_still_make_a_page(tmp_path):
     assert detail["r"] is None and detail["tu"] == [[0, 1, 0]] and detail["m"] == [1, 1, 0, 1, 1, 1]
     assert detail["ver"] == [7, 1, -1, 1, 7, 1] and detail["lp"] == [-10, 0, -50]
     assert [c["n"] for c in detail["tc"]] == [5]
+
+
+@pytest.mark.parametrize("ledger", ["reversed", "with a superseded record"])
+def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_config, tmp_path, ledger):
+    from scaffold_core.report.episodes import scan
+
+    config = dice_config(task={"name": "sums", "count": 30}, controller={"name": "native", "samples": 2})
+    Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    path = tmp_path / "run" / "episodes.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    if ledger == "reversed":  # the order workers may finish in: the browser still numbers episodes by index
+        path.write_bytes(b"".join(reversed(lines)))
+    else:  # an earlier failed attempt of episode 3 before its completed one: only the latter counts
+        failed = json.loads(lines[3])
+        failed.update(status="failed", error="engine raised", error_component="engine", samples=[],
+                      trajectories=[])
+        failed.pop("tokens", None)
+        path.write_bytes(b"".join(lines[:3]) + json.dumps(failed).encode() + b"\n" + b"".join(lines[3:]))
+    report = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry)
+    with EpisodeReader(tmp_path / "run") as reader:
+        expected = scan(reader.heads())
+    assert report.stats.episodes == 30 and report.stats.failed == 0
+    assert sorted(report.stats.rewards) == sorted(expected.rewards)
+    assert report.stats.strata == expected.strata and report.stats.solved == expected.solved
+    assert [e["i"] for e in report.episodes] == list(range(30))

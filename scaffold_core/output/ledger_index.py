@@ -218,6 +218,14 @@ class LedgerIndex:
                                    lengths[lines].tolist()))
         return out
 
+    def line_order(self) -> list[int] | None:
+        """When every line ``on_head`` saw is an episode's record (no episode has several lines): for each
+        position of :meth:`records`' order, the number of the line ``on_head`` saw it as (0 for the first
+        head it was given); else None."""
+        if not self.exact or self.duplicates or self._winners is None:
+            return None
+        return self._winners.tolist()
+
     def heads_in_ledger_order(self) -> Iterator[dict[str, Any]]:
         """Every episode's record without its trajectories, in the order the episodes first appear."""
         for line in self._first.tolist():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +135,11 @@ class EpisodeReader:
     ledgers open).
     """
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, on_head: Callable[[dict[str, Any]], None] | None = None):
+        """``on_head``: given every ledger line's record without its trajectories, in ledger order, as the
+        ledgers are indexed (see :meth:`line_order`)."""
         self.directory = Path(directory)
-        self._index: LedgerIndex | None = LedgerIndex(ledger_paths(self.directory))
+        self._index: LedgerIndex | None = LedgerIndex(ledger_paths(self.directory), on_head)
         self._records: list[dict[str, Any]] | None = None
         if not self._index.exact:  # a ledger the index cannot describe: every record in memory
             self._in_memory()
@@ -165,6 +167,12 @@ class EpisodeReader:
                 self._in_memory()
         for record in (self._records or [])[done:]:
             yield {k: v for k, v in record.items() if k != "trajectories"}
+
+    def line_order(self) -> list[int] | None:
+        """The heads ``on_head`` was given, as :meth:`heads` orders them: position by position, the number of
+        the head (0 for the first given) that is the episode's record; None when that is not so (an episode
+        with several records, a ledger read whole instead), and the heads must be read with :meth:`heads`."""
+        return self._index.line_order() if self._index is not None else None
 
     def record(self, position: int) -> dict[str, Any]:
         """The whole record (trajectories included) of the episode at ``position`` in :meth:`heads`' order."""

@@ -26,7 +26,7 @@ from ..output.reader import (
     run_kind,
 )
 from .contents import Report
-from .episodes import DETAIL_BYTES, MAX_EPISODES, Vocab, choose, episode_detail, scan
+from .episodes import DETAIL_BYTES, MAX_EPISODES, Stats, Vocab, choose, episode_detail, scan
 from .page import render
 from .tokens import token_texts, tokenizer_for_run
 
@@ -62,8 +62,17 @@ def _versions(report: Report, registry: Any) -> None:
 
 
 def _read_episodes(report: Report, tokenizer: Any, registry: Any, max_episodes: int, budget: int) -> None:
-    with EpisodeReader(report.directory) as reader:
-        report.stats = scan(reader.heads())
+    counted = Stats()  # every head, counted once as the ledgers are indexed, in ledger order
+
+    def count(head: dict[str, Any]) -> None:
+        counted.add(counted.episodes, head)
+
+    with EpisodeReader(report.directory, on_head=count) as reader:
+        order = reader.line_order()
+        if order is not None and len(order) == counted.episodes:
+            report.stats = counted.renumbered(order)
+        else:  # an episode with several records: count the ones that stand, in order
+            report.stats = scan(reader.heads())
         chosen = choose(report.stats.strata, max_episodes, budget)
         vocab = Vocab()
         report.episodes = [episode_detail(reader.record(position), vocab) for position in chosen]

@@ -28,6 +28,12 @@ BYTES_PER_TOKEN = 8
 BYTES_PER_SAMPLE = 160
 
 
+def _reward(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 @dataclass
 class Stats:
     """What every episode's head contributes to the charts and the summary."""
@@ -43,42 +49,47 @@ class Stats:
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
     strata: list[tuple[int, str, int]] = field(default_factory=list)  # (position, stratum, estimated bytes)
 
+    def add(self, position: int, head: dict[str, Any]) -> None:
+        """Count one episode's head (``position``: its place in the order the browser numbers episodes)."""
+        self.episodes += 1
+        if head.get("status") != "ok":
+            self.failed += 1
+            first = (str(head.get("error") or "no reason given").strip().splitlines() or [""])[0][:200]
+            self.failures[(str(head.get("error_component") or "episode"), first)] += 1
+            self.strata.append((position, "failed", 400 + len(str(head.get("error") or ""))))
+            return
+        size = len(head.get("prompt") or "") + 200
+        for sample in head.get("samples") or []:
+            self.samples += 1
+            reward = _reward(sample.get("reward"))
+            if reward is None:
+                self.unscored += 1
+            else:
+                self.rewards.append(reward)
+            tokens = int(sample.get("generated_tokens") or 0)
+            self.tokens.append(tokens)
+            self.finish[str(sample.get("finish_reason") or "?")] += 1
+            size += BYTES_PER_SAMPLE + BYTES_PER_TOKEN * tokens
+        answers = [a for a in answers_of(head) if a.reward is not None]
+        correct = sum(1 for a in answers if a.correct)
+        if answers:
+            self.solved[(correct, len(answers))] += 1
+        kind = "unscored" if not answers else "none" if not correct else "all" if correct == len(answers) else "some"
+        self.strata.append((position, kind, size))
 
-def _reward(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    def renumbered(self, order: list[int]) -> Stats:
+        """These statistics, counted with every episode's position its place in another order: ``order``
+        gives, position by position, the position it was counted at (a permutation of them all)."""
+        strata = self.strata
+        self.strata = [(position, strata[old][1], strata[old][2]) for position, old in enumerate(order)]
+        return self
 
 
 def scan(heads: Any) -> Stats:
     """Counts and distributions over every episode head (in the order the browser numbers them)."""
     stats = Stats()
     for position, head in enumerate(heads):
-        stats.episodes += 1
-        if head.get("status") != "ok":
-            stats.failed += 1
-            first = (str(head.get("error") or "no reason given").strip().splitlines() or [""])[0][:200]
-            stats.failures[(str(head.get("error_component") or "episode"), first)] += 1
-            stats.strata.append((position, "failed", 400 + len(str(head.get("error") or ""))))
-            continue
-        size = len(head.get("prompt") or "") + 200
-        for sample in head.get("samples") or []:
-            stats.samples += 1
-            reward = _reward(sample.get("reward"))
-            if reward is None:
-                stats.unscored += 1
-            else:
-                stats.rewards.append(reward)
-            tokens = int(sample.get("generated_tokens") or 0)
-            stats.tokens.append(tokens)
-            stats.finish[str(sample.get("finish_reason") or "?")] += 1
-            size += BYTES_PER_SAMPLE + BYTES_PER_TOKEN * tokens
-        answers = [a for a in answers_of(head) if a.reward is not None]
-        correct = sum(1 for a in answers if a.correct)
-        if answers:
-            stats.solved[(correct, len(answers))] += 1
-        kind = "unscored" if not answers else "none" if not correct else "all" if correct == len(answers) else "some"
-        stats.strata.append((position, kind, size))
+        stats.add(position, head)
     return stats
 
 
