@@ -65,3 +65,15 @@ def test_a_refused_reservation_stops_reserving(tmp_path, monkeypatch):
     grow.ensure(2 << 20)
     grow.close()
     assert len(calls) == 1 and path.read_bytes() == b"abc"
+
+
+def test_a_run_gives_back_what_it_reserved_ahead_of_its_ledger(dice_plugins, dice_config, tmp_path):
+    from scaffold_core.output.ledger import read_ledger
+    from scaffold_core.run.rollout import Rollout
+
+    config = dice_config(task={"name": "sums", "count": 20})
+    Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    for name in ("episodes.jsonl", "episodes.tokens.bin"):
+        info = os.stat(tmp_path / "run" / name)
+        assert info.st_blocks * 512 < info.st_size + (1 << 20), name  # not the 64 MB reserved while it ran
+    assert len(list(read_ledger(tmp_path / "run" / "episodes.jsonl"))) == 20

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from .codec import dumps_compact
+from .codec import all_finite, dumps_compact, dumps_finite
 from .dataset import (
     CHUNK_ROWS,
     ExtraColumns,
@@ -107,7 +107,7 @@ class DerivedWriter:
         lines = []
         eid, prompt, answer = rec["episode_id"], rec["prompt"], rec["answer"]
         for s in rec["samples"]:
-            lines.append(dumps_compact({
+            lines.append(_dumps({
                 "episode_id": eid, "sample_index": s["sample_index"], "prompt": prompt,
                 "response": s["response"], "answer": answer, "extracted": s["extracted"],
                 "reward": s["reward"], "reason": s["reason"], "finish_reason": s["finish_reason"],
@@ -184,6 +184,23 @@ class DerivedWriter:
             self.dataset = None
         for tmp in (self.samples_path, self.failures_path):
             tmp.unlink(missing_ok=True)
+
+
+_LEAVES = (str, int, bool, type(None))
+
+
+def _dumps(line: dict[str, Any]) -> bytes:
+    """:func:`dumps_compact` of a samples line, without reading the JSON back when its values hold no NaN or
+    infinity (checked here where they can sit: orjson writes those as null)."""
+    for value in line.values():
+        kind = type(value)
+        if kind is float:
+            if value - value != 0.0:
+                return dumps_compact(line)
+        elif kind not in _LEAVES and not all_finite(value):
+            return dumps_compact(line)
+    data = dumps_finite(line)
+    return data if data is not None else dumps_compact(line)
 
 
 def _new_file(path: Path, private: bool) -> IO[bytes]:

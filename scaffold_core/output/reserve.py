@@ -43,10 +43,12 @@ def _fallocate() -> Any:
 class Reservation:
     """Blocks reserved ahead of ``path`` (an existing regular file that another handle appends to)."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str | None, *, at: int = 0):
+        """``at``: the file's size now (reserved from there on); ``path`` None: a reservation of nothing."""
         self._fd: int | None = None
-        self._reserved = 0
-        if not _fallocate():
+        self._reserved = at
+        self._given = False
+        if path is None or not _fallocate():
             return
         try:
             self._fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -63,6 +65,7 @@ class Reservation:
             self.close()  # not supported here (or the disk is full): appends extend the file as usual
             return
         self._reserved = end + STEP
+        self._given = True
 
     def close(self) -> None:
         """Give back the blocks past the file's end, and close."""
@@ -70,7 +73,7 @@ class Reservation:
         if fd is None:
             return
         try:
-            if self._reserved:
+            if self._given:
                 os.ftruncate(fd, os.fstat(fd).st_size)
         except OSError:
             pass

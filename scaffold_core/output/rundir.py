@@ -53,6 +53,7 @@ from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_paths, packe
 from .live import PART_NAME, LivePart
 from .lock import LOCK_FILE, RunLock
 from .reader import EVAL_FILE, REPORT_FILE
+from .reserve import Reservation
 from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, record_forced_change
 from .tokens import tokens_name, tokens_path
 
@@ -129,6 +130,7 @@ class RunOutput:
         self.tokens_path = tokens_path(self.ledger_path)
         self._fd: int | None = None
         self._tokens_fd: int | None = None
+        self._room = self._tokens_room = Reservation(None)  # disk blocks reserved ahead of the ledger's appends
         self._start = self._size = self._tokens_size = 0
         self.live: LivePart | None = None
         self.lock: RunLock | None = None
@@ -218,6 +220,8 @@ class RunOutput:
             self._tokens_size = os.fstat(self._tokens_fd).st_size
             self._fd = open_append(self.ledger_path, private=self.private)
             self._start = self._size = os.fstat(self._fd).st_size
+            self._tokens_room = Reservation(self.tokens_path, at=self._tokens_size)
+            self._room = Reservation(self.ledger_path, at=self._size)
 
     def start_live(self, save_dataset: bool, *, first: int = 0, step: int = 1) -> None:
         """Write this session's derived files as its episodes finish (:mod:`.live`; ``first``, ``step``: the
@@ -233,10 +237,12 @@ class RunOutput:
             self.open()
         line, blob, record = packed_entry(result, self._tokens_size)
         if blob:
-            write_all(self._tokens_fd, blob)  # type: ignore[arg-type]
             self._tokens_size += len(blob)
-        write_all(self._fd, line)  # type: ignore[arg-type]
+            self._tokens_room.ensure(self._tokens_size)
+            write_all(self._tokens_fd, blob)  # type: ignore[arg-type]
         self._size += len(line)
+        self._room.ensure(self._size)
+        write_all(self._fd, line)  # type: ignore[arg-type]
         if self.live is not None:
             try:
                 self.live.add(record, blob)
@@ -266,6 +272,8 @@ class RunOutput:
             live.abort()
 
     def close(self) -> None:
+        self._tokens_room.close()
+        self._room.close()
         for name in ("_tokens_fd", "_fd"):
             fd = getattr(self, name)
             if fd is not None:
