@@ -44,9 +44,16 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy scaffold_core $(foreach p,$(PLUGINS),$(p)/$(subst -,_,$(notdir $(p))))
 
-test: setup lint
+# The static checks run beside the suite (mypy is one process, and the suite's workers spend part of their time
+# waiting on subprocesses, servers and timeouts); their output follows the suite's, and either failing fails.
+test: setup
+	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	trap 'kill $$lint 2>/dev/null' INT TERM; \
 	$(PY) -m pytest --import-mode=importlib -n $(TEST_WORKERS) --dist loadfile \
-		tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS)
+		tests $(foreach p,$(PLUGINS),$(p)/tests) $(PYTEST_ARGS); tests=$$?; \
+	wait $$lint; checks=$$?; echo "== make lint (run beside the suite) =="; cat $(VENV)/lint.log; \
+	if [ $$checks -ne 0 ]; then echo "make test: make lint failed (its output is above)" >&2; fi; \
+	[ $$tests -eq 0 ] && [ $$checks -eq 0 ]
 
 bench: setup
 	$(PIP) install -q --disable-pip-version-check -e ".[bench]"
