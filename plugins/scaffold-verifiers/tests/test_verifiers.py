@@ -295,10 +295,10 @@ def test_scaffold_train_runs_two_steps_on_a_verifiers_environment(tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text(json.dumps({
         "task": {"name": "verifiers", "env": "scaffold_vf_qa", "env_args": BONUS},
-        "engine": {"name": "transformers", "threads": 2, "max_batch_size": 8},
+        "engine": {"name": "transformers", "threads": 1, "max_batch_size": 8},
         "sampling": {"max_tokens": 8, "temperature": 1.0},
         "trainer": {"name": "trl", "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
-                    "micro_batch_size": 4, "learning_rate": 1e-5, "seed": 0, "threads": 2},
+                    "micro_batch_size": 4, "learning_rate": 1e-5, "seed": 0, "threads": 1},
     }), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", str(config), "-o", str(tmp_path / "run"),
