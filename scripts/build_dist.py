@@ -3,7 +3,8 @@
     python scripts/build_dist.py [--outdir dist] [--only scaffold-core,scaffold-gsm8k]
 
 Each project is copied out of the checkout first (so building writes nothing into it) and built with
-``python -m build --no-isolation`` (the build backend comes from the running environment: no network).
+``python -m build --no-isolation`` (the build backend comes from the running environment: no network; its
+requirements are checked once for every project, before the first build, rather than by each build).
 ``SOURCE_DATE_EPOCH`` (default: the time of the last commit) fixes every timestamp: wheels come out
 byte-identical from identical sources, and sdists are rewritten with sorted entries, fixed owners and
 times, so they do too. ``SHA256SUMS`` lists every file built.
@@ -40,6 +41,31 @@ def projects() -> dict[str, Path]:
         if (folder / "pyproject.toml").is_file():
             out[folder.name] = folder
     return out
+
+
+def build_requirements(folders: list[Path]) -> list[str]:
+    """The ``[build-system] requires`` of the projects in ``folders``, each once."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    found: list[str] = []
+    for folder in folders:
+        data = tomllib.loads((folder / "pyproject.toml").read_text(encoding="utf-8"))
+        for requirement in data.get("build-system", {}).get("requires", []):
+            if requirement not in found:
+                found.append(requirement)
+    return found
+
+
+def check_build_requirements(folders: list[Path]) -> None:
+    """SystemExit naming what to install when this environment lacks a project's build requirement."""
+    from build import check_dependency
+
+    missing = [unmet[-1] for requirement in build_requirements(folders) for unmet in check_dependency(requirement)]
+    if missing:
+        raise SystemExit(f"the build needs {', '.join(missing)} in this environment ({sys.executable}); install "
+                         f"with: {sys.executable} -m pip install {' '.join(repr(m) for m in missing)}")
 
 
 def source_epoch() -> int:
@@ -98,12 +124,14 @@ def build(outdir: Path, only: list[str] | None = None, *, quiet: bool = False) -
     unknown = set(only or ()) - set(selected)
     if unknown:
         raise SystemExit(f"unknown project(s) {', '.join(sorted(unknown))}; projects: {', '.join(projects())}")
+    check_build_requirements(list(selected.values()))
     built: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="scaffold-dist-") as tmp:
         for name, source in selected.items():
             copy = copy_project(source, Path(tmp) / name)
             before = set(outdir.iterdir())
-            proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel",
+            proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check",
+                                   "--sdist", "--wheel",
                                    "--outdir", str(outdir), str(copy)], cwd=tmp, env=env, capture_output=True,
                                   text=True, timeout=600)
             if proc.returncode != 0:

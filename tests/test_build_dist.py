@@ -172,3 +172,19 @@ def test_build_script_refuses_an_unknown_project(tmp_path):
     proc = subprocess.run([sys.executable, str(BUILD), "--outdir", str(tmp_path), "--only", "scaffold-nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "unknown project(s) scaffold-nope" in proc.stderr
+
+
+def test_a_missing_build_requirement_is_named_with_the_install_line_before_any_build(tmp_path, monkeypatch):
+    import importlib.util
+
+    import build
+
+    spec = importlib.util.spec_from_file_location("build_dist_script", BUILD)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(build, "check_dependency",
+                        lambda requirement: iter([(requirement,)]) if requirement.startswith("setuptools") else iter(()))
+    monkeypatch.setattr(script, "source_epoch", lambda: script.DEFAULT_EPOCH)
+    monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: pytest.fail("built despite a missing requirement"))
+    with pytest.raises(SystemExit, match=r"needs setuptools>=68 .*pip install 'setuptools>=68'"):
+        script.build(tmp_path / "dist", ["scaffold-gsm8k"])
