@@ -105,24 +105,18 @@ def _finite(record: dict[str, Any]) -> bool:
             if not all(_row_finite(row) for row in value):
                 return False
         elif key == "samples":
-            if not all(_finite_values(item) for item in value):
+            if not all(_finite_value(inner) for item in value for inner in item.values()):
                 return False
-        elif type(value) is float:
-            if value - value != 0.0:
-                return False
-        elif type(value) not in _LEAVES and not codec.all_finite(value):
+        elif not _finite_value(value):
             return False
     return True
 
 
-def _finite_values(item: dict[str, Any]) -> bool:
-    for inner in item.values():
-        if type(inner) is float:
-            if inner - inner != 0.0:
-                return False
-        elif type(inner) not in _LEAVES and not codec.all_finite(inner):
-            return False
-    return True
+def _finite_value(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:
+        return value - value == 0.0
+    return kind in _LEAVES or codec.all_finite(value)
 
 
 def _row_finite(row: dict[str, Any]) -> bool:
