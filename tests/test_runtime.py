@@ -532,7 +532,7 @@ def test_majority_vote_passes_start_and_close_to_its_generator():
 class ManySteps(Controller):
     def process(self, ctx):
         tasks = []
-        for i in range(20):
+        for i in range(60):  # 6 s of engine calls at 0.1 s each, unless the episode is cut
             task = ctx.generation_task(i)
             yield [task]
             tasks.append(task)
@@ -544,7 +544,7 @@ def test_an_episode_past_episode_timeout_fails_as_timeout():
     start = time.perf_counter()
     result = run_episodes(make_contexts(ListTask(rows(1)), engine.tokenizer), engine=engine, controller=ManySteps(),
                           verifier=ExactMatchVerifier(), episode_timeout=0.5, request_timeout=5.0)[0]
-    assert time.perf_counter() - start < 1.8
+    assert time.perf_counter() - start < 4.0  # cut near 0.5 s (the margin is for a loaded machine)
     assert result.status == "failed" and result.error_component == "timeout"
     assert "0.5 s (rollout.episode_timeout)" in result.error and not result.samples
 
