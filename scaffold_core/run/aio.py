@@ -29,10 +29,14 @@ def gc_tuned(threshold: int = 50_000) -> Iterator[None]:
     Thousands of episodes in flight keep many young objects alive; with the
     default threshold (700) the collector runs constantly and rescans them.
     Everything alive before the run (model, libraries) is frozen out of
-    collection; thresholds are restored afterwards.
+    collection; thresholds are restored afterwards. Only the young
+    generations are collected first: a full collection of a large heap (a
+    process that imported torch) takes tenths of a second, and a process
+    that runs many short rollouts (a trainer's steps, a test suite) paid it
+    every time; what the oldest generation holds is collected after the run.
     """
     old = gc.get_threshold()
-    gc.collect()
+    gc.collect(1)
     gc.freeze()
     gc.set_threshold(max(threshold, old[0]), old[1], old[2])
     try:
