@@ -66,7 +66,8 @@ class Sample:
 
     @property
     def generated_tokens(self) -> int:
-        return sum(self.output_mask)
+        mask = self.output_mask
+        return mask.count(1) if type(mask) is list else sum(mask)  # a list of 0s and 1s: counted in C
 
 
 @dataclass(slots=True, eq=False)
