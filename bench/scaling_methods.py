@@ -101,8 +101,9 @@ class ReplayEngine:
             return replace(result, top_logprobs=tops, meta=dict(result.meta))
         ids = result.output_ids[:want]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        versions = None if result.versions is None else result.versions[:want]
         return replace(result, output_ids=ids, logprobs=result.logprobs[:want], finish_reason="length", text=text,
-                       top_logprobs=tops, meta=dict(result.meta))
+                       versions=versions, top_logprobs=tops, meta=dict(result.meta))
 
 
 @dataclass
@@ -171,6 +172,7 @@ def methods(selected: set[str]) -> list[tuple[str, Any]]:
 
 async def run_all(args: argparse.Namespace) -> list[Tally]:
     from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
     from scaffold_core.run.verifier_pool import VerifierPool
     from scaffold_core.sampling import SamplingParams
@@ -191,8 +193,8 @@ async def run_all(args: argparse.Namespace) -> list[Tally]:
         for name, make in methods(set(args.methods.split(",")) if args.methods else set()):
             contexts = [episode_context(task, i, row, engine.tokenizer, sampling) for i, row in enumerate(rows)]
             tally = Tally(name)
-            runtime = Runtime(engine=engine, controller=make(), verifier=pool, concurrency=args.problems,
-                              request_timeout=3600, episode_timeout=7200)
+            runtime = Runtime(engine=engine, controller=make(), verifier=pool,
+                              limits=Limits(concurrency=args.problems, request_timeout=3600, episode_timeout=7200))
             began = time.perf_counter()
             await runtime.run(contexts, tally.add)
             tally.wall_s = time.perf_counter() - began
