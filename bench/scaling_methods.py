@@ -7,8 +7,10 @@ each a controller run through scaffold's runtime on the embedded engine:
 * native: one sample;
 * majority@8: the built-in ``majority_vote`` over 8 samples;
 * best-of-8 judge: ``rerank`` over 8 samples, the policy judging each one (``judge``, yes/no);
-* DeepConf@8 offline (``keep`` 0.9 and 0.1) and online (``keep`` 0.9);
-* Dynasor: one trace in chunks, probed after each;
+* DeepConf@8 offline (``keep`` 0.9 and 0.1) and online (``keep`` 0.9 after 4 or 3 warm-up traces, ``keep``
+  0.1 after 4), one trace started at a time after the warm-up;
+* Dynasor: one trace in chunks of 8 or 12 tokens, probed after each (a reply of at most 4 tokens holds " 12.":
+  the tokenizer splits digits);
 * tree search: beam search over lines, scored by policy self-evaluation.
 
 Printed per method: accuracy with a 95% Wilson interval, policy and verifier tokens per problem (every
@@ -139,7 +141,7 @@ class Tally:
     def row(self) -> str:
         low, high = wilson(self.correct, self.episodes)
         n = max(1, self.episodes)
-        return (f"{self.name:<24} {100 * self.accuracy:6.1f}%  [{100 * low:5.1f}, {100 * high:5.1f}]  "
+        return (f"{self.name:<26} {100 * self.accuracy:6.1f}%  [{100 * low:5.1f}, {100 * high:5.1f}]  "
                 f"{self.policy / n:8.1f}  {self.verifier / n:8.1f}  {(self.policy + self.verifier) / n:8.1f}  "
                 f"{self.wall_s:7.0f}")
 
@@ -158,12 +160,14 @@ def methods(selected: set[str]) -> list[tuple[str, Any]]:
         ("deepconf@8 offline 0.9", lambda: DeepConfController(samples=8, keep=0.9, window=16)),
         ("deepconf@8 offline 0.1", lambda: DeepConfController(samples=8, keep=0.1, window=16)),
         ("best-of-8 judge", lambda: RerankController(samples=8, scorer=judge)),
-        ("deepconf@8 online 0.9", lambda: DeepConfController(samples=8, mode="online", keep=0.9, window=16,
-                                                             warmup=4, per_round=2, chunk=16, consensus=0.95)),
-        ("deepconf@8 online 0.1", lambda: DeepConfController(samples=8, mode="online", keep=0.1, window=16,
-                                                             warmup=4, per_round=2, chunk=16, consensus=0.95)),
-        ("dynasor chunk 16", lambda: DynasorController(chunk=16, certainty=2, probe_tokens=12)),
-        ("dynasor chunk 12", lambda: DynasorController(chunk=12, certainty=2, probe_tokens=12)),
+        ("deepconf@8 online 0.9 w4", lambda: DeepConfController(samples=8, mode="online", keep=0.9, window=16,
+                                                                warmup=4, per_round=1, chunk=16, consensus=0.7)),
+        ("deepconf@8 online 0.9 w3", lambda: DeepConfController(samples=8, mode="online", keep=0.9, window=16,
+                                                                warmup=3, per_round=1, chunk=16, consensus=0.6)),
+        ("deepconf@8 online 0.1 w4", lambda: DeepConfController(samples=8, mode="online", keep=0.1, window=16,
+                                                                warmup=4, per_round=1, chunk=16, consensus=0.7)),
+        ("dynasor chunk 8", lambda: DynasorController(chunk=8, certainty=2, probe_tokens=4)),
+        ("dynasor chunk 12", lambda: DynasorController(chunk=12, certainty=2, probe_tokens=4)),
         ("tree search", lambda: TreeSearchController(width=2, expansions=2, depth=3, step_tokens=24, budget=160,
                                                      scorer="self_eval")),
     ]
@@ -210,7 +214,7 @@ def report(tallies: list[Tally]) -> None:
     by = {t.name: t for t in tallies}
     print()
     header = ("method", "accuracy", "95% CI", "policy", "verifier", "total", "wall s")
-    print(f"{header[0]:<24} {header[1]:>7}  {header[2]:>14}  " + "  ".join(f"{h:>8}" for h in header[3:6])
+    print(f"{header[0]:<26} {header[1]:>7}  {header[2]:>14}  " + "  ".join(f"{h:>8}" for h in header[3:6])
           + f"  {header[6]:>7}")
     for t in tallies:
         print(t.row())
@@ -240,7 +244,7 @@ def _met(ok: bool) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--problems", type=int, default=20)
+    parser.add_argument("--problems", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0, help="task seed (which sums) and sampling seed")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.7)
