@@ -182,8 +182,10 @@ def test_a_missing_build_requirement_is_named_with_the_install_line_before_any_b
     spec = importlib.util.spec_from_file_location("build_dist_script", BUILD)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    monkeypatch.setattr(build, "check_dependency",
-                        lambda requirement: iter([(requirement,)]) if requirement.startswith("setuptools") else iter(()))
+    def check_dependency(requirement):
+        return iter([(requirement,)] if requirement.startswith("setuptools") else [])
+
+    monkeypatch.setattr(build, "check_dependency", check_dependency)
     monkeypatch.setattr(script, "source_epoch", lambda: script.DEFAULT_EPOCH)
     monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: pytest.fail("built despite a missing requirement"))
     with pytest.raises(SystemExit, match=r"needs setuptools>=68 .*pip install 'setuptools>=68'"):
