@@ -162,7 +162,7 @@ class LocalLauncher:
                     if kill_at is not None and now > kill_at:
                         self._stop_all("did not stop within rollout.shutdown_timeout after Ctrl-C")
                         break
-                    time.sleep(POLL_S)
+                    self._pause(POLL_S)
                 except KeyboardInterrupt:
                     name, self._signal = self._signal or "SIGINT", None
                     if self.interrupted is None:
@@ -180,6 +180,17 @@ class LocalLauncher:
             bar.close()
             self._stop_all("stopped because the launcher stopped")  # no-op when all have ended
             self._join_copiers()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking as soon as a running worker (the first) exits: the last worker's end
+        is seen at once, not at the next poll."""
+        running = self._running()
+        if not running:
+            return
+        try:
+            running[0].wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            pass
 
     def _join_copiers(self, timeout: float = 5.0) -> None:
         """Wait (bounded) until every worker's output is in its log."""
