@@ -186,20 +186,10 @@ class DerivedWriter:
             tmp.unlink(missing_ok=True)
 
 
-_LEAVES = (str, int, bool, type(None))
-
-
 def _dumps(line: dict[str, Any]) -> bytes:
-    """:func:`dumps_compact` of a samples line, without reading the JSON back when its values hold no NaN or
-    infinity (checked here where they can sit: orjson writes those as null)."""
-    for value in line.values():
-        kind = type(value)
-        if kind is float:
-            if value - value != 0.0:
-                return dumps_compact(line)
-        elif kind not in _LEAVES and not all_finite(value):
-            return dumps_compact(line)
-    data = dumps_finite(line)
+    """:func:`dumps_compact` of a samples line, without orjson's read-back of the JSON when no value holds a
+    NaN or infinity (orjson writes those as null)."""
+    data = dumps_finite(line) if all_finite(line) else None
     return data if data is not None else dumps_compact(line)
 
 

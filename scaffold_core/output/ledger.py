@@ -122,18 +122,14 @@ def _finite_value(value: Any) -> bool:
 def _row_finite(row: dict[str, Any]) -> bool:
     """:func:`_finite` for a packed training sequence: its integer columns' segments are not walked."""
     for name, inner in row.items():
-        kind = type(inner)
-        if kind is float:
-            if inner - inner != 0.0:
-                return False
-        elif kind in _LEAVES or name in _INT_SEGMENTS:
+        if name in _INT_SEGMENTS:
             continue
-        elif name == "logprobs":
+        if name == "logprobs" and type(inner) is list:
             for seg in inner:  # segments: a float only as a fill
                 fill = seg.get("fill")
                 if type(fill) is float and fill - fill != 0.0:
                     return False
-        elif not codec.all_finite(inner):
+        elif not _finite_value(inner):
             return False
     return True
 
