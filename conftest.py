@@ -21,10 +21,11 @@ pytest_plugins = ["scaffold_core.testing.leakguard"]
 def _share_the_cores() -> None:
     """Each xdist worker's torch (and the processes its tests start) gets its share of the cores: with more
     OpenMP threads than cores the waiting ones spin, and a model test took 2.5x the CPU time (measured)."""
+    from scaffold_core.launch import default_threads
+
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+        os.environ["OMP_NUM_THREADS"] = str(default_threads(workers))
 
 
 _share_the_cores()
