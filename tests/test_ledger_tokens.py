@@ -16,6 +16,7 @@ from scaffold_core.episode import EpisodeResult, Sample
 from scaffold_core.output import codec, read_ledger
 from scaffold_core.output.ledger import completed_ids, ledger_line, packed_entry, record_of, with_token_lists
 from scaffold_core.output.ledger_index import LedgerChanged, LedgerIndex
+from scaffold_core.output.rundir import RunOutput
 from scaffold_core.output.tokens import tokens_name
 from scaffold_core.plugins.lifecycle import Hooks
 from scaffold_core.run.finalize import finalize_run_dir
@@ -183,3 +184,26 @@ def test_fills_keep_the_exact_value_and_sign():
     back, _, _ = read_back(result(trajectories=[training(logprobs=[0.0, 0.0, -0.0, -0.25, -0.25, -0.25, -0.25])]))
     got = back["trajectories"][0]["logprobs"]
     assert [struct.pack("<d", v) for v in got[:3]] == [zeros[0], zeros[0], zeros[1]]
+
+
+@pytest.mark.parametrize("damage", ["emptied", "deleted"])
+def test_blobs_written_on_resume_never_revive_a_line_whose_blob_was_lost(tmp_path, damage):
+    # The episodes run again on resume and, being deterministic, pack to the same bytes: were they appended
+    # where the lost blobs were, the old lines would check again and each episode would be in the ledger twice.
+    results = [result(f"e{i}", i, trajectories=[training(episode_id=f"e{i}")]) for i in range(4)]
+    ledger = write_packed(tmp_path, results)
+    sidecar = tmp_path / "episodes.tokens.bin"
+    if damage == "emptied":
+        sidecar.write_bytes(b"")
+    else:
+        sidecar.unlink()
+    out = RunOutput(tmp_path, resume=True)
+    try:
+        assert out.completed_ids() == set()
+        for res in results:
+            out.append(res)
+        out.close()
+    finally:
+        out.release()
+    assert sorted(r["episode_id"] for r in read_ledger(ledger)) == ["e0", "e1", "e2", "e3"]
+    assert completed_ids([ledger]) == {"e0", "e1", "e2", "e3"}

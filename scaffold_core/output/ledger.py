@@ -32,6 +32,7 @@ from .tokens import (
     BadTokens,
     PackError,
     TokenFile,
+    blob_ref,
     check_rows,
     is_packed,
     pack_row,
@@ -225,19 +226,21 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
     )
 
 
-def read_ledger(path: Path, bad_lines: list[int] | None = None, *, tokens: bool = True
-                ) -> Iterator[dict[str, Any]]:
+def read_ledger(path: Path, bad_lines: list[int] | None = None, *, tokens: bool = True,
+                named: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Ledger records, each with its token arrays as lists (``tokens=False``: as the line has them, the
     blob checked but not read into lists). A torn last line (the process died mid-write) is ignored, and
     so is a line that is not a record (garbage, not UTF-8, its blob missing or damaged): its number is
     appended to ``bad_lines``, and its episode is run again on resume. A link in place of the ledger or
-    its sidecar is refused (RunDirError), never followed."""
-    for record, blob in read_packed(path, bad_lines):
+    its sidecar is refused (RunDirError), never followed. ``named``: see :func:`read_packed`."""
+    for record, blob in read_packed(path, bad_lines, named):
         yield with_token_lists(record, blob) if tokens else record
 
 
-def read_packed(path: Path, bad_lines: list[int] | None = None) -> Iterator[tuple[dict[str, Any], bytes]]:
-    """(record as its line has it, its checked blob or b"") per ledger record; the rules of :func:`read_ledger`."""
+def read_packed(path: Path, bad_lines: list[int] | None = None, named: list[int] | None = None
+                ) -> Iterator[tuple[dict[str, Any], bytes]]:
+    """(record as its line has it, its checked blob or b"") per ledger record; the rules of :func:`read_ledger`.
+    ``named``: its first item is raised to the end of the furthest blob any line names (a record or not)."""
     if not os.path.lexists(path):
         return
     with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh, TokenFile(tokens_path(Path(path))) as blobs:
@@ -248,6 +251,9 @@ def read_packed(path: Path, bad_lines: list[int] | None = None) -> Iterator[tupl
             blob = b""
             if record is not None and is_packed(record):
                 try:
+                    if named is not None:
+                        offset, length, _ = blob_ref(record)
+                        named[0] = max(named[0], offset + length)
                     blob = blobs.blob(record)
                     check_rows(record.get("trajectories"), len(blob))
                 except BadTokens:
@@ -310,15 +316,20 @@ def read_head(raw: bytes) -> dict[str, Any] | None:
     return record
 
 
-def completed_ids(paths: list[Path], bad_lines: dict[Path, list[int]] | None = None) -> set[str]:
+def completed_ids(paths: list[Path], bad_lines: dict[Path, list[int]] | None = None,
+                  named: dict[Path, int] | None = None) -> set[str]:
     """Ids of the episodes some ledger in ``paths`` records as completed (what ``latest_records`` keeps as
-    ok), read a line at a time; ``bad_lines`` collects, per ledger, the numbers of lines that are not records."""
+    ok), read a line at a time; ``bad_lines`` collects, per ledger, the numbers of lines that are not records,
+    and ``named``, per ledger, the end of the furthest blob of its sidecar a line names."""
     done: set[str] = set()
     for path in paths:
         bad = None if bad_lines is None else bad_lines.setdefault(path, [])
-        for record in read_ledger(path, bad, tokens=False):
+        end = [0]
+        for record in read_ledger(path, bad, tokens=False, named=end):
             if record["status"] == "ok":
                 done.add(record["episode_id"])
+        if named is not None:
+            named[path] = end[0]
     return done
 
 

@@ -132,6 +132,7 @@ class RunOutput:
         self._tokens_fd: int | None = None
         self._room = self._tokens_room = Reservation(None)  # disk blocks reserved ahead of the ledger's appends
         self._start = self._size = self._tokens_size = 0
+        self._named_end = 0  # resuming: the end of the furthest blob of the sidecar a line of the ledger names
         self.live: LivePart | None = None
         self.lock: RunLock | None = None
         self.forced_changes: dict[str, tuple[Any, Any]] = {}
@@ -185,7 +186,10 @@ class RunOutput:
         if self.ledger_path.exists() and self.ledger_path not in [p.resolve() for p in paths]:
             paths.append(self.ledger_path)
         bad: dict[Path, list[int]] = {}
-        done = completed_ids(paths, bad)
+        named: dict[Path, int] = {}
+        done = completed_ids(paths, bad, named)
+        own = self.ledger_path.resolve()
+        self._named_end = max((end for path, end in named.items() if path.resolve() == own), default=0)
         for path, numbers in bad.items():
             if numbers:
                 more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
@@ -218,6 +222,11 @@ class RunOutput:
         if self._fd is None:
             self._tokens_fd = open_append(self.tokens_path, private=self.private)
             self._tokens_size = os.fstat(self._tokens_fd).st_size
+            if self._tokens_size < self._named_end:
+                # A sidecar cut short (or lost) under lines that name blobs past its end: new blobs go after
+                # every blob named, never where an old line would find bytes that check again.
+                os.ftruncate(self._tokens_fd, self._named_end)
+                self._tokens_size = self._named_end
             self._fd = open_append(self.ledger_path, private=self.private)
             self._start = self._size = os.fstat(self._fd).st_size
             self._tokens_room = Reservation(self.tokens_path, at=self._tokens_size)
