@@ -210,3 +210,75 @@ def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_
     assert sorted(report.stats.rewards) == sorted(expected.rewards)
     assert report.stats.strata == expected.strata and report.stats.solved == expected.solved
     assert [e["i"] for e in report.episodes] == list(range(30))
+
+
+def _tallied_run(dice_plugins, dice_config, directory, controller, resume=False):
+    """A run whose report tally is given each record as it is appended (as `scaffold run` does)."""
+    from scaffold_core.report.tally import RunTally
+
+    config = dice_config(task={"name": "sums", "count": 30}, controller=controller,
+                         rollout={"max_failed_fraction": 1.0})
+    rollout = Rollout(config, output_dir=directory, plugins=dice_plugins, progress=False, resume=resume)
+    rollout.components.engine.fail = lambda prompt: "11 +" in prompt or "17 +" in prompt
+    tally = RunTally(rollout.output.ledger_path)
+    rollout.output.on_append = tally.add
+    rollout.run()
+    return tally
+
+
+@pytest.mark.parametrize("controller", [{"name": "native", "samples": 2},
+                                        {"name": "repeat", "n": 3, "controller": {"name": "native"}}])
+def test_the_report_counted_as_the_run_went_is_the_one_its_ledger_gives(dice_plugins, dice_config, tmp_path,
+                                                                        monkeypatch, controller):
+    from scaffold_core.output.ledger_index import LedgerIndex
+
+    tally = _tallied_run(dice_plugins, dice_config, tmp_path / "run", controller)
+
+    def refuse(*args):
+        raise AssertionError("the report read the ledger again: the run's tally was not used")
+
+    monkeypatch.setattr(LedgerIndex, "_scan", refuse)
+    counted = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, tally=tally)
+    monkeypatch.undo()
+    read = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry)
+    assert read.stats.failed == 2 and read.stats.episodes == 30 and read.stats.solved  # failures, scored answers
+    assert counted.stats == read.stats
+    assert counted.episodes == read.episodes and counted.vocab == read.vocab
+
+
+def test_a_tally_that_does_not_describe_the_ledger_is_not_used(dice_plugins, dice_config, tmp_path):
+    native = {"name": "native", "samples": 2}
+    tally = _tallied_run(dice_plugins, dice_config, tmp_path / "run", native)
+    ledger = tmp_path / "run" / "episodes.jsonl"
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    extra = json.loads(lines[0])
+    extra.update(episode_id="appended-later", index=99)
+    with ledger.open("ab") as fh:  # another session appended a line after the run
+        fh.write(json.dumps(extra).encode() + b"\n")
+    assert not tally.covers(tmp_path / "run")
+    report = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, tally=tally)
+    assert report.stats.episodes == 31  # the ledger's, not the tally's 30
+
+    # a resumed session's tally saw only its own episodes, appended after the first session's
+    ledger.write_bytes(b"".join(lines[:10]))
+    (tmp_path / "run" / "metrics.json").unlink()
+    resumed = _tallied_run(dice_plugins, dice_config, tmp_path / "run", native, resume=True)
+    assert not resumed.covers(tmp_path / "run")
+    report = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, tally=resumed)
+    assert report.stats.episodes == 30
+
+
+def test_scaffold_run_reports_from_what_it_counted(test_plugins, tmp_path, monkeypatch, capsys):
+    from scaffold_core.output.ledger_index import LedgerIndex
+
+    config = tmp_path / "run.yaml"
+    config.write_text("task: {name: arithmetic, count: 12}\nengine: {name: benchmark_canned, response: '#### 4'}\n"
+                      "rollout: {progress: false}\n")
+
+    def refuse(*args):
+        raise AssertionError("the report read the ledger again")
+
+    monkeypatch.setattr(LedgerIndex, "_scan", refuse)
+    assert main(["run", str(config), "-o", str(tmp_path / "run")]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+    assert "All 12 episodes." in (tmp_path / "run" / "report.html").read_text()

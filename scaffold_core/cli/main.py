@@ -10,6 +10,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
 from ..errors import ConfigError, ScaffoldError
@@ -192,7 +193,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.append("output.overwrite=true")
     config = load_config(args.config, overrides)  # validates everything before any model loads
     progress = False if args.no_progress else None
-    report_options = {}  # the engine's tokenizer, when it ran in this process, gives the report its token texts
+    # The engine's tokenizer, when it ran in this process, gives the report its token texts.
+    report_options: dict[str, Any] = {}
     if config.rollout.workers > 1 or config.rollout.launcher != "local":
         from ..launch import run_workers
 
@@ -204,6 +206,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         rollout = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress,
                           force_config=args.force_config)
         print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
+        if not args.no_report:  # the report counts the episodes as they are appended, not from the ledger after
+            from ..report.tally import RunTally
+
+            report_options["tally"] = RunTally(rollout.output.ledger_path)
+            rollout.output.on_append = report_options["tally"].add
         metrics = rollout.run()
         if getattr(rollout.components.engine, "tokenizer", None) is not None:
             report_options["tokenizer"] = rollout.components.engine.tokenizer

@@ -48,7 +48,10 @@ class LedgerIndex:
     has several lines (``duplicates`` False) that is every episode's record, in ledger order.
     """
 
-    def __init__(self, paths: list[Path], on_head: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, paths: list[Path], on_head: Callable[[dict[str, Any]], None] | None = None, *,
+                 scan: bool = True):
+        """``scan=False``: the ledgers are not read here; the lines are given with :meth:`note` as they are
+        appended (the run that writes them keeps its index), then :meth:`complete` is called."""
         self.paths = [Path(p) for p in paths]
         self._on_head = on_head
         self.exact = True
@@ -61,14 +64,14 @@ class LedgerIndex:
         self._length = array("q")
         self._fds: dict[int, int] = {}
         self._blobs: dict[int, TokenFile] = {}
-        for number, path in enumerate(self.paths):
-            if not self._scan(number, path):
-                self.exact = False
-                break
         self._winners: Any = None  # line numbers of every episode's record, in (index, episode_id) order
         self._first: Any = None  # the same lines, in the order their episodes first appear
-        if self.exact:
-            self._choose()
+        if scan:
+            for number, path in enumerate(self.paths):
+                if not self._scan(number, path):
+                    self.exact = False
+                    break
+            self.complete()
 
     def __len__(self) -> int:
         return 0 if self._winners is None else len(self._winners)
@@ -85,21 +88,32 @@ class LedgerIndex:
                 if not raw.endswith(b"\n"):
                     break  # torn tail
                 head = read_head(raw)
-                if head is not None:  # else not a record: ignored
-                    eid = head["episode_id"]
-                    index = head.get("index", 0)
-                    if type(index) is not int:
-                        return False
-                    self._hash.append(hash(eid))
-                    self._index.append(index)
-                    self._ok.append(head["status"] == "ok")
-                    self._file.append(number)
-                    self._offset.append(offset)
-                    self._length.append(size)
-                    if self._on_head is not None:
-                        self._on_head(head)
+                if head is not None and not self.note(number, offset, size, head):  # (else not a record: ignored)
+                    return False
                 offset += size
         return True
+
+    def note(self, number: int, offset: int, size: int, head: dict[str, Any]) -> bool:
+        """Index the record ``head`` (its trajectories are not looked at), the line of ``size`` bytes at
+        ``offset`` of ledger ``number``; False (and nothing indexed) when the index cannot describe it."""
+        index = head.get("index", 0)
+        if type(index) is not int:
+            self.exact = False
+            return False
+        self._hash.append(hash(head["episode_id"]))
+        self._index.append(index)
+        self._ok.append(head["status"] == "ok")
+        self._file.append(number)
+        self._offset.append(offset)
+        self._length.append(size)
+        if self._on_head is not None:
+            self._on_head(head)
+        return True
+
+    def complete(self) -> None:
+        """Order the lines indexed (done by the constructor unless ``scan=False``)."""
+        if self.exact:
+            self._choose()
 
     def _choose(self) -> None:
         """Pick each episode's record and put them in output order (numpy: no Python work per line

@@ -135,11 +135,15 @@ class EpisodeReader:
     ledgers open).
     """
 
-    def __init__(self, directory: str | Path, on_head: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, directory: str | Path, on_head: Callable[[dict[str, Any]], None] | None = None, *,
+                 index: LedgerIndex | None = None):
         """``on_head``: given every ledger line's record without its trajectories, in ledger order, as the
-        ledgers are indexed (see :meth:`line_order`)."""
+        ledgers are indexed (see :meth:`line_order`). ``index``: the directory's ledgers indexed already
+        (completed; by the run that wrote them, see :class:`~.ledger_index.LedgerIndex`'s ``scan``): they are
+        not read again, and ``on_head`` is not called."""
         self.directory = Path(directory)
-        self._index: LedgerIndex | None = LedgerIndex(ledger_paths(self.directory), on_head)
+        self._index: LedgerIndex | None = index if index is not None else LedgerIndex(ledger_paths(self.directory),
+                                                                                      on_head)
         self._records: list[dict[str, Any]] | None = None
         if not self._index.exact:  # a ledger the index cannot describe: every record in memory
             self._in_memory()

@@ -33,6 +33,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,9 @@ class RunOutput:
         self._start = self._size = self._tokens_size = 0
         self._named_end = 0  # resuming: the end of the furthest blob of the sidecar a line of the ledger names
         self.live: LivePart | None = None
+        #: Called with each record appended, the offset of its line in the ledger and the line's size (e.g.
+        #: a report's :class:`~scaffold_core.report.tally.RunTally`); one that raises is dropped.
+        self.on_append: Callable[[dict[str, Any], int, int], None] | None = None
         self.lock: RunLock | None = None
         self.forced_changes: dict[str, tuple[Any, Any]] = {}
         self._touched = False
@@ -249,9 +253,17 @@ class RunOutput:
             self._tokens_size += len(blob)
             self._tokens_room.ensure(self._tokens_size)
             write_all(self._tokens_fd, blob)  # type: ignore[arg-type]
+        offset = self._size
         self._size += len(line)
         self._room.ensure(self._size)
         write_all(self._fd, line)  # type: ignore[arg-type]
+        if self.on_append is not None:
+            try:
+                self.on_append(record, offset, len(line))
+            except Exception as exc:  # an observer only: the episode is in the ledger
+                log.warning("an observer of the ledger failed (%s: %s); it sees no more episodes",
+                            type(exc).__name__, exc)
+                self.on_append = None
         if self.live is not None:
             try:
                 self.live.add(record, blob)

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..eval.answers import answers_of
+from ..eval.answers import answers_of, reward_value
 
 #: Episodes the browser carries in full at most, and the page bytes their tokens may take (estimated).
 MAX_EPISODES = 300
@@ -59,22 +59,32 @@ class Stats:
             self.strata.append((position, "failed", 400 + len(str(head.get("error") or ""))))
             return
         size = len(head.get("prompt") or "") + 200
+        scored = correct = 0  # of the samples, each its own answer unless they carry runs (see answers_of)
+        branched = False
         for sample in head.get("samples") or []:
             self.samples += 1
-            reward = _reward(sample.get("reward"))
+            raw = sample.get("reward")
+            reward = _reward(raw)
             if reward is None:
                 self.unscored += 1
             else:
                 self.rewards.append(reward)
+            if reward_value(raw) is not None:
+                scored += 1
+                correct += raw > 0
             tokens = int(sample.get("generated_tokens") or 0)
             self.tokens.append(tokens)
             self.finish[str(sample.get("finish_reason") or "?")] += 1
             size += BYTES_PER_SAMPLE + BYTES_PER_TOKEN * tokens
-        answers = [a for a in answers_of(head) if a.reward is not None]
-        correct = sum(1 for a in answers if a.correct)
-        if answers:
-            self.solved[(correct, len(answers))] += 1
-        kind = "unscored" if not answers else "none" if not correct else "all" if correct == len(answers) else "some"
+            metadata = sample.get("metadata")
+            if metadata and isinstance(metadata, dict) and isinstance(metadata.get("branch"), int):
+                branched = True
+        if branched:  # the runs of a repeat controller are the answers
+            answers = [a for a in answers_of(head) if a.reward is not None]
+            scored, correct = len(answers), sum(1 for a in answers if a.correct)
+        if scored:
+            self.solved[(correct, scored)] += 1
+        kind = "unscored" if not scored else "none" if not correct else "all" if correct == scored else "some"
         self.strata.append((position, kind, size))
 
     def renumbered(self, order: list[int]) -> Stats:
