@@ -69,6 +69,8 @@ CASES = {
     "NaN and infinity": [training(logprobs=[0.0] * 3 + [float("nan"), -math.inf, math.inf, -0.5])],
     "one NaN, repeated": [training(logprobs=[float("nan")] * 7)],
     "infinity after the prompt": [training(logprobs=[0.0] * 3 + [-math.inf] * 4)],
+    "NaN in the other fields": [training(advantage=float("nan"), reward=-math.inf)],
+    "NaN in an extra field": [training(TurnSample, turn_rewards=[float("nan"), 1.0])],
     "prompt_len out of range": [training(prompt_len=50), training(prompt_len=-1), training(prompt_len=2.5)],
     "empty sequence": [training(input_ids=[], loss_mask=[], logprobs=[], versions=[], prompt=0, generated=0)],
     "booleans in the mask": [training(loss_mask=[False, False, False, True, True, True, True])],

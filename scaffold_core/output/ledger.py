@@ -93,7 +93,8 @@ def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict
     return (line if line is not None else codec.dumps_compact(record)) + b"\n", blob, record
 
 
-_LEAVES = (str, int, bool, type(None))
+#: Types of values with no float inside.
+_LEAVES = frozenset((str, int, bool, type(None)))
 #: Packed columns whose segments hold integers only (``_pack_ids``/``_int_runs`` take nothing else).
 _INT_SEGMENTS = frozenset(("input_ids", "loss_mask", "versions"))
 
@@ -101,36 +102,59 @@ _INT_SEGMENTS = frozenset(("input_ids", "loss_mask", "versions"))
 def _finite(record: dict[str, Any]) -> bool:
     """Whether no float in a record made by :func:`packed_entry` is NaN or infinite, checking the values
     where floats sit and walking only the containers whose content is not known (answers, metadata)."""
+    leaves = _LEAVES
     for key, value in record.items():
-        if key == "trajectories":
-            if not all(_row_finite(row) for row in value):
+        kind = type(value)
+        if kind in leaves:
+            continue
+        if kind is float:
+            if value - value != 0.0:  # NaN and ±inf give NaN
                 return False
+        elif key == "trajectories":
+            for row in value:
+                if not _row_finite(row):
+                    return False
         elif key == "samples":
-            if not all(_finite_value(inner) for item in value for inner in item.values()):
-                return False
-        elif not _finite_value(value):
+            for item in value:
+                if not _values_finite(item):
+                    return False
+        elif not codec.all_finite(value):
             return False
     return True
 
 
-def _finite_value(value: Any) -> bool:
-    kind = type(value)
-    if kind is float:
-        return value - value == 0.0
-    return kind in _LEAVES or codec.all_finite(value)
+def _values_finite(item: dict[str, Any]) -> bool:
+    leaves = _LEAVES
+    for value in item.values():
+        kind = type(value)
+        if kind in leaves:
+            continue
+        if kind is float:
+            if value - value != 0.0:
+                return False
+        elif not codec.all_finite(value):
+            return False
+    return True
 
 
 def _row_finite(row: dict[str, Any]) -> bool:
     """:func:`_finite` for a packed training sequence: its integer columns' segments are not walked."""
-    for name, inner in row.items():
-        if name in _INT_SEGMENTS:
+    leaves = _LEAVES
+    for name, value in row.items():
+        kind = type(value)
+        if kind in leaves:
             continue
-        if name == "logprobs" and type(inner) is list:
-            for seg in inner:  # segments: a float only as a fill
+        if kind is float:
+            if value - value != 0.0:
+                return False
+        elif name in _INT_SEGMENTS:
+            continue
+        elif name == "logprobs" and kind is list:
+            for seg in value:  # segments: a float only as a fill
                 fill = seg.get("fill")
                 if type(fill) is float and fill - fill != 0.0:
                     return False
-        elif not _finite_value(inner):
+        elif not codec.all_finite(value):
             return False
     return True
 
