@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from ..verifier import Verdict
 from . import codec
 from .files import open_nofollow
 from .tokens import (
+    TOKEN_COLUMNS,
     TOKENS_KEY,
     BadTokens,
     PackError,
@@ -95,8 +96,9 @@ def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict
 
 #: Types of values with no float inside.
 _LEAVES = frozenset((str, int, bool, type(None)))
-#: Packed columns whose segments hold integers only (``_pack_ids``/``_int_runs`` take nothing else).
-_INT_SEGMENTS = frozenset(("input_ids", "loss_mask", "versions"))
+#: The token columns, packed: segments (integer columns' hold integers only, ``_pack_ids``/``_int_runs`` take
+#: nothing else; logprobs' hold floats only as fills).
+_PACKED = frozenset(TOKEN_COLUMNS)
 
 
 def _finite(record: dict[str, Any]) -> bool:
@@ -116,16 +118,16 @@ def _finite(record: dict[str, Any]) -> bool:
                     return False
         elif key == "samples":
             for item in value:
-                if not _values_finite(item):
+                if not _values_finite(item.values()):
                     return False
         elif not codec.all_finite(value):
             return False
     return True
 
 
-def _values_finite(item: dict[str, Any]) -> bool:
+def _values_finite(values: Iterable[Any]) -> bool:
     leaves = _LEAVES
-    for value in item.values():
+    for value in values:
         kind = type(value)
         if kind in leaves:
             continue
@@ -138,25 +140,13 @@ def _values_finite(item: dict[str, Any]) -> bool:
 
 
 def _row_finite(row: dict[str, Any]) -> bool:
-    """:func:`_finite` for a packed training sequence: its integer columns' segments are not walked."""
-    leaves = _LEAVES
-    for name, value in row.items():
-        kind = type(value)
-        if kind in leaves:
-            continue
-        if kind is float:
-            if value - value != 0.0:
-                return False
-        elif name in _INT_SEGMENTS:
-            continue
-        elif name == "logprobs" and kind is list:
-            for seg in value:  # segments: a float only as a fill
-                fill = seg.get("fill")
-                if type(fill) is float and fill - fill != 0.0:
-                    return False
-        elif not codec.all_finite(value):
+    """:func:`_finite` for a packed training sequence: its integer columns' segments are not walked, and its
+    logprobs' only floats are fills."""
+    for seg in row.get("logprobs") or ():
+        fill = seg.get("fill")
+        if type(fill) is float and fill - fill != 0.0:
             return False
-    return True
+    return _values_finite(value for name, value in row.items() if name not in _PACKED)
 
 
 def ledger_line(result: EpisodeResult) -> bytes:
