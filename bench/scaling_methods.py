@@ -7,8 +7,9 @@ each a controller run through scaffold's runtime on the embedded engine:
 * native: one sample;
 * majority@8: the built-in ``majority_vote`` over 8 samples;
 * best-of-8 judge: ``rerank`` over 8 samples, the policy judging each one (``judge``, yes/no);
-* DeepConf@8 offline (``keep`` 0.9 and 0.1) and online (``keep`` 0.9 after 4 or 3 warm-up traces, ``keep``
-  0.1 after 4), one trace started at a time after the warm-up;
+* DeepConf@8 offline (``keep`` 0.9 and 0.1) and online (chosen on seed 1 with ``deepconf_replay.py``: 2
+  warm-up traces, ``keep`` 1.0, the sampled tokens' probabilities as confidence, windows of 4 or 5 tokens
+  checked every 4 tokens, consensus 0.7 or 0.67), one trace started at a time after the warm-up;
 * Dynasor: one trace in chunks of 8 or 12 tokens, probed after each (a reply of at most 4 tokens holds " 12.":
   the tokenizer splits digits);
 * tree search: beam search over lines, scored by policy self-evaluation.
@@ -154,18 +155,19 @@ def methods(selected: set[str]) -> list[tuple[str, Any]]:
     from scaffold_methods.tree_search import TreeSearchController
 
     judge = {"name": "judge", "mode": "yes_no", "system": None}
+
+    def online(**options: Any) -> DeepConfController:
+        """DeepConf@8 online as chosen on seed 1 by ``deepconf_replay.py``: 2 warm-up traces, keep 1.0, sampled."""
+        return DeepConfController(samples=8, mode="online", keep=1.0, warmup=2, chunk=4, per_round=1,
+                                  measure="sampled", **options)
     table = [
         ("majority@8", lambda: MajorityVoteController(samples=8)),
         ("native", lambda: NativeController(samples=1)),
         ("deepconf@8 offline 0.9", lambda: DeepConfController(samples=8, keep=0.9, window=16)),
         ("deepconf@8 offline 0.1", lambda: DeepConfController(samples=8, keep=0.1, window=16)),
         ("best-of-8 judge", lambda: RerankController(samples=8, scorer=judge)),
-        ("deepconf@8 online 0.9 w4", lambda: DeepConfController(samples=8, mode="online", keep=0.9, window=16,
-                                                                warmup=4, per_round=1, chunk=16, consensus=0.7)),
-        ("deepconf@8 online 0.9 w3", lambda: DeepConfController(samples=8, mode="online", keep=0.9, window=16,
-                                                                warmup=3, per_round=1, chunk=16, consensus=0.6)),
-        ("deepconf@8 online 0.1 w4", lambda: DeepConfController(samples=8, mode="online", keep=0.1, window=16,
-                                                                warmup=4, per_round=1, chunk=16, consensus=0.7)),
+        ("deepconf@8 online w4 c0.7", lambda: online(window=4, consensus=0.7)),
+        ("deepconf@8 online w5 c0.67", lambda: online(window=5, consensus=0.67)),
         ("dynasor chunk 8", lambda: DynasorController(chunk=8, certainty=2, probe_tokens=4)),
         ("dynasor chunk 12", lambda: DynasorController(chunk=12, certainty=2, probe_tokens=4)),
         ("tree search", lambda: TreeSearchController(width=2, expansions=2, depth=3, step_tokens=24, budget=160,
@@ -174,7 +176,9 @@ def methods(selected: set[str]) -> list[tuple[str, Any]]:
     return [(name, make) for name, make in table if not selected or name.split()[0].split("@")[0] in selected]
 
 
-async def run_all(args: argparse.Namespace) -> list[Tally]:
+async def run_all(args: argparse.Namespace, table: list[tuple[str, Any]] | None = None,
+                  on_result: Any = None) -> list[Tally]:
+    """Run ``table`` (default: ``methods(args.methods)``) on the task; ``on_result(name, result)`` sees each episode."""
     from scaffold_core.engines.transformers_engine import TransformersEngine
     from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
@@ -194,13 +198,21 @@ async def run_all(args: argparse.Namespace) -> list[Tally]:
     pool = VerifierPool(ArithmeticVerifier(), timeout=30)
     tallies = []
     try:
-        for name, make in methods(set(args.methods.split(",")) if args.methods else set()):
+        if table is None:
+            table = methods(set(args.methods.split(",")) if args.methods else set())
+        for name, make in table:
             contexts = [episode_context(task, i, row, engine.tokenizer, sampling) for i, row in enumerate(rows)]
             tally = Tally(name)
             runtime = Runtime(engine=engine, controller=make(), verifier=pool,
                               limits=Limits(concurrency=args.problems, request_timeout=3600, episode_timeout=7200))
             began = time.perf_counter()
-            await runtime.run(contexts, tally.add)
+
+            def done(result: Any, tally: Tally = tally, name: str = name) -> None:
+                tally.add(result)
+                if on_result is not None:
+                    on_result(name, result)
+
+            await runtime.run(contexts, done)
             tally.wall_s = time.perf_counter() - began
             print(tally.row(), f"(replayed {engine.hits}, computed {engine.misses} requests so far)", flush=True)
             tallies.append(tally)
