@@ -15,6 +15,7 @@ orjson refuses (``NaN``, ``Infinity``, lone surrogates).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -40,6 +41,26 @@ def all_finite(value: Any) -> bool:
         elif kind is list or kind is tuple:
             extend(item)
     return True  # str, int, bool, None; anything else is refused by the STRICT encoder
+
+
+#: Types of values with no float inside.
+_LEAVES = frozenset((str, int, bool, type(None)))
+
+
+def values_finite(values: Iterable[Any]) -> bool:
+    """:func:`all_finite` of each of ``values``, quicker when most are strings, integers and None (a record's
+    fields): their types are tested here, and only containers are walked."""
+    leaves = _LEAVES
+    for value in values:
+        kind = type(value)
+        if kind in leaves:
+            continue
+        if kind is float:
+            if value - value != 0.0:
+                return False
+        elif not all_finite(value):
+            return False
+    return True
 
 
 #: Characters JSON may leave raw in a string but that Python's ``str.splitlines`` (and other line-based

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from .codec import all_finite, dumps_compact, dumps_finite
+from .codec import dumps_compact, dumps_finite, values_finite
 from .dataset import (
     CHUNK_ROWS,
     ExtraColumns,
@@ -189,7 +189,7 @@ class DerivedWriter:
 def _dumps(line: dict[str, Any]) -> bytes:
     """:func:`dumps_compact` of a samples line, without orjson's read-back of the JSON when no value holds a
     NaN or infinity (orjson writes those as null)."""
-    data = dumps_finite(line) if all_finite(line) else None
+    data = dumps_finite(line) if values_finite(line.values()) else None
     return data if data is not None else dumps_compact(line)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +94,6 @@ def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict
     return (line if line is not None else codec.dumps_compact(record)) + b"\n", blob, record
 
 
-#: Types of values with no float inside.
-_LEAVES = frozenset((str, int, bool, type(None)))
 #: The token columns, packed: segments (integer columns' hold integers only, ``_pack_ids``/``_int_runs`` take
 #: nothing else; logprobs' hold floats only as fills).
 _PACKED = frozenset(TOKEN_COLUMNS)
@@ -104,10 +102,9 @@ _PACKED = frozenset(TOKEN_COLUMNS)
 def _finite(record: dict[str, Any]) -> bool:
     """Whether no float in a record made by :func:`packed_entry` is NaN or infinite, checking the values
     where floats sit and walking only the containers whose content is not known (answers, metadata)."""
-    leaves = _LEAVES
     for key, value in record.items():
         kind = type(value)
-        if kind in leaves:
+        if kind is str or kind is int or value is None:
             continue
         if kind is float:
             if value - value != 0.0:  # NaN and ±inf give NaN
@@ -118,22 +115,8 @@ def _finite(record: dict[str, Any]) -> bool:
                     return False
         elif key == "samples":
             for item in value:
-                if not _values_finite(item.values()):
+                if not codec.values_finite(item.values()):
                     return False
-        elif not codec.all_finite(value):
-            return False
-    return True
-
-
-def _values_finite(values: Iterable[Any]) -> bool:
-    leaves = _LEAVES
-    for value in values:
-        kind = type(value)
-        if kind in leaves:
-            continue
-        if kind is float:
-            if value - value != 0.0:
-                return False
         elif not codec.all_finite(value):
             return False
     return True
@@ -146,7 +129,7 @@ def _row_finite(row: dict[str, Any]) -> bool:
         fill = seg.get("fill")
         if type(fill) is float and fill - fill != 0.0:
             return False
-    return _values_finite(value for name, value in row.items() if name not in _PACKED)
+    return codec.values_finite(value for name, value in row.items() if name not in _PACKED)
 
 
 def ledger_line(result: EpisodeResult) -> bytes:

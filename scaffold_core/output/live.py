@@ -61,8 +61,13 @@ class _Segment:
 
     def add(self, key: tuple[int, str], record: dict[str, Any], blob: bytes) -> None:
         sample_bytes, failure_bytes, rows, tokens = self.writer.add(record, blob)
-        for column, value in zip(self.columns, (key[0], id_hash(key[1]), sample_bytes, failure_bytes, rows, tokens)):
-            column.append(value)
+        index, hashes, samples, failures, counts, lengths = self.columns  # FIELDS
+        index.append(key[0])
+        hashes.append(id_hash(key[1]))
+        samples.append(sample_bytes)
+        failures.append(failure_bytes)
+        counts.append(rows)
+        lengths.append(tokens)
         self.last = key
 
     def close(self) -> dict[str, Any]:
