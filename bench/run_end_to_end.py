@@ -17,9 +17,9 @@ a long system prompt and a long canned response so that each sample is about
 worker processes included (the largest of them).
 
 The runtime-only figure runs the same episodes through ``Runtime`` in a
-child process of its own with nothing persisted, just before each run of the
-command (side by side: on a shared machine the load changes from minute to
-minute); the ratio of the command's episodes/s to it says how close the whole
+child process of its own with nothing persisted, just before and just after
+each run of the command, and the two are averaged (side by side: on a shared
+machine the speed changes from minute to minute); the ratio of the command's episodes/s to it says how close the whole
 command comes to its runtime (goal: within 2x, i.e. ratio >= 0.5). With
 ``--repeat`` the median ratio is reported with the lowest and highest, the
 noise of the machine. Bytes: everything the run writes per episode (ledger,
@@ -205,11 +205,14 @@ def main() -> int:
             for n in args.sizes:
                 runs = []
                 for _ in range(args.repeat):
-                    base, base_cpu = runtime_child(min(20_000, n))
+                    before = runtime_child(min(20_000, n))
                     run = run_cli(n, workers, Path(tmp), args.timeout, not args.no_dataset)
+                    after = runtime_child(min(20_000, n))
+                    base, base_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
                     run.update(ratio=run["eps"] / base, cpu_ratio=n / run["cpu_s"] / base_cpu, base=base)
                     runs.append(run)
-                    print(f"  {n:,} episodes, {workers} worker(s): runtime alone {base:,.0f} ep/s, scaffold run "
+                    print(f"  {n:,} episodes, {workers} worker(s): runtime alone {before[0]:,.0f} and {after[0]:,.0f} "
+                          f"ep/s (before and after), scaffold run "
                           f"{run['eps']:,.0f} ep/s ({run['cpu_s']:.1f} CPU s, {run['peak_rss_mb']:.0f} MB): "
                           f"ratio {run['ratio']:.2f}, CPU ratio {run['cpu_ratio']:.2f}", flush=True)
                 rows.append((n, workers, runs))
@@ -226,9 +229,9 @@ def main() -> int:
               f"{spread([r['cpu_ratio'] for r in runs]):>17} {rss:>11.0f} "
               f"{statistics.median(r['bytes_per_episode'] for r in runs):>13,.0f} "
               f"{'-' if args.no_dataset else f'{size:.2f}':>21}  {'ok' if ok else 'BELOW GOAL'}")
-    print("ratio: the command's episodes/s over the runtime's alone, measured just before it (median, and the lowest "
-          "and highest of the repeats); CPU ratio: the same for episodes per CPU-second (the command's own and its "
-          "workers'), steadier on a shared machine")
+    print("ratio: the command's episodes/s over the runtime's alone, measured just before and after it (median, and "
+          "the lowest and highest of the repeats); CPU ratio: the same for episodes per CPU-second (the command's "
+          "own and its workers'), steadier on a shared machine")
     return 0
 
 
