@@ -61,8 +61,8 @@ class Problems:
     failed_ids: list[str] = field(default_factory=list)
 
 
-def reward_value(reward: Any) -> float | None:
-    """A reward as a float, or None when it is not a number (a boolean, NaN, missing): not scored."""
+def usable_number(reward: Any) -> float | None:
+    """A number (a reward, a logprob) as a float, or None when it is not one (a boolean, NaN, missing)."""
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or math.isnan(reward):
         return None
     return float(reward)
@@ -73,7 +73,7 @@ def answers_of(head: dict[str, Any]) -> list[Answer]:
     samples = [s for s in head.get("samples") or [] if isinstance(s, dict)]
     branched = [s for s in samples if isinstance((s.get("metadata") or {}).get("branch"), int)]
     if not branched:
-        return [Answer(key=_key(s), reward=reward_value(s.get("reward")), tokens=int(s.get("generated_tokens") or 0),
+        return [Answer(key=_key(s), reward=usable_number(s.get("reward")), tokens=int(s.get("generated_tokens") or 0),
                        branch=i, sample=s.get("sample_index"), response=s.get("response") or "")
                 for i, s in enumerate(samples)]
     runs: dict[int, list[dict[str, Any]]] = {}
@@ -85,9 +85,9 @@ def answers_of(head: dict[str, Any]) -> list[Answer]:
         found: dict[str, Any] = next((s["metadata"]["branch_answer"] for s in run
                                       if isinstance(s["metadata"].get("branch_answer"), dict)), {})
         chosen = next((s for s in run if s.get("sample_index") == found.get("sample")), None)
-        answers.append(Answer(key=found.get("key"), reward=reward_value(found.get("reward")),
+        answers.append(Answer(key=found.get("key"), reward=usable_number(found.get("reward")),
                               tokens=sum(int(s.get("generated_tokens") or 0) for s in run), branch=branch,
-                              logprob=reward_value(found.get("logprob")), sample=found.get("sample"),
+                              logprob=usable_number(found.get("logprob")), sample=found.get("sample"),
                               response=(chosen or {}).get("response") or ""))
     return answers
 

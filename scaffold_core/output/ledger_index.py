@@ -68,8 +68,7 @@ class LedgerIndex:
         self._first: Any = None  # the same lines, in the order their episodes first appear
         if scan:
             for number, path in enumerate(self.paths):
-                if not self._scan(number, path):
-                    self.exact = False
+                if not self._scan(number, path):  # (note() has set exact False)
                     break
             self.complete()
 

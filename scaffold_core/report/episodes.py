@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..eval.answers import answers_of, reward_value
+from ..eval.answers import answers_of, usable_number
 
 #: Episodes the browser carries in full at most, and the page bytes their tokens may take (estimated).
 MAX_EPISODES = 300
@@ -63,21 +63,20 @@ class Stats:
         branched = False
         for sample in head.get("samples") or []:
             self.samples += 1
-            raw = sample.get("reward")
-            reward = _reward(raw)
-            if reward is None:
+            value = usable_number(sample.get("reward"))  # as answers_of reads it: an infinity is scored
+            if value is not None:
+                scored += 1
+                correct += value > 0
+            if value is None or not math.isfinite(value):  # what _reward leaves out
                 self.unscored += 1
             else:
-                self.rewards.append(reward)
-            if reward_value(raw) is not None:
-                scored += 1
-                correct += raw > 0
+                self.rewards.append(value)
             tokens = int(sample.get("generated_tokens") or 0)
             self.tokens.append(tokens)
             self.finish[str(sample.get("finish_reason") or "?")] += 1
             size += BYTES_PER_SAMPLE + BYTES_PER_TOKEN * tokens
             metadata = sample.get("metadata")
-            if metadata and isinstance(metadata, dict) and isinstance(metadata.get("branch"), int):
+            if isinstance(metadata, dict) and isinstance(metadata.get("branch"), int):
                 branched = True
         if branched:  # the runs of a repeat controller are the answers
             answers = [a for a in answers_of(head) if a.reward is not None]
