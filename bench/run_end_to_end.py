@@ -7,24 +7,26 @@
 
 Runs the real command line (``scaffold run CONFIG -o DIR``) in a child
 process (after a small first run, which writes Python's bytecode cache as a
-user's first run does) on the ``arithmetic`` task of ``scaffold_core.testing.plugin``
-(synthetic rows made at run time, enabled with ``SCAFFOLD_EXTRA_PLUGINS``),
-the native controller, the exact_match verifier and the byte tokenizer, with
-a long system prompt and a long canned response so that each sample is about
-1,000 tokens. Everything a user's run does is included: start-up, the ledger,
-``samples.jsonl``, ``failures.jsonl``, the trajectories dataset and
-``metrics.json``. Peak RSS is the child's own (``wait4``), launcher and
-worker processes included (the largest of them).
+user's first run does) on the ``arithmetic`` task of
+``scaffold_core.testing.plugin`` (synthetic rows made at run time, enabled
+with ``SCAFFOLD_EXTRA_PLUGINS``), the native controller, the exact_match
+verifier and the byte tokenizer, with a long system prompt and a long canned
+response so that each sample is about 1,000 tokens. Everything a user's run
+does is included: start-up, the ledger, ``samples.jsonl``,
+``failures.jsonl``, the trajectories dataset and ``metrics.json``. Peak RSS
+is the child's own (``wait4``), launcher and worker processes included (the
+largest of them).
 
 The runtime-only figure runs the same episodes through ``Runtime`` in a
 child process of its own with nothing persisted, just before and just after
 each run of the command, and the two are averaged (side by side: on a shared
-machine the speed changes from minute to minute); the ratio of the command's episodes/s to it says how close the whole
-command comes to its runtime (goal: within 2x, i.e. ratio >= 0.5). With
-``--repeat`` the median ratio is reported with the lowest and highest, the
-noise of the machine. Bytes: everything the run writes per episode (ledger,
-its token sidecar, samples, failures, dataset, metrics), and its ratio to
-the trajectories dataset alone (goal: <= 1.5).
+machine the speed changes from minute to minute); the ratio of the command's
+episodes/s to it says how close the whole command comes to its runtime
+(goal: within 2x, i.e. ratio >= 0.5). With ``--repeat`` the median ratio is
+reported with the lowest and highest, the noise of the machine. Bytes:
+everything the run writes per episode (ledger, its token sidecar, samples,
+failures, dataset, metrics), and its ratio to the trajectories dataset alone
+(goal: <= 1.5).
 """
 
 from __future__ import annotations
