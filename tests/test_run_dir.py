@@ -462,3 +462,87 @@ def test_any_damage_then_resume_completes_like_a_clean_run_or_is_a_one_line_erro
             assert str(out) in error_line(err)
     finally:
         shutil.rmtree(work)
+
+
+# -- appends: one write per step of the event loop, and a write that fails ----------------------------
+
+
+def test_episodes_finishing_together_are_written_together_blobs_first(test_plugins, tmp_path, monkeypatch):
+    """A run writes the episodes that finish in one step of its event loop with one write to the sidecar, then
+    one to the ledger: fewer writes than episodes, never a line before its blob, and every episode once."""
+    from scaffold_core.output import rundir
+
+    writes: list[tuple[str, int]] = []
+    real = rundir.write_all
+
+    def spy(fd, data):
+        writes.append((os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1], len(data)))
+        real(fd, data)
+
+    monkeypatch.setattr(rundir, "write_all", spy)
+    config = write_config(tmp_path / "run.yaml", count=40, concurrency=8)
+    assert scaffold("run", str(config), "-o", str(tmp_path / "out"))[0] == 0
+    assert ok_records(tmp_path / "out") == Counter(f"arith-{i:05d}" for i in range(40))
+    names = [name for name, _ in writes]
+    assert names[0] == "episodes.tokens.bin" and names.count("episodes.jsonl") < 40
+    for before, after in zip(names, names[1:]):
+        assert not (before == after == "episodes.tokens.bin"), "blobs written twice without their lines"
+    ledger = tmp_path / "out" / "episodes.jsonl"
+    assert sum(n for name, n in writes if name == "episodes.jsonl") == ledger.stat().st_size
+
+
+def test_a_ledger_write_that_fails_stops_the_run_with_one_error_and_resume_completes_it(test_plugins, tmp_path,
+                                                                                        monkeypatch):
+    """A full disk under the ledger: the run stops with a one-line error naming the ledger, the cause and the
+    fix; what was written reads back, and --resume then runs every episode exactly once."""
+    import errno
+
+    from scaffold_core.output import rundir
+
+    real = rundir.write_all
+    calls = [0]
+
+    def full_disk(fd, data):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    monkeypatch.setattr(rundir, "write_all", full_disk)
+    config = write_config(tmp_path / "run.yaml", count=40, concurrency=8)
+    out = tmp_path / "out"
+    code, _, err = scaffold("run", str(config), "-o", str(out))
+    assert code != 0
+    line = error_line(err)
+    assert str(out / "episodes.jsonl") in line and "No space left on device" in line and "--resume" in line
+    before = ok_records(out)
+    assert 0 < sum(before.values()) < 40 and set(before.values()) == {1}
+    monkeypatch.setattr(rundir, "write_all", real)
+    code, _, err = scaffold("run", str(config), "-o", str(out), "--resume")
+    assert code == 0, err
+    assert ok_records(out) == Counter(f"arith-{i:05d}" for i in range(40))
+    assert len(sample_ids(out)) == 40
+
+
+def test_after_a_failed_write_nothing_more_is_appended(tmp_path, monkeypatch):
+    from scaffold_core.episode import EpisodeResult
+    from scaffold_core.output import rundir
+
+    out = rundir.RunOutput(tmp_path / "out")
+    try:
+        out.deferred = True
+        out.append(EpisodeResult("e0", 0, "failed", error="engine raised", error_component="engine"))
+        assert (tmp_path / "out" / "episodes.jsonl").stat().st_size == 0  # held until the flush
+
+        def broken(fd, data):
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(rundir, "write_all", broken)
+        with pytest.raises(OSError):
+            out.flush()
+        with pytest.raises(RunDirError, match="an earlier write failed .*Input/output error.*--resume"):
+            out.append(EpisodeResult("e1", 1, "failed", error="engine raised", error_component="engine"))
+        out.close()
+    finally:
+        out.release()
+    assert (tmp_path / "out" / "episodes.jsonl").stat().st_size == 0

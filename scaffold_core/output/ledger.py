@@ -5,8 +5,10 @@ multi-worker run) holds every finished episode, completed or failed, with its
 samples and training sequences. The sequences' token arrays are packed in
 binary in the ledger's sidecar (``episodes.tokens.bin``, see
 :mod:`scaffold_core.output.tokens`), appended just before the line that
-names them. A killed run loses at most the episodes in flight; ``--resume``
-skips every completed episode found in any ledger.
+names them (a run appends the episodes that finish in one step of its event
+loop together, see :class:`~scaffold_core.output.rundir.RunOutput`). A killed
+run loses at most the episodes in flight; ``--resume`` skips every completed
+episode found in any ledger.
 
 Read ledgers through :func:`read_ledger`, :func:`latest_records` and
 :class:`~scaffold_core.output.ledger_index.LedgerIndex`: they give every

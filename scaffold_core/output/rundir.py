@@ -3,11 +3,14 @@
 Files (see docs/reliability.md for the guarantees):
 
 * ``episodes.jsonl``: the ledger. One line per finished episode (completed or
-  failed), appended with a single ``write`` as the episode finishes, holding
-  its samples and training sequences; their token arrays are packed in
-  ``episodes.tokens.bin``, appended just before the line (see
-  :mod:`scaffold_core.output.tokens`). A killed run loses at most the
-  episodes in flight; ``--resume`` skips every completed episode found here.
+  failed), appended as the episode finishes, holding its samples and training
+  sequences; their token arrays are packed in ``episodes.tokens.bin``,
+  appended just before the line (see :mod:`scaffold_core.output.tokens`). A
+  run's episodes that finish in one step of its event loop are appended
+  together at the end of that step (:attr:`RunOutput.deferred`): one ``write``
+  for their blobs, then one for their lines. A killed run loses at most the
+  episodes in flight (those of the step being written included); ``--resume``
+  skips every completed episode found here.
 * ``samples.jsonl``: one line per sample: prompt, response, reference answer
   (``answer``), extracted answer, reward, finish reason. ``scaffold score``
   can re-score it as is.
@@ -134,6 +137,12 @@ class RunOutput:
         self._room = self._tokens_room = Reservation(None)  # disk blocks reserved ahead of the ledger's appends
         self._start = self._size = self._tokens_size = 0
         self._named_end = 0  # resuming: the end of the furthest blob of the sidecar a line of the ledger names
+        #: While True, :meth:`append` keeps lines and blobs in memory until :meth:`flush` (or :meth:`close`)
+        #: writes them, with one ``write`` per file: a run flushes at the end of each step of its event loop.
+        self.deferred = False
+        self._lines: list[bytes] = []  # appended, not written yet (deferred)
+        self._blobs: list[bytes] = []
+        self._failed: BaseException | None = None  # a write that failed: nothing more is appended
         self.live: LivePart | None = None
         #: Called with each record appended, the offset of its line in the ledger and the line's size (e.g.
         #: a report's :class:`~scaffold_core.report.tally.RunTally`); one that raises is dropped.
@@ -245,18 +254,23 @@ class RunOutput:
             self.live = LivePart(self.dir, save_dataset, private=self.private, first=first, step=step)
 
     def append(self, result: EpisodeResult) -> None:
-        """Persist one finished episode: its token arrays to the sidecar, then its line with a single append."""
+        """Persist one finished episode: its token arrays to the sidecar, then its line with a single append
+        (while :attr:`deferred`, with the other episodes' at the next :meth:`flush`)."""
+        if self._failed is not None:
+            raise RunDirError(f"{self.ledger_path}: an earlier write failed ({type(self._failed).__name__}: "
+                              f"{self._failed}); nothing more is appended. Fix its cause (a full disk, a file "
+                              "system gone), then --resume the run", path=str(self.ledger_path))
         if self._fd is None:
             self.open()
         line, blob, record = packed_entry(result, self._tokens_size)
         if blob:
             self._tokens_size += len(blob)
-            self._tokens_room.ensure(self._tokens_size)
-            write_all(self._tokens_fd, blob)  # type: ignore[arg-type]
+            self._blobs.append(blob)
         offset = self._size
         self._size += len(line)
-        self._room.ensure(self._size)
-        write_all(self._fd, line)  # type: ignore[arg-type]
+        self._lines.append(line)
+        if not self.deferred:
+            self.flush()
         if self.on_append is not None:
             try:
                 self.on_append(record, offset, len(line))
@@ -271,6 +285,24 @@ class RunOutput:
                 log.warning("writing the derived files as the run goes failed (%s: %s); they are derived from "
                             "the ledger at the end", type(exc).__name__, exc)
                 self.drop_live()
+
+    def flush(self) -> None:
+        """Write the lines appended since the last flush (their blobs first, then the lines: a line is never
+        in the ledger before its blob is in the sidecar). A write that fails raises; what it held is not
+        recorded (its episodes run again on resume)."""
+        blobs, lines = self._blobs, self._lines
+        if not lines:
+            return
+        self._blobs, self._lines = [], []
+        try:
+            if blobs:
+                self._tokens_room.ensure(self._tokens_size)
+                write_all(self._tokens_fd, blobs[0] if len(blobs) == 1 else b"".join(blobs))  # type: ignore[arg-type]
+            self._room.ensure(self._size)
+            write_all(self._fd, lines[0] if len(lines) == 1 else b"".join(lines))  # type: ignore[arg-type]
+        except BaseException as exc:
+            self._failed = exc  # the files' ends are no longer where the next line would say
+            raise
 
     def finish_live(self, metrics: dict[str, Any] | None) -> Path | None:
         """Complete this session's derived files (``metrics``: the totals of its episodes); their folder, or
@@ -293,6 +325,15 @@ class RunOutput:
             live.abort()
 
     def close(self) -> None:
+        """Write what is deferred, then close the ledger and its sidecar (synced to disk)."""
+        try:
+            if self._fd is not None:
+                self.flush()
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
+        self._blobs, self._lines = [], []
         self._tokens_room.close()
         self._room.close()
         for name in ("_tokens_fd", "_fd"):

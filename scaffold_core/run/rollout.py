@@ -17,7 +17,7 @@ from ..distributed.env import DistEnv
 from ..distributed.ports import rank_slice
 from ..engine import RunInfo
 from ..episode import EpisodeContext, EpisodeResult
-from ..errors import DataError
+from ..errors import DataError, RunDirError
 from ..output import LEDGER, RunOutput, expand_output_dir
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
@@ -63,6 +63,7 @@ class Rollout:
         self.hooks = Hooks(self.plugins.pm)
         self.interrupted: str | None = None
         self.runtime: Runtime | None = None
+        self._write_error: BaseException | None = None  # a deferred ledger write that failed (see _result_sink)
         #: The folder of the derived files this session wrote as it ran (see scaffold_core.output.live).
         self.part: Path | None = None
 
@@ -131,6 +132,8 @@ class Rollout:
                     on_result = self._result_sink(bar)
                     with _signals(self):
                         await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
+                    if self._write_error is not None:
+                        self._raise_write_error()
                 finally:  # before the components close
                     bar.close()
                     self.output.close()
@@ -152,11 +155,33 @@ class Rollout:
                        engine_name=bare_name(self.config.engine.name), limits=self.limits)
 
     def _result_sink(self, bar: Any) -> Callable[[EpisodeResult], None]:
-        """Persist each finished episode, count it, and move the progress bar."""
+        """Persist each finished episode, count it, and move the progress bar.
+
+        The episodes that finish in one step of the event loop are written together at its end (one
+        ``write`` per file instead of one per episode; measured, a tenth of the cost of persisting an
+        episode): the first schedules the flush, which runs once the step's callbacks have. A flush that
+        fails stops the run, and the error is raised when the runtime returns."""
         last = [0.0]
+        loop = asyncio.get_running_loop()
+        output = self.output
+        output.deferred = True
+        scheduled = [False]
+
+        def flush() -> None:
+            scheduled[0] = False
+            try:
+                output.flush()
+            except BaseException as exc:
+                if self._write_error is None:
+                    self._write_error = exc
+                if self.runtime is not None:
+                    self.runtime.cancel_in_flight()
 
         def on_result(result: EpisodeResult) -> None:
-            self.output.append(result)
+            output.append(result)
+            if not scheduled[0]:
+                scheduled[0] = True
+                loop.call_soon(flush)
             self.metrics.add(result)
             if bar is not None:
                 bar.update(1)
@@ -168,6 +193,15 @@ class Rollout:
                         f"failed={self.metrics.failed}", refresh=False)
 
         return on_result
+
+    def _raise_write_error(self) -> None:
+        exc = self._write_error
+        if not isinstance(exc, Exception):
+            raise exc  # type: ignore[misc]  # an interrupt
+        raise RunDirError(f"writing the ledger {self.output.ledger_path} failed ({type(exc).__name__}: {exc}): the "
+                          "run stopped, and the episodes that write held were not recorded. Fix its cause (a full "
+                          "disk, a file system gone), then --resume the run", path=str(self.output.ledger_path)
+                          ) from exc
 
     def _pre_failed(self, items: Iterator[Any], on_result: Any) -> Iterator[EpisodeContext]:
         """Report episodes that failed before running (bad prompt) and pass the rest on."""
