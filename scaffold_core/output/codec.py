@@ -44,13 +44,13 @@ def all_finite(value: Any) -> bool:
 
 
 #: Types of values with no float inside.
-_LEAVES = frozenset((str, int, bool, type(None)))
+LEAVES = frozenset((str, int, bool, type(None)))
 
 
 def values_finite(values: Iterable[Any]) -> bool:
     """:func:`all_finite` of each of ``values``, quicker when most are strings, integers and None (a record's
     fields): their types are tested here, and only containers are walked."""
-    leaves = _LEAVES
+    leaves = LEAVES
     for value in values:
         kind = type(value)
         if kind in leaves:

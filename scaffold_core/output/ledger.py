@@ -18,6 +18,7 @@ record with its token arrays as lists, whichever way its line stores them.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 import zlib
 from collections.abc import Iterator
@@ -79,59 +80,83 @@ def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict
     at = 0
     rows = []
     packed = False
+    finite = True  # no NaN or infinity in the rows (checked as they are made)
     try:
         for t in result.trajectories:
             names = _plain_fields(type(t))
-            row = {n: getattr(t, n) for n in names} if names is not None else t.to_dict()
+            if names is not None:
+                row = {n: getattr(t, n) for n in names}
+                finite = finite and codec.values_finite(_other_fields(type(t))(t))
+            else:
+                row = t.to_dict()
             specs, at = pack_row(row, row.get("prompt_len"), pieces, at)
             if specs:
                 packed = True
                 row = {**row, **specs}
+            if names is None:
+                finite = finite and _row_finite(row)
+            elif finite and "logprobs" in specs:
+                finite = _fills_finite(specs["logprobs"])
             rows.append(row)
     except PackError:
         return ledger_line(result), b"", record_of(result)
     blob = b"".join(pieces)
     record = _record(result, rows, tokens=[offset, len(blob), zlib.crc32(blob)] if packed else None)
-    line = codec.dumps_finite(record) if _finite(record) else None
+    line = codec.dumps_finite(record) if finite and _head_finite(record) else None
     return (line if line is not None else codec.dumps_compact(record)) + b"\n", blob, record
 
 
-#: The token columns, packed: segments (integer columns' hold integers only, ``_pack_ids``/``_int_runs`` take
-#: nothing else; logprobs' hold floats only as fills).
-_PACKED = frozenset(TOKEN_COLUMNS)
-
-
-def _finite(record: dict[str, Any]) -> bool:
-    """Whether no float in a record made by :func:`packed_entry` is NaN or infinite, checking the values
-    where floats sit and walking only the containers whose content is not known (answers, metadata)."""
-    for key, value in record.items():
+def _head_finite(record: dict[str, Any]) -> bool:
+    """Whether no float in a record made by :func:`packed_entry` is NaN or infinite, leaving out its
+    ``trajectories`` (checked as they are made): the values where floats sit are tested, and only the
+    containers whose content is not known (answers, metrics, metadata) are walked."""
+    leaves = codec.LEAVES
+    samples, rows = record["samples"], record["trajectories"]
+    for value in record.values():
         kind = type(value)
-        if kind is str or kind is int or value is None:
+        if kind in leaves:
             continue
         if kind is float:
             if value - value != 0.0:  # NaN and ±inf give NaN
                 return False
-        elif key == "trajectories":
-            for row in value:
-                if not _row_finite(row):
-                    return False
-        elif key == "samples":
+        elif value is samples:
             for item in value:
                 if not codec.values_finite(item.values()):
                     return False
-        elif not codec.all_finite(value):
+        elif value is not rows and value and not codec.all_finite(value):
+            return False
+    return True
+
+
+def _fills_finite(segments: list[dict[str, Any]]) -> bool:
+    """Whether no fill of a packed logprobs column is NaN or infinite (its only floats: arrays are bytes)."""
+    for seg in segments:
+        fill = seg.get("fill")
+        if type(fill) is float and fill - fill != 0.0:
             return False
     return True
 
 
 def _row_finite(row: dict[str, Any]) -> bool:
-    """:func:`_finite` for a packed training sequence: its integer columns' segments are not walked, and its
-    logprobs' only floats are fills."""
-    for seg in row.get("logprobs") or ():
-        fill = seg.get("fill")
-        if type(fill) is float and fill - fill != 0.0:
-            return False
-    return codec.values_finite(value for name, value in row.items() if name not in _PACKED)
+    """Whether no float of a packed training sequence is NaN or infinite: its integer columns' segments are
+    not walked, and its logprobs' only floats are fills."""
+    return _fills_finite(row.get("logprobs") or ()) and codec.values_finite(
+        value for name, value in row.items() if name not in _PACKED)
+
+
+#: The token columns, packed: segments (integer columns' hold integers only, ``_pack_ids``/``_int_runs`` take
+#: nothing else; logprobs' hold floats only as fills).
+_PACKED = frozenset(TOKEN_COLUMNS)
+_OTHERS: dict[type, Any] = {}
+
+
+def _other_fields(cls: type) -> Any:
+    """A getter of the fields other than the token columns of a plain TrainingSample (sub)class (a tuple)."""
+    getter = _OTHERS.get(cls)
+    if getter is None:
+        names = [n for n in _plain_fields(cls) or () if n not in _PACKED]
+        getter = _OTHERS[cls] = (lambda t: (getattr(t, names[0]),)) if len(names) == 1 else operator.attrgetter(*names)
+    return getter
 
 
 def ledger_line(result: EpisodeResult) -> bytes:
@@ -172,6 +197,13 @@ def _record(result: EpisodeResult, trajectories: list[Any], tokens: list[int] | 
     samples = []
     for s in result.samples:
         v = s.verdict
+        if v is not None and not v.metrics and s.turn_rewards is None and not s.metadata:  # the common sample
+            samples.append({
+                "sample_index": s.sample_index, "response": s.text, "extracted": v.extracted, "key": v.key,
+                "reward": v.reward, "reason": v.reason, "finish_reason": s.finish_reason,
+                "prompt_tokens": len(s.prompt_ids), "generated_tokens": s.generated_tokens,
+                "weight_version": s.weight_version})
+            continue
         samples.append({
             "sample_index": s.sample_index,
             "response": s.text,
