@@ -128,7 +128,7 @@ def _head_finite(record: dict[str, Any]) -> bool:
     return True
 
 
-def _fills_finite(segments: list[dict[str, Any]]) -> bool:
+def _fills_finite(segments: Any) -> bool:
     """Whether no fill of a packed logprobs column is NaN or infinite (its only floats: arrays are bytes)."""
     for seg in segments:
         fill = seg.get("fill")
