@@ -72,7 +72,9 @@ def build_batch(rows: list[tuple[Mapping[str, Any], bytes]], kinds: Mapping[str,
         if name in TOKEN_COLUMNS and kind.startswith("list:"):
             column = _packed_column(rows, name, kind[5:])
         if column is None:
-            column = _python_column([_values(row, blob, name) for row, blob in rows], name, kind)
+            values = ([_values(row, blob, name) for row, blob in rows] if name in TOKEN_COLUMNS
+                      else [row.get(name) for row, _ in rows])
+            column = _python_column(values, name, kind)
         arrays.append(column)
     return pa.RecordBatch.from_arrays(arrays, schema=dataset_schema(kinds))
 
