@@ -123,9 +123,13 @@ def _packed_column(rows: list[tuple[Mapping[str, Any], bytes]], name: str, kind:
     target = _NUMPY[kind]
     buffer = pa.allocate_buffer(total * np.dtype(target).itemsize)
     out = np.frombuffer(buffer, dtype=target)  # written in place: Arrow's memory (see _aligned)
-    if len(arrays) == 1 and None not in sources:  # arrays of one dtype only (input_ids)
+    if len(arrays) == 1 and None not in sources:  # arrays of one dtype only (input_ids): cast straight into place
         dtype, pieces = next(iter(arrays.items()))
-        out[:] = _converted(pieces, dtype, target)
+        data = np.frombuffer(b"".join(pieces), dtype=dtype)
+        if np.can_cast(data.dtype, out.dtype):
+            out[:] = data
+        else:
+            out[:] = _converted(pieces, dtype, target)
     else:  # the fills, then the arrays put in their places
         out[:] = np.repeat(_numbers(fills, target), counts)
         for dtype, pieces in arrays.items():
