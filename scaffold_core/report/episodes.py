@@ -13,6 +13,7 @@ loss mask and versions as runs.
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -90,6 +91,8 @@ class Stats:
         """These statistics, counted with every episode's position its place in another order: ``order``
         gives, position by position, the position it was counted at (a permutation of them all)."""
         strata = self.strata
+        if len(order) == len(strata) and all(map(operator.eq, order, range(len(order)))):
+            return self  # the same order (checked in C)
         self.strata = [(position, strata[old][1], strata[old][2]) for position, old in enumerate(order)]
         return self
 
