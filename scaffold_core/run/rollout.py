@@ -64,6 +64,7 @@ class Rollout:
         self.interrupted: str | None = None
         self.runtime: Runtime | None = None
         self._write_error: BaseException | None = None  # a deferred ledger write that failed (see _result_sink)
+        self._drain: Callable[[], None] = lambda: None  # appends the episodes finished but not yet written
         #: The folder of the derived files this session wrote as it ran (see scaffold_core.output.live).
         self.part: Path | None = None
 
@@ -132,10 +133,12 @@ class Rollout:
                     on_result = self._result_sink(bar)
                     with _signals(self):
                         await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
+                    self._drain()
                     if self._write_error is not None:
                         self._raise_write_error()
                 finally:  # before the components close
                     bar.close()
+                    self._drain()
                     self.output.close()
         finally:
             self.output.close()  # a run that stopped before its components started
@@ -155,21 +158,25 @@ class Rollout:
                        engine_name=bare_name(self.config.engine.name), limits=self.limits)
 
     def _result_sink(self, bar: Any) -> Callable[[EpisodeResult], None]:
-        """Persist each finished episode, count it, and move the progress bar.
+        """Count each finished episode and move the progress bar; persist it at the end of the event loop's step.
 
-        The episodes that finish in one step of the event loop are written together at its end (one
-        ``write`` per file instead of one per episode; measured, a tenth of the cost of persisting an
-        episode): the first schedules the flush, which runs once the step's callbacks have. A flush that
-        fails stops the run, and the error is raised when the runtime returns."""
+        The episodes that finish in one step of the event loop are appended together at its end, then
+        written with one ``write`` per file instead of one per episode (measured, a tenth of the cost of
+        persisting an episode): the first schedules the flush, which runs once the step's callbacks have.
+        A flush that fails stops the run, and the error is raised when the runtime returns; the run's end
+        (or its stop) flushes what is left (:attr:`_drain`)."""
         last = [0.0]
         loop = asyncio.get_running_loop()
         output = self.output
         output.deferred = True
-        scheduled = [False]
+        pending: list[EpisodeResult] = []
 
         def flush() -> None:
-            scheduled[0] = False
+            done = pending[:]
+            pending.clear()
             try:
+                for result in done:
+                    output.append(result)
                 output.flush()
             except BaseException as exc:
                 if self._write_error is None:
@@ -177,11 +184,12 @@ class Rollout:
                 if self.runtime is not None:
                     self.runtime.cancel_in_flight()
 
+        self._drain = flush
+
         def on_result(result: EpisodeResult) -> None:
-            output.append(result)
-            if not scheduled[0]:
-                scheduled[0] = True
+            if not pending:
                 loop.call_soon(flush)
+            pending.append(result)
             self.metrics.add(result)
             if bar is not None:
                 bar.update(1)
