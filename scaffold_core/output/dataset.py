@@ -21,6 +21,7 @@ from typing import Any
 from .columns import STANDARD_KINDS, build_batch, dataset_schema, datasets_feature, feature_dict
 from .files import fresh_dir, replace_dir, set_tree_modes
 from .reserve import Reservation
+from .writeback import DropBehind
 
 #: Rows per Arrow chunk, and tokens per chunk: bound the memory of a chunk to a few megabytes.
 CHUNK_ROWS = 256
@@ -125,6 +126,7 @@ class TrajectoryDatasetWriter:
         self._writer: Any = None
         self._sink: Any = None
         self._reservation: Reservation | None = None
+        self._behind: DropBehind | None = None  # the shard's pages handed back once on disk (written once, not read)
         self._shard_bytes = 0
         self._extras = False
 
@@ -171,12 +173,15 @@ class TrajectoryDatasetWriter:
             self._shards.append(path)
             self._sink = pa.BufferedOutputStream(pa.OSFile(str(path), "wb"), 1 << 20)
             self._reservation = Reservation(path)
+            self._behind = DropBehind(path)
             self._writer = pa.ipc.new_stream(self._sink, dataset_schema(self.kinds))
             self._shard_bytes = 0
         self._shard_bytes += batch.nbytes
         if self._reservation is not None:
             self._reservation.ensure(self._shard_bytes + (1 << 20))
         self._writer.write_batch(batch)
+        if self._behind is not None:
+            self._behind.advance(self._sink.tell() - (1 << 20))  # less what the sink may still buffer
 
     def _close_shard(self) -> None:
         if self._writer is not None:
@@ -188,6 +193,9 @@ class TrajectoryDatasetWriter:
                 if self._reservation is not None:
                     self._reservation.close()
                     self._reservation = None
+                if self._behind is not None:
+                    self._behind.close()
+                    self._behind = None
 
     def restart(self) -> TrajectoryDatasetWriter:
         """A new writer for the same directory with every extra column seen so far."""
