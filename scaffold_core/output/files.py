@@ -73,17 +73,23 @@ def open_nofollow(path: Path | str, flags: int, mode: int = PRIVATE_FILE_MODE) -
         raise
 
 
-def _libc_write() -> Any:
-    """libc's ``write`` called with the GIL held (``ctypes.PyDLL``), or None where ctypes cannot load it."""
+def libc_function(name: str, argtypes: list[str], restype: str, *, hold_gil: bool = False) -> Any:
+    """The C library's function ``name`` with ctypes' types named (``"c_int"``, ...), errno kept; None where
+    ctypes cannot load it (not Linux, no such function). ``hold_gil``: called without releasing the GIL."""
     try:
         import ctypes
 
-        write = ctypes.PyDLL(None, use_errno=True).write
+        call = getattr(ctypes.PyDLL(None, use_errno=True) if hold_gil else ctypes.CDLL(None, use_errno=True), name)
+        call.argtypes = [getattr(ctypes, t) for t in argtypes]
+        call.restype = getattr(ctypes, restype)
     except (ImportError, OSError, AttributeError):
         return None
-    write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    write.restype = ctypes.c_ssize_t
-    return write
+    return call
+
+
+def _libc_write() -> Any:
+    """libc's ``write`` called with the GIL held (``ctypes.PyDLL``), or None where ctypes cannot load it."""
+    return libc_function("write", ["c_int", "c_char_p", "c_size_t"], "c_ssize_t", hold_gil=True)
 
 
 _WRITE: Any = None

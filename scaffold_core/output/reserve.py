@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .files import libc_function
+
 #: Bytes reserved at a time.
 STEP = 64 << 20
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE
@@ -28,15 +30,7 @@ def _fallocate() -> Any:
     """libc's ``fallocate(fd, mode, offset, len)``, or False where there is none."""
     global _FALLOCATE
     if _FALLOCATE is None:
-        try:
-            import ctypes
-
-            call = ctypes.CDLL(None, use_errno=True).fallocate
-            call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-            call.restype = ctypes.c_int
-            _FALLOCATE = call
-        except (ImportError, OSError, AttributeError):
-            _FALLOCATE = False
+        _FALLOCATE = libc_function("fallocate", ["c_int", "c_int", "c_int64", "c_int64"], "c_int") or False
     return _FALLOCATE
 
 

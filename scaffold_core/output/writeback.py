@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .files import libc_function
+
 #: Bytes sent to disk at a time.
 STEP = 32 << 20
 #: How far behind the end of the file its bytes are dropped from the page cache.
@@ -30,18 +32,11 @@ _SYNC_FILE_RANGE: Any = None
 
 
 def _sync_file_range() -> Any:
-    """libc's ``sync_file_range(fd, offset, nbytes, flags)``, or False where there is none."""
+    """libc's ``sync_file_range(fd, offset, nbytes, flags)``, or False where there is none (or no fadvise)."""
     global _SYNC_FILE_RANGE
     if _SYNC_FILE_RANGE is None:
-        try:
-            import ctypes
-
-            call = ctypes.CDLL(None, use_errno=True).sync_file_range
-            call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            call.restype = ctypes.c_int
-            _SYNC_FILE_RANGE = call if hasattr(os, "posix_fadvise") else False
-        except (ImportError, OSError, AttributeError):
-            _SYNC_FILE_RANGE = False
+        call = libc_function("sync_file_range", ["c_int", "c_int64", "c_int64", "c_uint"], "c_int")
+        _SYNC_FILE_RANGE = call if call is not None and hasattr(os, "posix_fadvise") else False
     return _SYNC_FILE_RANGE
 
 
