@@ -204,12 +204,12 @@ class Rollout:
 
     def _raise_write_error(self) -> None:
         exc = self._write_error
-        if not isinstance(exc, Exception):
-            raise exc  # type: ignore[misc]  # an interrupt
+        if not isinstance(exc, OSError):
+            raise exc  # type: ignore[misc]  # an interrupt, or a bug: as it is
         raise RunDirError(f"writing the ledger {self.output.ledger_path} failed ({type(exc).__name__}: {exc}): the "
-                          "run stopped, and the episodes that write held were not recorded. Fix its cause (a full "
-                          "disk, a file system gone), then --resume the run", path=str(self.output.ledger_path)
-                          ) from exc
+                          "run stopped, and the episodes that write held are not in it. Fix its cause (a full "
+                          "disk, a file system gone), then --resume the run: they run again",
+                          path=str(self.output.ledger_path)) from exc
 
     def _pre_failed(self, items: Iterator[Any], on_result: Any) -> Iterator[EpisodeContext]:
         """Report episodes that failed before running (bad prompt) and pass the rest on."""
