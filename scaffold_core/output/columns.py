@@ -126,15 +126,12 @@ def _packed_column(rows: list[tuple[Mapping[str, Any], bytes]], name: str, kind:
     if len(arrays) == 1 and None not in sources:  # arrays of one dtype only (input_ids): cast straight into place
         dtype, pieces = next(iter(arrays.items()))
         data = np.frombuffer(b"".join(pieces), dtype=dtype)
-        if np.can_cast(data.dtype, out.dtype):
-            out[:] = data
-        else:
-            out[:] = _converted(pieces, dtype, target)
+        out[:] = data if np.can_cast(data.dtype, out.dtype) else _converted(data, target)
     else:  # the fills, then the arrays put in their places
         out[:] = np.repeat(_numbers(fills, target), counts)
         for dtype, pieces in arrays.items():
             where = np.repeat(np.fromiter((s == dtype for s in sources), bool, len(sources)), counts)
-            out[where] = _converted(pieces, dtype, target)
+            out[where] = _converted(np.frombuffer(b"".join(pieces), dtype=dtype), target)
     value_type = arrow_type(kind)
     values = pa.Array.from_buffers(value_type, total, [None, buffer])
     return pa.Array.from_buffers(pa.list_(value_type), len(rows), [None, _aligned(struct.pack(
@@ -163,13 +160,12 @@ def _numbers(values: list[Any], target: str) -> Any:
     return out
 
 
-def _converted(pieces: list[Any], dtype: str, target: str) -> Any:
-    """Array segments of ``dtype`` as a numpy array of ``target`` (a value ``target`` cannot hold raises
+def _converted(data: Any, target: str) -> Any:
+    """A numpy array of array segments' values as one of ``target`` (a value ``target`` cannot hold raises
     OverflowError, as pyarrow raises converting such a value)."""
     import numpy as np
 
-    data = np.frombuffer(b"".join(pieces), dtype=dtype)
-    if dtype == target:
+    if data.dtype == np.dtype(target):
         return data
     out = data.astype(target)
     if out.dtype.kind in "iu" and not np.can_cast(data.dtype, out.dtype) and (out != data).any():

@@ -84,19 +84,14 @@ def packed_entry(result: EpisodeResult, offset: int) -> tuple[bytes, bytes, dict
     try:
         for t in result.trajectories:
             names = _plain_fields(type(t))
-            if names is not None:
-                row = {n: getattr(t, n) for n in names}
-                finite = finite and codec.values_finite(_other_fields(type(t))(t))
-            else:
-                row = t.to_dict()
+            row = {n: getattr(t, n) for n in names} if names is not None else t.to_dict()
             specs, at = pack_row(row, row.get("prompt_len"), pieces, at)
             if specs:
                 packed = True
                 row = {**row, **specs}
-            if names is None:
-                finite = finite and _row_finite(row)
-            elif finite and "logprobs" in specs:
-                finite = _fills_finite(specs["logprobs"])
+            if finite:  # a plain sequence's other fields are read by one getter; any other row is walked
+                finite = (codec.values_finite(_other_fields(type(t))(t)) and _fills_finite(specs.get("logprobs", ()))
+                          if names is not None else _row_finite(row))
             rows.append(row)
     except PackError:
         return ledger_line(result), b"", record_of(result)
@@ -197,13 +192,6 @@ def _record(result: EpisodeResult, trajectories: list[Any], tokens: list[int] | 
     samples = []
     for s in result.samples:
         v = s.verdict
-        if v is not None and not v.metrics and s.turn_rewards is None and not s.metadata:  # the common sample
-            samples.append({
-                "sample_index": s.sample_index, "response": s.text, "extracted": v.extracted, "key": v.key,
-                "reward": v.reward, "reason": v.reason, "finish_reason": s.finish_reason,
-                "prompt_tokens": len(s.prompt_ids), "generated_tokens": s.generated_tokens,
-                "weight_version": s.weight_version})
-            continue
         samples.append({
             "sample_index": s.sample_index,
             "response": s.text,

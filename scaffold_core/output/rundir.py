@@ -330,20 +330,16 @@ class RunOutput:
             if self._fd is not None:
                 self.flush()
         finally:
-            self._close_files()
-
-    def _close_files(self) -> None:
-        self._blobs, self._lines = [], []
-        self._tokens_room.close()
-        self._room.close()
-        for name in ("_tokens_fd", "_fd"):
-            fd = getattr(self, name)
-            if fd is not None:
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                    setattr(self, name, None)
+            self._tokens_room.close()
+            self._room.close()
+            for name in ("_tokens_fd", "_fd"):
+                fd = getattr(self, name)
+                if fd is not None:
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                        setattr(self, name, None)
 
     def write_config(self, config: Any) -> None:
         """Save the run's config (and record a change a --force-config resume continued with)."""
