@@ -214,6 +214,19 @@ def test_extra_columns_that_change_after_the_first_chunk_are_derived_from_the_le
     assert by_id["e0000"]["turn_rewards"] is None
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_extra_columns_from_the_first_row_on_are_joined_from_the_parts(tmp_path, workers):
+    results = [episode(i, turns=True) for i in range(60)]  # a multi-turn run: turn_rewards in every row
+    root = tmp_path / "run"
+    shards = {f"episodes.rank-{r:05d}.jsonl" if workers > 1 else "episodes.jsonl":
+              [x for x in results if x.index % workers == r] for r in range(workers)}
+    parts = write_run(root, shards)
+    assert join_parts(root, parts, ledger_paths(root), save_dataset=True) is not None
+    got = derived(root)
+    assert got == reference(tmp_path, results)
+    assert "turn_rewards" in got["dataset"][0]
+
+
 def test_two_workers_write_what_one_process_writes(test_plugins, tmp_path):
     from scaffold_core.launch import run_workers
 

@@ -152,7 +152,7 @@ class TrajectoryDatasetWriter:
             return
         if self.kinds is None:  # the first chunk decides the extra columns
             self.kinds = {**STANDARD_KINDS, **self.seen.kinds()}
-        elif self._extras and {**STANDARD_KINDS, **self.seen.kinds()} != self.kinds:
+        elif self._extras and {**self.kinds, **self.seen.kinds()} != self.kinds:
             self.stale = True
         if self.stale:
             self._rows = []
@@ -223,7 +223,7 @@ class TrajectoryDatasetWriter:
         for key, types in found.items():
             self.seen.found.setdefault(key, set()).update(types)
             self._extras = True
-        if self.kinds is not None and {**STANDARD_KINDS, **self.seen.kinds()} != self.kinds:
+        if self.kinds is not None and {**self.kinds, **self.seen.kinds()} != self.kinds:
             self.stale = True
 
     def finish(self) -> None:
