@@ -5,8 +5,14 @@ process, stragglers, several workers; parts that do not cover the ledgers are ne
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,14 +20,17 @@ import datasets
 import pytest
 
 import scaffold_core.output.dataset as dataset_module
+import scaffold_core.output.follower as follower_module
 import scaffold_core.output.live as live_module
 import scaffold_core.run.finalize as finalize_module
+import scaffold_core.run.rollout as rollout_module
 from scaffold_core.config import load_config
 from scaffold_core.episode import EpisodeResult, Sample
 from scaffold_core.output.derived import write_derived
 from scaffold_core.output.join import join_parts
 from scaffold_core.output.ledger import ledger_paths, packed_entry
 from scaffold_core.output.live import LivePart
+from scaffold_core.output.rundir import RunOutput
 from scaffold_core.plugins.lifecycle import Hooks
 from scaffold_core.run.finalize import finalize_run_dir
 from scaffold_core.run.rollout import Rollout
@@ -53,6 +62,10 @@ def derived_from_the_ledgers(directory: Path, copy: Path) -> dict:
     return contents(copy)
 
 
+def refuse_add(*args, **kwargs):
+    raise AssertionError("the part was written in the run's process")
+
+
 CONFIGS = {
     "one sample": {"task": {"name": "arithmetic", "count": 300}},
     "majority vote, grpo": {"task": {"name": "arithmetic", "count": 120}, "controller": {"name": "majority_vote",
@@ -63,8 +76,13 @@ CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("follow", [True, False], ids=["written by a follower", "written in the run's process"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_a_run_puts_the_files_it_wrote_as_it_went_in_place(test_plugins, tmp_path, monkeypatch, name):
+def test_a_run_puts_the_files_it_wrote_as_it_went_in_place(test_plugins, tmp_path, monkeypatch, name, follow):
+    monkeypatch.setattr(rollout_module, "spare_cores", lambda processes: follow)
+    monkeypatch.setattr(rollout_module, "FOLLOW_MIN_EPISODES", 0)
+    if follow:  # nothing of the part is written in this process
+        monkeypatch.setattr(LivePart, "add", refuse_add)
     data = json.loads(json.dumps(CONFIGS[name]))
     data["engine"] = {"name": "benchmark_canned", "response": "so it is #### 42", **data.get("engine", {})}
     data.setdefault("sampling", {})["max_tokens"] = 16
@@ -240,3 +258,171 @@ def test_two_workers_write_what_one_process_writes(test_plugins, tmp_path):
     assert "worker_failures" not in metrics
     assert contents(tmp_path / "two") == contents(tmp_path / "one")
     assert not list((tmp_path / "two").glob(".derived.*"))
+
+
+# -- parts written by a process that follows the ledger ----------------------------------------------
+
+
+def followed(root: Path, results: list[EpisodeResult]) -> RunOutput:
+    """A run directory whose derived files a follower writes, fed ``results`` one write (one message) each."""
+    out = RunOutput(root)
+    out.start_live(True, follow=True)
+    assert out.follower is not None and out.live is None
+    for res in results:
+        out.append(res)
+    return out
+
+
+def child_of(out: RunOutput) -> subprocess.Popen:
+    assert out.follower is not None and out.follower._proc is not None
+    return out.follower._proc
+
+
+def exited(pid: int) -> bool:
+    """Whether a process is gone (or a zombie no one reaps, as an orphan in a container may be)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in status
+
+
+def test_a_follower_writes_what_this_process_writes(tmp_path):
+    results = [episode(i, turns=i >= 60) for i in range(150)]  # failed episodes, extra columns, stragglers
+    late = results[:]
+    for i in (5, 40, 41):
+        late.remove(results[i])
+        late.insert(i + 30, results[i])
+    root = tmp_path / "run"
+    out = followed(root, late[:100])
+    out.deferred = True  # the rest as a run appends them: several episodes to a write
+    for k in range(100, 150, 7):
+        for res in late[k:k + 7]:
+            out.append(res)
+        out.flush()
+    out.close()
+    part = out.finish_live({"episodes": 150})
+    out.release()
+    assert part is not None
+    manifest = json.loads((part / "part.json").read_text())
+    assert (manifest["end"], manifest["metrics"]) == ((root / "episodes.jsonl").stat().st_size, {"episodes": 150})
+    assert join_parts(root, [part], ledger_paths(root), save_dataset=True) is not None
+    assert derived(root) == reference(tmp_path, results)
+
+
+#: A run that appends failed episodes, told when to go on by a line on its input (as a run whose first
+#: Ctrl-C or SIGTERM lets it finish what it has: the signals are ignored here).
+SIGNALLED_RUN = """
+import json, signal, sys
+from scaffold_core.episode import EpisodeResult
+from scaffold_core.output.rundir import RunOutput
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, signal.SIG_IGN)
+out = RunOutput(sys.argv[1])
+out.start_live(True, follow=True)
+for i in range(10):
+    out.append(EpisodeResult(f"e{i}", i, "failed", error="engine raised", error_component="engine"))
+print(out.follower._proc.pid, flush=True)
+sys.stdin.readline()
+out.append(EpisodeResult("e10", 10, "failed", error="engine raised", error_component="engine"))
+out.close()
+print(out.finish_live({}), flush=True)
+"""
+
+
+def test_the_signals_a_run_stops_on_are_the_runs_not_its_followers(tmp_path):
+    run = subprocess.Popen([sys.executable, "-c", SIGNALLED_RUN, str(tmp_path / "run")], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(run.stdout.readline())
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a terminal's Ctrl-C reaches the run's whole process group
+            os.killpg(run.pid, sig)
+        out, _ = run.communicate("go on\n", timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+    assert run.returncode == 0 and exited(child)
+    part = Path(out.strip())
+    assert json.loads((part / "part.json").read_text())["segments"][0]["episodes"] == 11
+
+
+def test_a_follower_goes_with_a_part_given_up(tmp_path):
+    out = followed(tmp_path / "run", [episode(i) for i in range(10)])
+    child = child_of(out)
+    out.drop_live()  # the run failed: the ledger has everything
+    assert child.returncode is not None and not list((tmp_path / "run").glob(".derived.*"))
+    out.close()
+    out.release()
+
+
+@pytest.mark.parametrize("how", ["killed", "hung", "a damaged blob"])
+def test_a_follower_that_fails_costs_its_part_only(tmp_path, monkeypatch, caplog, how):
+    monkeypatch.setattr(follower_module, "FINISH_TIMEOUT_S", 2.0)
+    results = [episode(i) for i in range(40)]
+    root = tmp_path / "run"
+    out = followed(root, results[:20])
+    child = child_of(out)
+    if how == "killed":
+        child.kill()
+        child.wait(timeout=30)
+    else:
+        os.kill(child.pid, signal.SIGSTOP)  # it reads nothing more until it continues
+    damaged = out._tokens_size + 10  # in the next episode's blob
+    for res in results[20:]:
+        out.append(res)
+    if how == "a damaged blob":
+        with open(out.tokens_path, "r+b") as fh:
+            fh.seek(damaged)
+            fh.write(b"\xff\xfe")
+        os.kill(child.pid, signal.SIGCONT)
+    out.close()
+    with caplog.at_level(logging.WARNING, logger="scaffold.output"):
+        assert out.finish_live({}) is None
+    out.release()
+    message = {"killed": "stopped", "hung": "within 2 s", "a damaged blob": "damaged (CRC-32 differs)"}[how]
+    assert message in caplog.text and "derived from the ledger" in caplog.text
+    assert exited(child.pid) and not list(root.glob(".derived.*"))
+    if how != "a damaged blob":  # the ledger has every episode: the files come from it
+        finalize_run_dir(root, {}, hooks=Hooks(None))
+        assert derived(root) == reference(tmp_path, results)
+
+
+def test_a_follower_whose_run_dies_removes_its_part_and_exits(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "episodes.jsonl").write_bytes(b"")
+    script = ("import os, signal, sys\n"
+              "from pathlib import Path\n"
+              "from scaffold_core.output.follower import LedgerFollower\n"
+              "root = Path(sys.argv[1])\n"
+              "f = LedgerFollower(root, root / 'episodes.jsonl', True)\n"
+              "while not list(root.glob('.derived.*')):\n"
+              "    pass\n"
+              "print(f._proc.pid, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    run = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    pid = int(run.stdout)
+    deadline = time.monotonic() + 30
+    while not exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exited(pid)
+    assert not list(root.glob(".derived.*"))
+
+
+def test_a_follower_takes_a_large_run_with_a_dataset_and_a_core_to_spare(test_plugins, tmp_path, monkeypatch):
+    monkeypatch.setattr(rollout_module, "FOLLOW_MIN_EPISODES", 20)
+    started = []
+    monkeypatch.setattr(follower_module.LedgerFollower, "__init__",
+                        lambda self, *a, **k: started.append(a) or (_ for _ in ()).throw(OSError("no fork")))
+    data = {"task": {"name": "arithmetic", "count": 20}, "engine": {"name": "benchmark_canned"},
+            "sampling": {"max_tokens": 8}, "rollout": {"progress": False}}
+    cases = [({0, 1}, True, 20, 1), ({0}, True, 20, 0), ({0, 1}, False, 20, 0), ({0, 1}, True, 19, 0)]
+    for cores, save_dataset, count, wanted in cases:
+        started.clear()
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        run = dict(data, task={"name": "arithmetic", "count": count}, output={"save_dataset": save_dataset})
+        Rollout(load_config(data=run), output_dir=tmp_path / f"r{len(cores)}{save_dataset}{count}").run()
+        assert len(started) == wanted  # a follower that cannot start leaves the files to this process
+    assert (tmp_path / "r2True20" / "trajectories").is_dir()

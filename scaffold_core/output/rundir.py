@@ -53,6 +53,7 @@ from .files import (
     safe_child,
     write_all,
 )
+from .follower import LedgerFollower
 from .ledger import LEDGER, RANK_LEDGER_GLOB, completed_ids, ledger_paths, packed_entry
 from .live import PART_NAME, LivePart
 from .lock import LOCK_FILE, RunLock
@@ -144,6 +145,7 @@ class RunOutput:
         self._blobs: list[bytes] = []
         self._failed: BaseException | None = None  # a write that failed: nothing more is appended
         self.live: LivePart | None = None
+        self.follower: LedgerFollower | None = None  # writes the live part in a process of its own
         #: Called with each record appended, the offset of its line in the ledger and the line's size (e.g.
         #: a report's :class:`~scaffold_core.report.tally.RunTally`); one that raises is dropped.
         self.on_append: Callable[[dict[str, Any], int, int], None] | None = None
@@ -245,13 +247,23 @@ class RunOutput:
             self._tokens_room = Reservation(self.tokens_path, at=self._tokens_size)
             self._room = Reservation(self.ledger_path, at=self._size)
 
-    def start_live(self, save_dataset: bool, *, first: int = 0, step: int = 1) -> None:
+    def start_live(self, save_dataset: bool, *, first: int = 0, step: int = 1, follow: bool = False) -> None:
         """Write this session's derived files as its episodes finish (:mod:`.live`; ``first``, ``step``: the
         indices of its episodes, in the order they start), when its ledger starts empty (a resumed session's
-        files are derived from the ledgers at the end)."""
+        files are derived from the ledgers at the end). ``follow``: in a process of its own that reads the
+        ledger back as it is written (:mod:`.follower`), else in this one."""
         self.open()
-        if self._start == 0 and self.live is None:
-            self.live = LivePart(self.dir, save_dataset, private=self.private, first=first, step=step)
+        if self._start != 0 or self.live is not None or self.follower is not None:
+            return
+        if follow:
+            try:
+                self.follower = LedgerFollower(self.dir, self.ledger_path, save_dataset, start=self._start,
+                                               private=self.private, first=first, step=step)
+                return
+            except OSError as exc:
+                log.warning("starting a process to write the derived files failed (%s: %s); this one writes them",
+                            type(exc).__name__, exc)
+        self.live = LivePart(self.dir, save_dataset, private=self.private, first=first, step=step)
 
     def append(self, result: EpisodeResult) -> None:
         """Persist one finished episode: its token arrays to the sidecar, then its line with a single append
@@ -303,26 +315,38 @@ class RunOutput:
         except BaseException as exc:
             self._failed = exc  # the files' ends are no longer where the next line would say
             raise
+        if self.follower is not None:
+            try:
+                self.follower.wrote(self._size)
+            except OSError as exc:  # it died: the ledger has everything
+                log.warning("the process writing the derived files stopped (%s: %s); they are derived from the "
+                            "ledger at the end", type(exc).__name__, exc)
+                self.drop_live()
 
     def finish_live(self, metrics: dict[str, Any] | None) -> Path | None:
         """Complete this session's derived files (``metrics``: the totals of its episodes); their folder, or
         None when there are none."""
         live, self.live = self.live, None
-        if live is None:
-            return None
+        follower, self.follower = self.follower, None
         try:
-            return live.finish(ledger=self.ledger_path.name, start=self._start, end=self._size, metrics=metrics)
+            if follower is not None:
+                return follower.finish(end=self._size, metrics=metrics)
+            if live is not None:
+                return live.finish(ledger=self.ledger_path.name, start=self._start, end=self._size, metrics=metrics)
         except Exception as exc:
             log.warning("completing the derived files written as the run went failed (%s: %s); they are derived "
                         "from the ledger", type(exc).__name__, exc)
-            live.abort()
-            return None
+            (follower or live).abort()  # type: ignore[union-attr]
+        return None
 
     def drop_live(self) -> None:
         """Give up the derived files written as the run went (the ledger has everything)."""
         live, self.live = self.live, None
+        follower, self.follower = self.follower, None
         if live is not None:
             live.abort()
+        if follower is not None:
+            follower.abort()
 
     def close(self) -> None:
         """Write what is deferred, then close the ledger and its sidecar (synced to disk)."""

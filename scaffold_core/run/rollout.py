@@ -19,6 +19,7 @@ from ..engine import RunInfo
 from ..episode import EpisodeContext, EpisodeResult
 from ..errors import DataError, RunDirError
 from ..output import LEDGER, RunOutput, expand_output_dir
+from ..output.follower import spare_cores
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
 from ..task import episode_context, episode_id_of
@@ -29,6 +30,11 @@ from .runtime import Runtime
 from .verifier_pool import VerifierPool
 
 log = logging.getLogger("scaffold.rollout")
+
+
+#: Episodes a session runs from which a follower writes its derived files: the child takes 0.2-0.3 s to
+#: start (a fresh interpreter), about what writing the files of 5,000 episodes in the run's process costs.
+FOLLOW_MIN_EPISODES = 5_000
 
 
 def shard(index: int, rank: int, world_size: int) -> bool:
@@ -129,7 +135,8 @@ class Rollout:
                     self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
                     self.output.open()
                     if not done:  # a fresh session: its derived files are written as its episodes finish
-                        self.output.start_live(cfg.output.save_dataset, first=self.rank, step=self.world_size)
+                        self.output.start_live(cfg.output.save_dataset, first=self.rank, step=self.world_size,
+                                               follow=self._follow(todo))
                     on_result = self._result_sink(bar)
                     with _signals(self):
                         await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
@@ -143,6 +150,14 @@ class Rollout:
         finally:
             self.output.close()  # a run that stopped before its components started
         return self._summary()
+
+    def _follow(self, todo: int) -> bool:
+        """Whether a process of its own writes the derived files as the run goes (:mod:`.output.follower`):
+        when the run writes its dataset (the bulk of that work; without it, reading the ledger back costs
+        the child about what it takes off the run), has :data:`FOLLOW_MIN_EPISODES` to run, and each
+        process of the run on this host has a second core."""
+        return (bool(self.config.output.save_dataset) and todo >= FOLLOW_MIN_EPISODES
+                and spare_cores(self.dist.local_world_size))
 
     def _run_info(self) -> RunInfo:
         """Where the engine runs: output dir, rank and this worker's port slice."""
