@@ -336,7 +336,9 @@ class RunOutput:
         except Exception as exc:
             log.warning("completing the derived files written as the run went failed (%s: %s); they are derived "
                         "from the ledger", type(exc).__name__, exc)
-            (follower or live).abort()  # type: ignore[union-attr]
+            for part in (follower, live):
+                if part is not None:
+                    part.abort()
         return None
 
     def drop_live(self) -> None:
