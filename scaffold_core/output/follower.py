@@ -11,8 +11,8 @@ derived files runs beside the run instead of on its event loop.
 The child lives as long as its input: it runs in a session of its own, so the signals a run's process
 group gets (a terminal's Ctrl-C) are the run's to handle (it stops gracefully, then finishes the part),
 and when its input closes without a finish (the run gave the part up, or died) it removes its part and
-exits. Nothing that goes wrong in the child (it fails, dies, or does not answer
-in time) loses anything: the run's files are then derived from the ledger at its end, as for a resumed run.
+exits. Nothing that goes wrong in the child (it fails, dies, or does not answer in time) loses anything:
+the run's files are then derived from the ledger at its end, as for a resumed run.
 """
 
 from __future__ import annotations
