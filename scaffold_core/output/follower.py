@@ -18,13 +18,13 @@ the run's files are then derived from the ledger at its end, as for a resumed ru
 from __future__ import annotations
 
 import json
-import logging
 import os
 import select
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,8 +32,6 @@ from .files import open_nofollow
 from .ledger import parse_record
 from .live import LivePart
 from .tokens import TokenFile, check_rows, is_packed, tokens_path
-
-log = logging.getLogger("scaffold.output")
 
 #: How long finishing the part may take, from the run's last write (the child is normally caught up
 #: within milliseconds); past it the child is stopped and the files are derived from the ledger.
@@ -63,7 +61,6 @@ class LedgerFollower:
     def __init__(self, directory: Path, ledger: Path, save_dataset: bool, *, start: int = 0, private: bool = True,
                  first: int = 0, step: int = 1):
         """``start``: where in the ledger this session's lines begin; the rest as :class:`.live.LivePart`."""
-        self.ledger = Path(ledger)
         self.folder: Path | None = None  # the part's folder, once the child said it
         self._told = start
         root = str(Path(__file__).resolve().parents[2])  # where this package comes from: first in the child's path
@@ -71,7 +68,7 @@ class LedgerFollower:
         self._proc: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env,
             start_new_session=True)  # a signal to the run's process group (Ctrl-C) is the run's to handle
-        self._send(json.dumps({"directory": str(directory), "ledger": str(self.ledger), "start": start,
+        self._send(json.dumps({"directory": str(directory), "ledger": str(ledger), "start": start,
                                "save_dataset": save_dataset, "private": private, "first": first, "step": step}))
 
     def _send(self, line: str) -> None:
@@ -179,7 +176,8 @@ class _Reader:
         self.tokens = TokenFile(tokens_path(ledger))
         self.at = start
 
-    def records(self, end: int) -> Any:
+    def records(self, end: int) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The records (and blobs) of the lines from where the last call stopped up to byte ``end``."""
         while self.at < end:
             data = os.pread(self.fd, min(READ_BYTES, end - self.at), self.at)
             if not data:
