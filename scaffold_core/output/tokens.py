@@ -318,7 +318,8 @@ class TokenFile:
         return self._fd
 
     def blob(self, record: Mapping[str, Any]) -> bytes:
-        """The checked blob of a packed record; BadTokens when it is missing, short or damaged."""
+        """The checked blob of a packed record; BadTokens when it is missing, short or damaged, or when a
+        segment of the record's rows is malformed or lies outside it (:func:`check_rows`)."""
         offset, length, crc = blob_ref(record)
         fd = self._open()
         raw = os.pread(fd, length, offset) if fd is not None and length else b""
@@ -326,6 +327,7 @@ class TokenFile:
             raise BadTokens(f"{self.path} ends before the {length} bytes at {offset}")
         if zlib.crc32(raw) != crc:
             raise BadTokens(f"the {length} bytes at {offset} of {self.path} are damaged (CRC-32 differs)")
+        check_rows(record.get("trajectories"), len(raw))
         return raw
 
     def close(self) -> None:
