@@ -9,6 +9,12 @@ from dataclasses import dataclass
 from ..errors import DistributedError
 from .net import strip_brackets, torch_tcp_url
 
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the OS tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

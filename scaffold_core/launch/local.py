@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..distributed.env import DistEnv
+from ..distributed.env import DistEnv, usable_cores
 from ..distributed.net import loopback_host
 from ..distributed.ports import control_port_range, reserve_port
 from ..output import RunOutput, expand_output_dir, rank_ledger_name
@@ -64,8 +64,7 @@ WORKER_MODULE = "scaffold_core.launch.worker"
 
 def default_threads(workers: int) -> int:
     """CPU threads per worker so that N workers do not oversubscribe this machine's cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, workers))
+    return max(1, usable_cores() // max(1, workers))
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:

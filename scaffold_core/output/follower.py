@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ..distributed.env import usable_cores
 from .files import open_nofollow
 from .ledger import parse_record
 from .live import LivePart
@@ -48,11 +49,7 @@ _CHILD = f"import sys; from {__name__} import main; sys.exit(main())"
 
 def spare_cores(processes: int = 1) -> bool:
     """Whether this machine gives each of ``processes`` run processes on it a second core (for its follower)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores >= 2 * max(1, processes)
+    return usable_cores() >= 2 * max(1, processes)
 
 
 class LedgerFollower:

@@ -9,12 +9,12 @@ ended; needs no components, only the output directory and the ledgers in it
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..distributed.env import usable_cores
 from ..output import latest_records, ledger_paths, result_of, write_derived
 from ..output.files import remove_stale_temps
 from ..output.join import join_parts
@@ -118,8 +118,7 @@ def _derive_streaming(directory: Path, paths: list[Path], save_dataset: bool, pr
 
 def _write(directory: Path, index: LedgerIndex, save_dataset: bool, private: bool) -> None:
     """The derived files from ``index``: in consecutive parts on several cores when there are many records."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    parts = min(cores, len(index) // RECORDS_PER_PROCESS)
+    parts = min(usable_cores(), len(index) // RECORDS_PER_PROCESS)
     if parts >= 2:
         try:
             write_derived_parts(directory, index.parts(parts), save_dataset=save_dataset,
