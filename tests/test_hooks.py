@@ -403,3 +403,22 @@ def test_engine_request_wrapper_errors_fail_the_episode_and_engine_errors_stand(
     metrics, out = run_with(tmp_path / "second", swallows, rollout={"request_timeout": 0.05, "retries": 0},
                             engine={"name": "benchmark_canned", "response": "2", "delay_s": 1.0})
     assert metrics["failed"] == 2 and swallows.seen == ["EngineError", "EngineError"]
+
+
+def test_hook_plugin_notes():
+    """What a plugin says about its state here reaches list-plugins; a note that raises is shown, not fatal."""
+
+    class Notes:
+        @hookimpl
+        def plugin_notes(self):
+            return ["sandbox: available", "accelerator: none"]
+
+    class BrokenNotes:
+        @hookimpl
+        def plugin_notes(self):
+            raise RuntimeError("probe failed")
+
+    infos = {info.name: info for info in plugin_set(notes=Notes(), broken=BrokenNotes()).plugin_infos()}
+    assert infos["notes"].notes == ["sandbox: available", "accelerator: none"]
+    assert infos["notes"].to_json()["notes"] == infos["notes"].notes
+    assert infos["broken"].notes == ["plugin_notes failed: RuntimeError: probe failed"]

@@ -27,7 +27,8 @@ def test_listing_json_shape_and_builtins_only_with_all(list_plugins):
     everything = list_plugins(None, "", "--all")
     builtin = everything["builtin"]
     assert builtin["distribution"] == "scaffold-core"
-    assert set(builtin) == {"name", "distribution", "version", "status", "error", "hooks", "components", "clashes"}
+    assert set(builtin) == {"name", "distribution", "version", "status", "error", "hooks", "components", "clashes",
+                            "notes"}
     assert builtin["status"] == "ok" and builtin["clashes"] == []
     assert set(builtin["components"]) >= {"task", "controller", "verifier", "engine", "trajectory_maker"}
     assert {"native", "majority_vote", "best_of_n"} <= set(builtin["components"]["controller"])

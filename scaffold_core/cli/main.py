@@ -163,6 +163,9 @@ def cmd_list_plugins(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
+    notes = [f"{info.name}: {note}" for info in infos for note in info.notes]
+    if notes:
+        print("\n" + "\n".join(notes))
     for info in infos:
         if info.status == "error":
             print(f"\n{info.name}: {info.error}", file=sys.stderr)

@@ -186,6 +186,21 @@ def register_trainers(registry: ComponentRegistry) -> None:
     """
 
 
+@hookspec
+def plugin_notes() -> list[str]:  # type: ignore[empty-body]  # a spec: pluggy never runs its body
+    """Lines about this plugin's state on this machine, which ``scaffold list-plugins`` prints under its
+    table (and ``--json`` gives as the plugin's ``notes``): what a user should know before a run, such as
+    which isolation or limits a tool will have here, or an optional dependency that is missing::
+
+        @hookimpl
+        def plugin_notes():
+            return ["python tool: bubblewrap jail; whole-jail limits: a cgroup v2 per call"]
+
+    Keep it quick (``list-plugins`` must stay fast): no model, no network, no process that may hang. An
+    exception is shown as the note instead.
+    """
+
+
 # --------------------------------------------------------------------------
 # Lifecycle hooks: several plugins may implement each; all are called.
 # --------------------------------------------------------------------------

@@ -73,6 +73,8 @@ class PluginInfo:
     builtin: bool = False
     #: Names this plugin registered that another plugin registered too: kind, name and every provider.
     clashes: list[dict[str, Any]] = field(default_factory=list)
+    #: What the plugin says about its state on this machine (the ``plugin_notes`` hook).
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +86,7 @@ class PluginInfo:
             "hooks": self.hooks,
             "components": self.components,
             "clashes": self.clashes,
+            "notes": self.notes,
         }
 
 
@@ -277,6 +280,7 @@ class PluginSet:
                 info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
             if info.status not in ("error", "disabled"):
                 info.components = self.registry.by_plugin(name)
+                info.notes = self._notes(plugin)
             out.append(info)
         if include_builtin:
             hooks: set[str] = set()
@@ -288,6 +292,17 @@ class PluginSet:
                                      error="; ".join(c["message"] for c in clashes) or None, hooks=sorted(hooks),
                                      components=self.registry.by_plugin(BUILTIN), builtin=True, clashes=clashes))
         return out
+
+
+    def _notes(self, plugin: Any) -> list[str]:
+        """The plugin's ``plugin_notes``; a note that fails is shown as its error."""
+        for impl in self.pm.hook.plugin_notes.get_hookimpls():
+            if plugin is not None and impl.plugin is plugin:
+                try:
+                    return [str(line) for line in impl.function() or []]
+                except Exception as exc:
+                    return [f"plugin_notes failed: {type(exc).__name__}: {exc}"]
+        return []
 
 
 def clash_record(clash: DuplicateComponentError) -> dict[str, Any]:
