@@ -13,9 +13,10 @@ PYTEST_ARGS ?=
 # pytest-xdist workers of `make test` (0: one process). Each file's tests stay on one worker (conftest.py).
 TEST_WORKERS ?= 2
 # System (Debian) packages the project needs, as package:command. `make setup` installs the missing ones when it
-# runs as root with apt-get, and otherwise says what to install. bubblewrap (with setpriv and ldd): the python
-# tool's jail; chromium: the report's browser test (driven by Playwright; no browser is ever downloaded).
-SYSTEM_PACKAGES := bubblewrap:bwrap util-linux:setpriv libc-bin:ldd chromium:chromium
+# runs as root with apt-get, and otherwise says what to install. bubblewrap (with setpriv, ldd and libseccomp, a
+# library): the python tool's jail; chromium: the report's browser test (driven by Playwright; no browser is ever
+# downloaded).
+SYSTEM_PACKAGES := bubblewrap:bwrap util-linux:setpriv libc-bin:ldd libseccomp2:libseccomp.so.2 chromium:chromium
 
 .PHONY: setup system-packages run test lint bench dist clean-venv
 

@@ -3,18 +3,33 @@
 #
 #   scripts/system-packages.sh PACKAGE:COMMAND ...
 #
-# Each argument names a Debian package and a command it provides (bubblewrap:bwrap). The list itself
-# is SYSTEM_PACKAGES in the Makefile. A package counts as present when its command is on PATH, so the
-# check is quick and also right on other distributions. Missing ones are installed with apt-get when
+# Each argument names a Debian package and a command it provides (bubblewrap:bwrap), or a shared library
+# it provides (libseccomp2:libseccomp.so.2). The list itself is SYSTEM_PACKAGES in the Makefile. A package
+# counts as present when its command is on PATH, or its library is in the loader's cache (ldconfig -p), so
+# the check is quick and also right on other distributions. Missing ones are installed with apt-get when
 # this runs as root on a system that has it; otherwise the script says what to install and goes on
 # (exit status 0: the rest of the setup does not need them).
 set -eu
+
+present() {
+    case "$1" in
+        *.so|*.so.*)
+            for ldconfig in ldconfig /sbin/ldconfig /usr/sbin/ldconfig; do
+                if command -v "$ldconfig" >/dev/null 2>&1; then
+                    "$ldconfig" -p 2>/dev/null | grep -q "^[[:space:]]*$1 " && return 0
+                    return 1
+                fi
+            done
+            return 1 ;;
+        *) command -v "$1" >/dev/null 2>&1 ;;
+    esac
+}
 
 missing=""
 for spec in "$@"; do
     package=${spec%%:*}
     command=${spec#*:}
-    if ! command -v "$command" >/dev/null 2>&1; then
+    if ! present "$command"; then
         missing="$missing $package"
     fi
 done

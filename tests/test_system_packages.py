@@ -63,3 +63,15 @@ def test_without_root_it_says_what_to_install_and_goes_on(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "missing system packages: nosuchpkg" in done.stderr and "sudo apt-get install nosuchpkg" in done.stderr
     assert not (tmp_path / "bin" / "apt.log").exists()
+
+
+def test_a_library_counts_as_present_when_the_loader_knows_it(tmp_path):
+    """A package that provides a library (libseccomp2:libseccomp.so.2) is checked in the loader's cache."""
+    env = fake_commands(tmp_path / "bin", uid=0)
+    cache_line = "\tlibknown.so.2 (libc6,x86-64) => /lib/libknown.so.2"
+    (tmp_path / "bin" / "ldconfig").write_text(f"#!/bin/sh\necho '{cache_line}'\n")
+    (tmp_path / "bin" / "ldconfig").chmod(0o755)
+    done = run(["known:libknown.so.2", "unknown:libunknown.so.1"], env)
+    assert done.returncode == 0 and "installing system packages: unknown" in done.stdout
+    log = (tmp_path / "bin" / "apt.log").read_text().splitlines()
+    assert log == ["update -qq", "install -y -qq --no-install-recommends unknown"]
