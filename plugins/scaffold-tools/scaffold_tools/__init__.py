@@ -23,3 +23,10 @@ def register_tools(registry):
     registry.add("calculator", CalculatorTool)
     registry.add("python", PythonTool)
     registry.add("search", SearchTool)
+
+
+@hookimpl
+def plugin_notes():
+    from .python_tool import jail_summary
+
+    return [f"python tool: {jail_summary()}"]

@@ -3,8 +3,9 @@
 bubblewrap shows the jail host folders by bind-mounting them. Binding the runtime's own folders
 would show everything beside it (the interpreter's site-packages, its test suite), and it fails when
 the jail is entered as an unprivileged user that cannot reach them (a pyenv under ``/root``, mode
-0700). So the runtime is assembled once into a folder of its own, the *jail root*, holding hard links
-(copies across file systems) of exactly:
+0700). So the runtime is assembled once into a folder of its own, the *jail root*, holding copies (never
+hard links: a hard link is the host's own file, whose reads an inotify watch or access times would show
+inside) of exactly:
 
 * the interpreter a program runs on (a venv's ``python`` resolved to the interpreter it was made from);
 * its standard library, without the test suite, ``site-packages``, tkinter, IDLE, ensurepip, the build
@@ -29,7 +30,6 @@ scaffold runs as root, the jail's group (65534), never by other users.
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import hashlib
 import json
 import os
@@ -51,7 +51,7 @@ COMPILE = ("import py_compile, sys\n"
            "py_compile.compile(sys.argv[1], cfile=sys.argv[2], dfile=sys.argv[3], doraise=True,\n"
            "                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n")
 #: Bumped when what goes into a root changes (not when the runtime does: that changes the hash by itself).
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 #: Top-level entries of the standard library that stay out: tests, third-party packages, GUI, build files.
 STDLIB_LEFT_OUT = frozenset({"test", "site-packages", "dist-packages", "idlelib", "tkinter", "turtledemo",
                              "turtle.py", "ensurepip", "lib2to3", "pydoc_data",
@@ -325,13 +325,9 @@ def _manifest_fresh(root: Path) -> bool:
     return True
 
 
-def _link_or_copy(source: str, target: str) -> None:
-    try:
-        os.link(source, target)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK):
-            raise
-        shutil.copy2(source, target)
+def _copy(source: str, target: str) -> None:
+    """A copy of the file (its mode and times kept), never a link to it."""
+    shutil.copy2(source, target, follow_symlinks=True)
 
 
 def _materialize(plan: _Plan, runtime: Runtime, libraries: Sequence[str], target: Path,
@@ -346,7 +342,7 @@ def _materialize(plan: _Plan, runtime: Runtime, libraries: Sequence[str], target
             os.symlink(destination, inside + link)
     for path, source in plan.files.items():
         if not os.path.lexists(inside + path):
-            _link_or_copy(source, inside + path)
+            _copy(source, inside + path)
     boot = Path(inside + BOOT_PATH)
     boot.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     compile_boot(runtime.executable, boot, BOOT_PATH)

@@ -21,9 +21,12 @@ from typing import Any, Literal
 from scaffold_core.errors import ConfigError
 from scaffold_core.tool import Tool, ToolContext, ToolResult
 
-from .jail import USERNS_HINT, Jail, JailUnavailable, check_bwrap, host_uid
+from .jail import USERNS_HINT, Jail, JailUnavailable, check_bwrap, check_setpriv, host_uid
+from .jail_cgroup import Cgroups, find_cgroups
 from .jail_root import JailRootError, build_jail_root, cache_dir, describe_runtime
+from .jail_seccomp import SeccompUnavailable, seccomp_program
 from .sandbox import SandboxLimits, SandboxRun, compiled_boot, run_python
+from .sandbox_process import keyring_supported
 
 log = logging.getLogger("scaffold.tools.python")
 
@@ -35,9 +38,24 @@ UNISOLATED_WARNING = (
     "WARNING: the python tool runs with isolation: none. Programs the model writes run as this user, "
     "with only resource limits and an audit hook (not a security boundary) between them and your files, "
     "keys and network. Use it only for code you trust; remove isolation: none to run them under bubblewrap.")
+NO_ISOLATION = "or set isolation: none to run programs without kernel isolation (unsafe for untrusted code)"
 REMOVED_NAMESPACES = ("the python tool's option namespaces was replaced by isolation: bubblewrap (the default: "
                       "each program in a kernel jail; the tool refuses to start without one) or isolation: none "
                       "(no kernel isolation, for trusted code only); remove namespaces: {value!r}")
+
+
+def jail_summary() -> str:
+    """One line on the jail the python tool has here with its default options: what ``scaffold list-plugins``
+    shows. Changes nothing on the machine."""
+    try:
+        check_bwrap()
+        check_setpriv()
+        seccomp_program()
+    except (JailUnavailable, SeccompUnavailable) as exc:
+        return f"cannot run (the tool refuses to start): {str(exc).removeprefix('python tool: ')}"
+    found, why = find_cgroups(change=False)
+    limits = found.describe() if found is not None else f"per-process limits and OOM score 1000 ({why})"
+    return f"bubblewrap jail with a system-call filter; whole-jail limits: {limits}"
 
 
 def _check_positive(**values: float) -> None:
@@ -68,6 +86,8 @@ class PythonTool(Tool):
     def __init__(self, timeout: float = 10.0, cpu_seconds: int = 5, memory_mb: int = 512,
                  file_mb: int = 16, workdir_mb: int = 64, max_output_bytes: int = 8192, max_open_files: int = 64,
                  max_processes: int = 32, max_code_bytes: int = 100_000, max_concurrent: int = 0,
+                 total_memory_mb: int | None = None, cpus: float = 1.0,
+                 cgroup: Literal["auto", "require", "off"] = "auto",
                  isolation: Literal["bubblewrap", "none"] = "bubblewrap", audit_hook: bool = True,
                  site_packages: bool | list[str] = False, print_last_expression: bool = True,
                  python: str | None = None, bwrap: str | None = None, tmp_root: str | None = None,
@@ -81,6 +101,14 @@ class PythonTool(Tool):
             raise ValueError(f"memory_mb must be at least 32 (the interpreter itself needs about 20), got {memory_mb}")
         if max_open_files < 16:
             raise ValueError(f"max_open_files must be at least 16 (the interpreter needs a few), got {max_open_files}")
+        total_memory_mb = max(2 * memory_mb, memory_mb + workdir_mb) if total_memory_mb is None else total_memory_mb
+        if total_memory_mb < memory_mb:
+            raise ValueError(f"total_memory_mb ({total_memory_mb}) must be at least memory_mb ({memory_mb}): it is "
+                             "what every process of the jail uses together")
+        if not cpus > 0:
+            raise ValueError(f"cpus must be positive (the jail's CPU bandwidth in cores), got {cpus}")
+        if cgroup not in ("auto", "require", "off"):
+            raise ValueError(f"cgroup must be auto, require or off, got {cgroup!r}")
         if max_concurrent < 0:
             raise ValueError(f"max_concurrent must be 0 (one per CPU core) or more, got {max_concurrent}")
         if python is not None and not os.access(python, os.X_OK):
@@ -92,7 +120,9 @@ class PythonTool(Tool):
         self.limits = SandboxLimits(
             wall_seconds=float(timeout), cpu_seconds=int(cpu_seconds), memory_mb=int(memory_mb),
             file_mb=int(file_mb), max_output_bytes=int(max_output_bytes), max_open_files=int(max_open_files),
-            max_processes=int(max_processes), workdir_mb=int(workdir_mb))
+            max_processes=int(max_processes), workdir_mb=int(workdir_mb), total_memory_mb=int(total_memory_mb),
+            cpus=float(cpus))
+        self.cgroup = cgroup
         self.timeout = float(timeout) + STARTUP_MARGIN_S
         self.max_code_bytes = max_code_bytes
         self.max_concurrent = max_concurrent or os.cpu_count() or 1
@@ -105,6 +135,9 @@ class PythonTool(Tool):
         self.bwrap = bwrap
         self.tmp_root = tmp_root
         self._jail: Jail | None = None
+        self._cgroups: Cgroups | None = None
+        #: How the whole jail's resources are held, as the tool's start-up log and ``list-plugins`` say it.
+        self.limits_mode = ""
         self._site_dirs: tuple[str, ...] = ()
         self._boot: str | None = None
         self._ready = False
@@ -143,14 +176,38 @@ class PythonTool(Tool):
             else:
                 try:
                     bwrap = check_bwrap(self.bwrap)
+                    setpriv = check_setpriv()
+                    seccomp_program()
+                    if not keyring_supported():
+                        raise JailUnavailable("python tool: scaffold does not know the keyctl system call of this "
+                                              "machine, which gives every call a fresh session keyring; "
+                                              f"{NO_ISOLATION}")
                     runtime = describe_runtime(self.python, self.site_packages)
                     root = build_jail_root(runtime, cache_dir(host_uid()), host_uid())
-                except (JailUnavailable, JailRootError) as exc:
+                except (JailUnavailable, JailRootError, SeccompUnavailable) as exc:
                     text = str(exc)
                     raise ConfigError(text if text.startswith("python tool") else f"python tool: {text}") from None
                 self._site_dirs = runtime.site_packages
-                self._jail = Jail(bwrap, root, self.limits.workdir_mb << 20)
+                self._jail = Jail(bwrap, root, self.limits.workdir_mb << 20, setpriv)
+                self._cgroups = self._find_cgroups()
             self._ready = True
+
+    def _find_cgroups(self) -> Cgroups | None:
+        """The control groups the whole jail is held by, per the ``cgroup`` option; logs which limits hold."""
+        found, why = (None, "cgroup: off") if self.cgroup == "off" else find_cgroups()
+        limits = self.limits
+        if found is not None:
+            self.limits_mode = (f"{found.describe()}: memory {limits.total_memory_mb} MiB, {limits.max_processes} "
+                                f"tasks, {limits.cpus:g} CPU")
+        elif self.cgroup == "require":
+            raise ConfigError(f"python tool: cgroup: require, but no control group can be made for the jail ({why}); "
+                              "run scaffold as root or in a delegated cgroup (systemd-run --user --scope -p "
+                              "Delegate=yes ...), or set cgroup: auto to fall back to per-process limits")
+        else:
+            self.limits_mode = (f"per-process limits and OOM score 1000 (no control group: {why}); the whole jail's "
+                                f"memory is not capped")
+        log.info("python tool: bubblewrap jail with a system-call filter; whole-jail limits: %s", self.limits_mode)
+        return found
 
     def _warn_unisolated(self) -> None:
         if not self._warned:
@@ -168,7 +225,7 @@ class PythonTool(Tool):
 
     async def _run(self, code: str) -> SandboxRun:
         async with self._slot():
-            return await run_python(code, self.limits, jail=self._jail, python=self.python,
+            return await run_python(code, self.limits, jail=self._jail, cgroups=self._cgroups, python=self.python,
                                     site_packages=self._site_dirs, audit_hook=self.audit_hook,
                                     print_last_expression=self.print_last_expression, tmp_root=self.tmp_root,
                                     boot=self._boot)

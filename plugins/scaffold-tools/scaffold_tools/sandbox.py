@@ -3,18 +3,21 @@
 One call, :func:`run_python`, does everything and always cleans up:
 
 * with a :class:`~scaffold_tools.jail.Jail` (``isolation: bubblewrap``, the default), the child is
-  ``bwrap ... python -I -S -B -u -X utf8 /scaffold-sandbox/boot.py CONFIG`` (see :mod:`scaffold_tools.jail`):
-  the program is handed over through a memory file and written into the jail's private tmpfs; nothing
-  is written on the host, and the tmpfs goes when the jail does;
+  ``bwrap ... python -I -S -B -u -X utf8 /scaffold-sandbox/boot.pyc CONFIG`` (see :mod:`scaffold_tools.jail`),
+  run through a :class:`~scaffold_tools.jail_call.JailCall`: the program is handed over through a memory file
+  and written into the jail's private tmpfs (nothing is written on the host), the jail's first process is
+  confined before the program starts, and the whole jail is killed when the call ends;
 * without one (``isolation: none``), a private temporary directory on the host becomes the child's
   working directory, ``HOME`` and ``TMPDIR``, and is removed afterwards; the child is
   ``python -I -S -B -u -X utf8 sandbox_boot.py CONFIG`` with a minimal environment;
-* either way the child starts in a new session (its own process group) with stdin from ``/dev/null``;
-  ``sandbox_boot`` sets the resource limits and installs the audit hook before the program runs;
+* either way the child starts in a new session (its own process group) with stdin from ``/dev/null`` and a
+  fresh session keyring (:mod:`scaffold_tools.sandbox_process`); ``sandbox_boot`` sets the resource limits,
+  tells the parent on a pipe of its own that the program is about to start (so that a failure of the
+  sandbox is never confused with the program's), and installs the audit hook before the program runs;
 * stdout and stderr are read concurrently, keeping the first and last halves of
   ``max_output_bytes`` each; a program that prints far more is stopped;
-* on the wall-clock timeout, the caller's cancellation, or normal exit, the whole process group
-  is killed with SIGKILL and reaped (in the jail, the PID namespace dies with its first process).
+* on the wall-clock timeout, the caller's cancellation, or normal exit, everything the call started is
+  killed with SIGKILL and reaped.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .jail import Jail, jail_environment
-from .sandbox_boot import EXIT_MEMORY, EXIT_SETUP, encode_config
+from .jail_call import JailCall
+from .jail_cgroup import Cgroups, JailBudget
+from .sandbox_boot import EXIT_MEMORY, encode_config
+from .sandbox_process import Child, start_child
 
 BOOT = Path(__file__).with_name("sandbox_boot.py")
 #: The leak guard of scaffold's test suite marks processes with this variable; passing it on lets the
@@ -55,6 +60,14 @@ class SandboxLimits:
     max_open_files: int = 64
     max_processes: int = 32
     workdir_mb: int = 64
+    #: The whole jail's memory (every process, the work directory's data), where a control group holds it.
+    total_memory_mb: int = 1024
+    #: The whole jail's CPU bandwidth in cores, where a control group holds it.
+    cpus: float = 1.0
+
+    def budget(self) -> JailBudget:
+        """What a control group holds the whole jail of one call to."""
+        return JailBudget(memory_bytes=self.total_memory_mb << 20, pids=self.max_processes, cpus=self.cpus)
 
 
 @dataclass
@@ -75,6 +88,8 @@ class SandboxRun:
     duration_s: float = 0.0
     workdir: str = ""
     notes: list[str] = field(default_factory=list)
+    #: Processes of the call the kernel killed for want of memory (known only under a control group).
+    oom_kills: int = 0
 
 
 def _passed_env() -> list[tuple[str, str]]:
@@ -152,13 +167,6 @@ async def _pump(stream: asyncio.StreamReader, capture: _Capture, overrun: asynci
             overrun.set()
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the child leads its own session, so pgid == pid
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _remove_tree(path: str) -> None:
     def retry(func, target, _exc):  # a program may have made a file or folder read-only
         parent = os.path.dirname(target)
@@ -183,7 +191,7 @@ def _remove_tree(path: str) -> None:
 
 
 def _config(limits: SandboxLimits, *, jailed: bool, audit_hook: bool, print_last_expression: bool,
-            site_packages: tuple[str, ...]) -> dict:
+            site_packages: tuple[str, ...], ready_fd: int) -> dict:
     return {
         "cpu_seconds": limits.cpu_seconds,
         "memory_bytes": limits.memory_mb << 20,
@@ -198,121 +206,123 @@ def _config(limits: SandboxLimits, *, jailed: bool, audit_hook: bool, print_last
         "jailed": jailed,
         "audit_hook": audit_hook,
         "site_packages": list(site_packages),
+        "ready_fd": ready_fd,
     }
 
 
-async def run_python(code: str, limits: SandboxLimits, *, jail: Jail | None = None, python: str | None = None,
-                     site_packages: tuple[str, ...] = (), audit_hook: bool = True,
+async def run_python(code: str, limits: SandboxLimits, *, jail: Jail | None = None, cgroups: Cgroups | None = None,
+                     python: str | None = None, site_packages: tuple[str, ...] = (), audit_hook: bool = True,
                      print_last_expression: bool = True, tmp_root: str | None = None,
                      boot: str | None = None) -> SandboxRun:
     """Run ``code`` under ``limits`` and return what it printed and how it ended.
 
     With ``jail``, the program runs in it (``python``, ``tmp_root`` and ``boot`` are not used: the jail has
-    its own runtime, boot file and work directory). Without, ``boot`` may name a compiled boot file
-    (:func:`compiled_boot`). Never leaves a process or a file behind, also when cancelled.
+    its own runtime, boot file and work directory), in a control group of ``cgroups`` when given. Without,
+    ``boot`` may name a compiled boot file (:func:`compiled_boot`). Never leaves a process or a file behind,
+    also when cancelled.
     """
     started = time.monotonic()
-    config = _config(limits, jailed=jail is not None, audit_hook=audit_hook,
-                     print_last_expression=print_last_expression, site_packages=site_packages)
     out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
-    proc: asyncio.subprocess.Process | None = None
-    workdir, code_fd = "", -1
+    ready_read, ready_write = os.pipe()
+    os.set_blocking(ready_read, False)
+    config = _config(limits, jailed=jail is not None, audit_hook=audit_hook,
+                     print_last_expression=print_last_expression, site_packages=site_packages, ready_fd=ready_write)
+    call: JailCall | None = None
+    child: Child | None = None
+    workdir = ""
+    status, exit_code, started_program, oom_kills = "setup", None, False, 0
     try:
         if jail is not None:
-            code_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
-            os.write(code_fd, code.encode("utf-8", errors="replace"))
-            os.lseek(code_fd, 0, os.SEEK_SET)
-            env = jail_environment(_passed_env())
-            command = jail.command(encode_config(config), code_fd, env)
-            proc, exited = await _start(command, "/", dict(_passed_env()), (code_fd,))
+            call = JailCall(jail, code, encode_config(config), jail_environment(_passed_env()), cgroups=cgroups,
+                            budget=limits.budget(), extra_fds=(ready_write,))
+            child = await call.start(dict(_passed_env()))
         else:
             workdir = os.path.realpath(tempfile.mkdtemp(prefix="scaffold-python-", dir=tmp_root))
             Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="replace")
             command = _unjailed_command(python or sys.executable, config, boot)
-            proc, exited = await _start(command, workdir, _unjailed_environment(workdir), ())
-        status = await _supervise(proc, exited, out, err, limits)
+            child = await start_child(command, workdir, _unjailed_environment(workdir), (ready_write,))
+        os.close(ready_write)
+        ready_write = -1
+        kill = call.kill if call is not None else child.kill_group
+        status = await _supervise(child, out, err, limits, kill, admit=call.admit if call is not None else None)
+        exit_code = await call.exit_code() if call is not None else child.returncode
     finally:
-        if code_fd >= 0:
-            os.close(code_fd)
-        if proc is not None and proc.returncode is None:  # cancelled, or something above failed
-            _kill_group(proc)
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=10)
-            except BaseException:  # cancelled again: the event loop's child watcher still reaps it
-                pass
+        started_program = _read_ready(ready_read)
+        os.close(ready_read)
+        if ready_write >= 0:
+            os.close(ready_write)
+        if call is not None:
+            call.kill()
+        if child is not None:
+            await child.close()  # bubblewrap's group: the jail's first process too, if it was never let go
+        if call is not None:
+            oom_kills = call.oom_kills()
+            await call.end()
         if workdir:
             await _remove_workdir(workdir)
     stderr = err.text()
-    if status == "ok" and proc.returncode != 0:
-        status = _status_of(proc.returncode, jailed=jail is not None, stderr=stderr)
+    if status == "ok":
+        status = _status_of(exit_code, jailed=jail is not None, started=started_program, oom_kills=oom_kills)
     return SandboxRun(
-        stdout=out.text(), stderr=stderr, exit_code=proc.returncode, status=status,
+        stdout=out.text(), stderr=stderr, exit_code=exit_code, status=status,
         stdout_bytes=out.total, stderr_bytes=err.total, truncated=out.truncated or err.truncated,
         isolation="bubblewrap" if jail is not None else "none", duration_s=round(time.monotonic() - started, 6),
-        workdir=workdir)
+        workdir=workdir, oom_kills=oom_kills)
 
 
-class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """Also says when the process itself exits: ``Process.wait()`` also waits for its pipes to close
-    (on some Python versions), which a leftover process in the group could hold open."""
-
-    def __init__(self, exited: asyncio.Event, loop: asyncio.AbstractEventLoop):
-        super().__init__(limit=READ_CHUNK, loop=loop)
-        self.exited = exited
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        self.exited.set()
+def _read_ready(fd: int) -> bool:
+    """Whether the boot file said the program was about to start (one byte on its pipe)."""
+    try:
+        return os.read(fd, 1) == b"1"
+    except BlockingIOError:
+        return False
 
 
-async def _start(command: list[str], cwd: str, env: dict[str, str],
-                 pass_fds: tuple[int, ...]) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
-    """Start the child in its own session (so its process group can be killed as a whole)."""
-    loop = asyncio.get_running_loop()
-    exited = asyncio.Event()
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(exited, loop), *command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
-    return asyncio.subprocess.Process(transport, protocol, loop), exited
-
-
-async def _supervise(proc: asyncio.subprocess.Process, exited: asyncio.Event, out: _Capture, err: _Capture,
-                     limits: SandboxLimits) -> str:
+async def _supervise(child: Child, out: _Capture, err: _Capture, limits: SandboxLimits, kill,
+                     admit=None) -> str:
     """Read the output until the program ends, runs out of time or prints far too much; then kill
-    its process group and reap it. Returns "ok", "timeout" or "output"."""
-    assert proc.stdout is not None and proc.stderr is not None
+    everything it started. Returns "ok", "timeout", "output" or "setup" (``admit``, the jail's, failed)."""
     overrun = asyncio.Event()
     limit = limits.max_output_bytes + OUTPUT_OVERRUN_BYTES
-    pumps = [asyncio.create_task(_pump(proc.stdout, out, overrun, limit)),
-             asyncio.create_task(_pump(proc.stderr, err, overrun, limit))]
-    waiter = asyncio.create_task(exited.wait())
-    overrun_waiter = asyncio.create_task(overrun.wait())
+    pumps = [asyncio.create_task(_pump(child.stdout, out, overrun, limit)),
+             asyncio.create_task(_pump(child.stderr, err, overrun, limit))]
     status = "ok"
     try:
-        done, _ = await asyncio.wait({waiter, overrun_waiter}, timeout=limits.wall_seconds,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if waiter not in done:
-            status = "output" if overrun.is_set() else "timeout"
+        if admit is not None and not await admit(child):
+            status = "setup"  # bubblewrap failed before the program could start: its error is on stderr
+            await _wait_for(child.exited.wait(), 5.0)
+        else:
+            waiter = asyncio.create_task(child.exited.wait())
+            overrun_waiter = asyncio.create_task(overrun.wait())
+            try:
+                done, _ = await asyncio.wait({waiter, overrun_waiter}, timeout=limits.wall_seconds,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                overrun_waiter.cancel()
+            if waiter not in done:
+                status = "output" if overrun.is_set() else "timeout"
     except BaseException:  # cancelled: stop reading too
         for task in pumps:
             task.cancel()
         raise
     finally:
-        overrun_waiter.cancel()
-        # Also after a normal exit: anything the program left in its group goes (there should be
-        # nothing, since starting processes is refused; this is the backstop).
-        _kill_group(proc)
-        waiter.cancel()
-        try:  # reaped, and every pipe closed
-            await asyncio.wait_for(proc.wait(), timeout=10)
-        except asyncio.TimeoutError:
-            pass
+        # Also after a normal exit: anything the program left running goes now.
+        kill()
+    await _wait_for(child.exited.wait(), 10.0)
     try:  # the pipes close once every process holding them is gone
         await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), timeout=10)
     except asyncio.TimeoutError:  # held open by a process outside the group: keep what was read
         for task in pumps:
             task.cancel()
     return status
+
+
+async def _wait_for(awaitable, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        pass
 
 
 async def _remove_workdir(workdir: str) -> None:
@@ -323,15 +333,18 @@ async def _remove_workdir(workdir: str) -> None:
         raise
 
 
-#: What bubblewrap and setpriv print when they, not the program, fail.
-_JAIL_ERRORS = ("bwrap: ", "setpriv: ")
-
-
-def _status_of(returncode: int | None, *, jailed: bool = False, stderr: str = "") -> str:
+def _status_of(returncode: int | None, *, jailed: bool, started: bool, oom_kills: int = 0) -> str:
+    if returncode == 0:
+        return "ok"
+    if not started or returncode is None:
+        # The program never ran: the sandbox itself failed (bubblewrap, or the boot file's set-up). Told by
+        # channels the program cannot write to, never by what it printed.
+        return "setup"
     if returncode == EXIT_MEMORY:
         return "memory"
-    if returncode == EXIT_SETUP or (jailed and returncode == 1 and stderr.startswith(_JAIL_ERRORS)):
-        return "setup"
+    killed = (-signal.SIGKILL, 128 + signal.SIGKILL) if jailed else (-signal.SIGKILL,)
+    if oom_kills and returncode in killed:
+        return "memory"  # the control group's OOM killer
     # Nothing of ours sent SIGKILL (that is a timeout or an overrun, set above): the kernel did, at the
     # hard CPU limit, one second after SIGXCPU was ignored or could not be handled. bubblewrap reports a
     # program killed by signal N as exit status 128 + N.

@@ -6,7 +6,9 @@ the program's working directory, before the program, it:
 
 1. closes every file descriptor but stdin, stdout and stderr;
 2. lowers the resource limits (CPU seconds, address space, file size, open files, core dumps and, in
-   the jail, processes);
+   the jail, processes): in the jail this process is the PID namespace's first, so every process of the
+   jail inherits them; then it writes one byte on the parent's "ready" pipe and closes it, so that the
+   parent tells a failure of this set-up from the program's own (which the program cannot fake);
 3. puts the allowed site-packages folders on ``sys.path`` (their ``.pth`` files are not run);
 4. installs an audit hook (PEP 578), the second layer behind the jail: only modules of the standard
    library (less :data:`DENIED_MODULES`) and of the allowed site-packages may be imported, and
@@ -298,14 +300,14 @@ def _print_exception(exc):
     sys.stderr.flush()
 
 
-def _close_inherited_fds():
-    """Close every descriptor but stdin, stdout and stderr (nothing of the parent's stays reachable)."""
+def _close_inherited_fds(keep=-1):
+    """Close every descriptor but stdin, stdout, stderr and ``keep`` (nothing of the parent's stays reachable)."""
     try:
         fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
     except OSError:
         fds = range(3, 1024)
     for fd in fds:
-        if fd > 2:
+        if fd > 2 and fd != keep:
             try:
                 os.close(fd)
             except OSError:
@@ -314,7 +316,7 @@ def _close_inherited_fds():
 
 def _setup(cfg):
     """Limits, sys.path and the program's source; returns (workdir, source)."""
-    _close_inherited_fds()
+    _close_inherited_fds(keep=cfg.get("ready_fd", -1))
     workdir = os.path.realpath(os.getcwd())
     _set_limits(cfg)
     sys.path.extend(cfg.get("site_packages") or ())
@@ -337,10 +339,20 @@ def encode_config(config):
     return marshal.dumps(config, 4).hex()
 
 
+def _say_ready(fd):
+    """Tell the parent, on a pipe the program never sees, that what follows is the program's doing."""
+    if fd >= 0:
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+
+
 def main():
     try:
         cfg = decode_config(sys.argv[1])
         workdir, source = _setup(cfg)
+        _say_ready(cfg.get("ready_fd", -1))
     except Exception as exc:  # a bug in the parent's setup, not the program's fault
         sys.stderr.write(f"sandbox setup failed: {type(exc).__name__}: {exc}\n")
         return EXIT_SETUP

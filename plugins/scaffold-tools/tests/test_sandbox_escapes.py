@@ -9,7 +9,6 @@ reached, nothing left running), not only what the program printed.
 from __future__ import annotations
 
 import asyncio
-import base64
 import importlib.util
 import os
 import socket
@@ -20,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from jail_helpers import FAST, require_jail, run_codes
+from jail_helpers import FAST, marked_processes, native_code_kit, require_jail, run_codes, with_native_code
 
 from scaffold_core.tool import ToolContext, invoke_tool
 from scaffold_tools.jail import JAIL_UID
@@ -38,24 +37,6 @@ def tool(request, jailed, jail_only) -> PythonTool:
 
 def output(result) -> str:
     return result.content
-
-
-def marked_processes(marker: str) -> list[tuple[int, int]]:
-    """(pid, host uid) of live processes whose environment holds ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if marker.encode() not in Path(f"/proc/{entry}/environ").read_bytes():
-                continue
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("State", "").split()[:1] != ["Z"]:
-            found.append((int(entry), int(fields["Uid"].split()[0])))
-    return found
 
 
 # -- the audit hook is not the boundary -------------------------------------------------------------
@@ -131,52 +112,16 @@ except BaseException as exc:
     assert not target.exists()
 
 
-def _native_code_kit() -> tuple[bytes, bytes, dict[str, str]] | None:
-    """The host's _ctypes extension, the libffi it links and the ctypes package: what a program would bring."""
-    spec = importlib.util.find_spec("_ctypes")
-    if spec is None or not spec.origin or not spec.origin.endswith(".so"):
-        return None
-    ldd = subprocess.run(["ldd", spec.origin], capture_output=True, text=True, timeout=60).stdout
-    ffi = [line.split("=>")[1].split()[0] for line in ldd.splitlines() if "libffi" in line and "=>" in line]
-    package = Path(importlib.util.find_spec("ctypes").origin).parent
-    if not ffi:
-        return None
-    return (Path(spec.origin).read_bytes(), Path(ffi[0]).read_bytes(),
-            {p.name: p.read_text() for p in package.glob("*.py")})
-
-
 def test_native_code_the_program_brings_along_changes_nothing_outside(tmp_path):
     """The jail root leaves ctypes out, and the hook refuses it under any name; a program that brings its
     own copy (written into the work directory, loaded under another package's name) gets past the hook when
     it is off, and then calls libc directly: the kernel still refuses everything outside."""
-    kit = _native_code_kit()
+    kit = native_code_kit()
     if kit is None:
         pytest.skip("needs the host's _ctypes extension and libffi to bring along")
-    so, ffi, package = kit
     target = tmp_path / "native.txt"
     bystander = subprocess.Popen(["sleep", "60"])
-    code = f"""
-import base64, importlib.machinery, importlib.util, os, sys
-def load(name, path):
-    loader = importlib.machinery.ExtensionFileLoader(name, path)
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-open("libffi.so.8", "wb").write(base64.b64decode({base64.b64encode(ffi).decode()!r}))
-open("_ctypes.so", "wb").write(base64.b64decode({base64.b64encode(so).decode()!r}))
-sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)
-try:
-    load("json.libffi", "/sandbox/libffi.so.8")  # no init function, but the library stays loaded
-except ImportError:
-    pass
-sys.modules["_ctypes"] = load("json._ctypes", "/sandbox/_ctypes.so")
-os.mkdir("ctypes")
-for name, text in {package!r}.items():
-    open("ctypes/" + name, "w").write(text)
-sys.path.insert(0, "/sandbox")
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
+    code = with_native_code(kit, f"""
 print("native code runs as", libc.getuid())
 for name, call in (("open", lambda: libc.open({str(target).encode()!r}, 0o101, 0o644)),
                    ("kill", lambda: libc.kill({bystander.pid}, 9)),
@@ -186,7 +131,7 @@ for name, call in (("open", lambda: libc.open({str(target).encode()!r}, 0o101, 0
                    ("setuid", lambda: libc.setuid(0)),
                    ("chroot", lambda: libc.chroot(b"/usr"))):
     print(name, call(), ctypes.get_errno())
-"""
+""")
     try:
         results = []
         for hook in (True, False):
