@@ -299,7 +299,8 @@ class PluginSet:
         for impl in self.pm.hook.plugin_notes.get_hookimpls():
             if plugin is not None and impl.plugin is plugin:
                 try:
-                    return [str(line) for line in impl.function() or []]
+                    lines: Any = impl.function()
+                    return [str(line) for line in lines or []]
                 except Exception as exc:
                     return [f"plugin_notes failed: {type(exc).__name__}: {exc}"]
         return []

@@ -250,6 +250,8 @@ class PythonTool(Tool):
         metadata = {"exit_code": run.exit_code, "status": run.status, "stdout_bytes": run.stdout_bytes,
                     "stderr_bytes": run.stderr_bytes, "truncated": run.truncated, "isolation": run.isolation,
                     "run_s": run.duration_s}
+        if run.oom_kills:
+            metadata["oom_kills"] = run.oom_kills
         if run.status == "ok":
             return ToolResult(content=run.stdout if run.stdout else NO_OUTPUT, metadata=metadata)
         limits = self.limits
@@ -257,7 +259,11 @@ class PythonTool(Tool):
             "error": (f"[the program failed with exit status {run.exit_code}]", "failed"),
             "timeout": (f"[stopped: the program ran longer than its {limits.wall_seconds:g} s time limit]", "timeout"),
             "cpu": (f"[stopped: the program used more than its {limits.cpu_seconds} s of CPU time]", "limit"),
-            "memory": (f"[stopped: the program needed more than its {limits.memory_mb} MiB of memory]", "limit"),
+            "memory": ((f"[stopped: the program and what it started needed more than their {limits.total_memory_mb} "
+                        "MiB of memory in all]") if run.oom_kills else
+                       f"[stopped: the program needed more than its {limits.memory_mb} MiB of memory]", "limit"),
+            "forbidden": ("[stopped: the program made a system call the sandbox forbids (another architecture's "
+                          "system call interface)]", "failed"),
             "output": (f"[stopped: the program printed more than {limits.max_output_bytes} bytes and kept going]",
                        "limit"),
             "setup": ("[the sandbox could not start the program; this is not the program's fault]", "failed"),

@@ -78,7 +78,8 @@ class SandboxRun:
     stderr: str
     exit_code: int | None
     #: "ok", "error" (nonzero exit), "timeout" (wall clock), "cpu" (CPU-time limit), "memory",
-    #: "output" (printed far beyond the cap) or "setup" (the sandbox itself failed).
+    #: "output" (printed far beyond the cap), "forbidden" (killed by the system-call filter) or "setup" (the
+    #: sandbox itself failed).
     status: str
     stdout_bytes: int = 0
     stderr_bytes: int = 0
@@ -345,6 +346,8 @@ def _status_of(returncode: int | None, *, jailed: bool, started: bool, oom_kills
     killed = (-signal.SIGKILL, 128 + signal.SIGKILL) if jailed else (-signal.SIGKILL,)
     if oom_kills and returncode in killed:
         return "memory"  # the control group's OOM killer
+    if returncode in (-signal.SIGSYS, 128 + signal.SIGSYS):
+        return "forbidden"  # killed by the system-call filter (a system call of another ABI)
     # Nothing of ours sent SIGKILL (that is a timeout or an overrun, set above): the kernel did, at the
     # hard CPU limit, one second after SIGXCPU was ignored or could not be handled. bubblewrap reports a
     # program killed by signal N as exit status 128 + N.

@@ -14,6 +14,7 @@ import asyncio
 import ctypes
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -592,3 +593,69 @@ def test_the_jail_root_holds_copies_not_links_to_host_files(jailed):
     copy = Path(str(root) + str(os_py))
     assert copy.read_bytes() == os_py.read_bytes()
     assert copy.stat().st_ino != os_py.stat().st_ino and copy.stat().st_nlink == 1
+
+
+# -- found by attacking the jail once more ------------------------------------------------------------------------
+
+
+def test_another_architectures_system_calls_kill_the_program(big_jail_only, kit):
+    """The x32 system-call interface has numbers of its own that a filter written for x86-64 would not
+    match: such a call kills the program, and the result says why."""
+    if platform.machine() != "x86_64":
+        pytest.skip("x32 is an x86-64 interface")
+    code = with_native_code(kit, """
+import ctypes
+print("before", flush=True)
+print("x32 keyctl", libc.syscall(ctypes.c_long(0x40000000 | 250), 0, -3, 0), ctypes.get_errno(), flush=True)
+""")
+    result = run_codes(big_jail_only, code)[0]
+    assert result.metadata["status"] == "forbidden", result
+    assert "before" in result.content and "x32 keyctl" not in result.content
+    assert "system call the sandbox forbids" in result.content
+
+
+def test_empty_files_count_toward_the_jails_memory(big_jail_only):
+    """The work directory's size cap counts bytes, not files: a flood of empty files costs the kernel memory
+    for each. Under a control group that memory is the jail's, so the flood stops there."""
+    if not big_jail_only.limits_mode.startswith("a cgroup"):
+        pytest.skip("without a control group the number of files is bounded only by the call's time (documented)")
+    tool = require_jail(PythonTool(audit_hook=False, memory_mb=32, workdir_mb=16, total_memory_mb=64, timeout=30.0))
+    code = """
+import os
+n = 0
+while n < 2_000_000:
+    os.close(os.open(f"f{n}", os.O_CREAT | os.O_WRONLY))
+    n += 1
+print("made them all")
+"""
+    result = run_codes(tool, code)[0]
+    assert result.metadata["status"] == "memory" and result.metadata["oom_kills"] >= 1, result
+    assert "64 MiB of memory in all" in result.content and "made them all" not in result.content
+
+
+def test_the_jails_cpu_bandwidth_is_capped(big_jail_only):
+    """Each process's CPU seconds are limited, but many processes at once could take every core; a control
+    group holds the whole jail to its share (cpus)."""
+    if not big_jail_only.limits_mode.startswith("a cgroup"):
+        pytest.skip("needs a control group")
+    if "cpu" not in big_jail_only.limits_mode:
+        pytest.skip("the cpu controller is not available here")
+    tool = require_jail(PythonTool(audit_hook=False, cpus=0.2, **FAST))
+    code = """
+import os, resource, time
+pids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(round(usage.ru_utime + usage.ru_stime, 2))
+"""
+    used = float(run_codes(tool, code)[0].content)
+    assert used <= 0.2 * 2.0 + 0.35, used  # four busy processes for 2 s: 8 CPU-seconds uncapped
