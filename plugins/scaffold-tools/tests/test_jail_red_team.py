@@ -598,9 +598,9 @@ def test_the_jail_root_holds_copies_not_links_to_host_files(jailed):
 # -- found by attacking the jail once more ------------------------------------------------------------------------
 
 
-def test_another_architectures_system_calls_kill_the_program(big_jail_only, kit):
-    """The x32 system-call interface has numbers of its own that a filter written for x86-64 would not
-    match: such a call kills the program, and the result says why."""
+def test_other_system_call_interfaces_kill_the_program(big_jail_only, kit):
+    """The x32 and ia32 system-call interfaces have numbers of their own that a filter written for x86-64
+    would not match: such a call kills the program, and the result says why."""
     if platform.machine() != "x86_64":
         pytest.skip("x32 is an x86-64 interface")
     code = with_native_code(kit, """
@@ -608,10 +608,19 @@ import ctypes
 print("before", flush=True)
 print("x32 keyctl", libc.syscall(ctypes.c_long(0x40000000 | 250), 0, -3, 0), ctypes.get_errno(), flush=True)
 """)
-    result = run_codes(big_jail_only, code)[0]
-    assert result.metadata["status"] == "forbidden", result
-    assert "before" in result.content and "x32 keyctl" not in result.content
-    assert "system call the sandbox forbids" in result.content
+    ia32 = with_native_code(kit, """
+import ctypes, mmap
+code = bytes([0xb8, 0x20, 0x01, 0x00, 0x00, 0xcd, 0x80, 0xc3])  # mov eax, 288 (ia32 keyctl); int 0x80; ret
+page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(code)
+call = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+print("before", flush=True)
+print("ia32 keyctl", call(), flush=True)
+""")
+    for result in run_codes(big_jail_only, code, ia32):
+        assert result.metadata["status"] == "forbidden", result
+        assert "before" in result.content and "keyctl" not in result.content
+        assert "system call the sandbox forbids" in result.content
 
 
 def test_empty_files_count_toward_the_jails_memory(big_jail_only):
