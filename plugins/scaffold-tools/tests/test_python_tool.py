@@ -485,3 +485,31 @@ def test_isolation_none_warns_loudly_and_says_so_in_every_result(tmp_root, capsy
     assert UNISOLATED_WARNING in capsys.readouterr().err
     result = asyncio.run(invoke_tool(tool, {"code": "print('fine')"}, ToolContext("ep", "c")))
     assert result.content == "fine\n" and result.metadata["isolation"] == "none"
+
+
+def test_whole_jail_options_are_validated():
+    with pytest.raises(ValueError, match="total_memory_mb .* must be at least memory_mb"):
+        PythonTool(memory_mb=256, total_memory_mb=128)
+    with pytest.raises(ValueError, match="cpus must be positive"):
+        PythonTool(cpus=0)
+    with pytest.raises(ConfigError, match="cgroup"):
+        validate_options(PythonTool, {"cgroup": "maybe"}, path="tools.python", label="tool 'python'")
+    assert PythonTool(memory_mb=100, workdir_mb=300).limits.total_memory_mb == 400
+    assert PythonTool(memory_mb=512).limits.total_memory_mb == 1024
+
+
+def test_cgroup_require_refuses_to_start_without_one_and_off_never_makes_one(monkeypatch):
+    from scaffold_tools import python_tool as module
+
+    monkeypatch.setattr(module, "find_cgroups", lambda change=True: (None, "no cgroup file system is mounted"))
+    jail_module.check_bwrap()  # (where there is no bubblewrap, the tool refuses for that reason first)
+    with pytest.raises(ConfigError, match="cgroup: require, but no control group .*no cgroup file system"):
+        asyncio.run(PythonTool(cgroup="require", **FAST).start())
+    fallback = require_jail(PythonTool(**FAST))
+    assert fallback.limits_mode.startswith("per-process limits and OOM score 1000")
+    monkeypatch.undo()
+    off = require_jail(PythonTool(cgroup="off", **FAST))
+    assert off.limits_mode.startswith("per-process limits") and "cgroup: off" in off.limits_mode
+    result = asyncio.run(invoke_tool(off, {"code": "print(open('/proc/self/oom_score_adj').read())"},
+                                     ToolContext("ep", "off")))
+    assert result.content.strip() == "1000"
