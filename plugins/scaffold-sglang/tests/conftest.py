@@ -32,7 +32,7 @@ def server_subprocess(tmp_path):
 @pytest.fixture(autouse=True)
 def no_leftover_servers():
     """Every test must stop the servers it launched (the launcher's own registry says which are alive)."""
-    from scaffold_sglang.launcher import live_servers
+    from scaffold_core.remote.launcher import live_servers
 
     yield
     left = live_servers()

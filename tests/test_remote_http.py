@@ -1,4 +1,4 @@
-"""The /generate connection pool against scripted loopback servers: framing, reuse, limits, timeouts, failures."""
+"""The remote engines' connection pool against scripted loopback servers: framing, reuse, limits, timeouts, failures."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import subprocess
 import time
 
 import pytest
-from sglang_testkit import run
 
-from scaffold_sglang.http_pool import (
+from scaffold_core.remote.http import (
     CannotConnect,
     ConnectionPool,
     ConnectTimeout,
@@ -23,6 +22,10 @@ from scaffold_sglang.http_pool import (
     RequestTimeout,
     ServerDisconnected,
 )
+
+
+def run(coro, timeout: float = 60.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
@@ -401,15 +404,15 @@ def test_host_names_are_resolved_once_and_every_address_is_tried(monkeypatch):
                 monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
                 p = pool(limit=4)
                 try:
-                    ep = p.endpoint(f"http://sglang.test:{port}", "/generate")
+                    ep = p.endpoint(f"http://server.test:{port}", "/generate")
                     results = await asyncio.gather(*(p.request(ep, b"%d" % i) for i in range(4)))
                 finally:
                     await p.close()
                 return results, lookups, record, port
 
     results, lookups, record, port = run(main())
-    assert results == [(200, b"%d" % i) for i in range(4)] and lookups == ["sglang.test"]
-    assert record["requests"][0][0].split(b"\r\n")[1] == b"Host: sglang.test:%d" % port  # the name, not the IP
+    assert results == [(200, b"%d" % i) for i in range(4)] and lookups == ["server.test"]
+    assert record["requests"][0][0].split(b"\r\n")[1] == b"Host: server.test:%d" % port  # the name, not the IP
 
 
 def test_idle_connections_are_closed_after_keepalive_and_ones_the_server_closed_are_not_reused():
