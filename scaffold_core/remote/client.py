@@ -52,8 +52,8 @@ class WireProtocol:
     """One server's generation wire format: what a server engine plugin implements.
 
     ``encode`` turns a request into the body of ``POST generate_path`` (with
-    the attempt's request id ``rid``); ``parse`` turns a 200 answer into a
-    :class:`GenerationResult` (raising :class:`ProtocolError` or
+    the attempt's request id ``rid``); ``parse`` turns a 200 answer to it into
+    a :class:`GenerationResult` (raising :class:`ProtocolError` or
     ``ValueError`` for an answer it cannot use). ``meta["server_text"]``
     says whether ``text`` came from the server (else the engine decodes the
     ids). ``explain`` adds a hint to the error of a refused request.
@@ -65,7 +65,7 @@ class WireProtocol:
     def encode(self, request: GenerationRequest, rid: str) -> bytes:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def parse(self, payload: bytes, rid: str) -> GenerationResult:  # pragma: no cover - abstract
+    def parse(self, payload: bytes, rid: str, request: GenerationRequest) -> GenerationResult:  # pragma: no cover
         raise NotImplementedError
 
     def explain(self, status: int, message: str) -> str:
@@ -189,7 +189,7 @@ class RemoteClient:
             else:
                 if status == 200:
                     try:
-                        result = protocol.parse(payload, rid)
+                        result = protocol.parse(payload, rid, request)
                     except ValueError as exc:  # ProtocolError, or a body that is not JSON
                         raise EngineError(f"{name} server {server.url} sent a response scaffold cannot use for "
                                           f"request {request.request_id}: {exc}", retryable=False) from None

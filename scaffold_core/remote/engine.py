@@ -429,6 +429,7 @@ class RemoteEngine(Engine):
         try:
             await self.pause_servers(mode)
         except BaseException:
+            self.paused_mode = None
             self._resumed.set()
             raise
 

@@ -19,7 +19,10 @@ behaviour SGLang and vLLM document:
   a record of every response.
 * :class:`running` serves a test server in process; :func:`serve_forever`
   and :func:`main` run one as a subprocess (the launcher tests start it in
-  place of the real server, with the same flag spelling).
+  place of the real server, with the same flag spelling), and
+  :class:`ServerSubprocess` starts one from a test (always stopped by its
+  fixture); :func:`free_port_range`, :func:`free_port`, :func:`run` and
+  :func:`pid_alive` are what such tests need besides.
 
 Needs aiohttp (a test dependency of the server plugins).
 """
@@ -34,9 +37,11 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -279,12 +284,12 @@ class FakeServer:
 
     # -- generation -----------------------------------------------------------
     async def step_gate(self, live: Live, delay: float) -> None:
-        """Per-token pacing (an abort cuts it short); a paused (keep) request waits here."""
+        """Per-token pacing (an abort cuts it short); a request frozen by a ``keep`` pause waits here."""
         try:
             await asyncio.wait_for(live.abort.wait(), delay)
         except asyncio.TimeoutError:
             pass
-        if not self.resume.is_set() and not live.abort.is_set():
+        if self.paused_mode == "keep" and not self.resume.is_set() and not live.abort.is_set():
             await self.until_continued_or_aborted(live)
 
     async def until_continued_or_aborted(self, live: Live) -> None:
@@ -503,3 +508,118 @@ def main(args: Any, make_server: Callable[[Any, Any], FakeServer], banner: str) 
                 os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+
+
+# ---------------------------------------------------------------------------
+# What the tests of server engines need besides
+# ---------------------------------------------------------------------------
+
+
+def free_port_range(size: int = 64) -> tuple[int, int]:
+    """A random block of ports below the ephemeral range, so concurrent test runs rarely pick the same one."""
+    from ..distributed.ports import job_port_range
+
+    lo, hi = job_port_range()
+    start = random.randrange(lo, hi - size)
+    return start, start + size - 1
+
+
+def free_port() -> int:
+    """One port free now, from a random place below the ephemeral range."""
+    from ..distributed.ports import try_reserve
+
+    for _ in range(200):
+        lo, _hi = free_port_range(1)
+        reservation = try_reserve(lo, "")
+        if reservation is not None:
+            return reservation.release()
+    raise RuntimeError("no free port found")
+
+
+def run(coro: Any, timeout: float = 60.0) -> Any:
+    """Run ``coro`` on a fresh event loop, bounded in time."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+class ServerSubprocess:
+    """A test server as a subprocess in its own process group: ``command + args + --port P``; ``kill()`` it."""
+
+    def __init__(self, tmp: Path, command: list[str], *args: str, port: int | None = None,
+                 env: dict[str, str] | None = None):
+        self.port = port or free_port()
+        self.command = list(command)
+        self.args = list(args)
+        self.env = env
+        self.log = tmp / f"test-server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerSubprocess:
+        argv = [*self.command, *self.args, "--port", str(self.port)]
+        env = None if self.env is None else {**os.environ, **self.env}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"test server exited: {self.log.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"test server did not listen within {timeout} s: {self.log.read_text()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The JSONL records a test server wrote with ``--record``."""
+    import json
+
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def assert_token_faithful(episodes: list[dict[str, Any]], served: list[dict[str, Any]]) -> None:
+    """Every trajectory's generated tokens and logprobs are exactly what the server returned (``served``:
+    :func:`records`; ``episodes``: the run's ledger records, token arrays as lists)."""
+    by_tokens: dict[tuple, list[dict[str, Any]]] = {}
+    for r in served:
+        by_tokens.setdefault((tuple(r["input_ids"]), tuple(r["output_ids"])), []).append(r)
+    checked = expected = 0
+    for episode in episodes:
+        expected += len(episode["samples"])
+        for traj in episode["trajectories"]:
+            n = traj["prompt_len"]
+            prompt, output = traj["input_ids"][:n], traj["input_ids"][n:]
+            matches = by_tokens.get((tuple(prompt), tuple(output)))
+            assert matches, f"episode {episode['episode_id']}: tokens the server never produced"
+            # Samples of one prompt can get the same short reply (one EOS token, say) with other logprobs:
+            # each trajectory must match one served reply, and each reply serves one trajectory.
+            logprobs = [m["logprobs"] for m in matches]
+            assert traj["logprobs"][n:] in logprobs
+            matches.pop(logprobs.index(traj["logprobs"][n:]))
+            assert traj["loss_mask"] == [0] * n + [1] * len(output)
+            checked += 1
+    assert checked == expected

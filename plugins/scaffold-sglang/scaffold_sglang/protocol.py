@@ -273,7 +273,7 @@ class SGLangProtocol(WireProtocol):
     def encode(self, request: GenerationRequest, rid: str) -> bytes:
         return self._encoder.encode(request, rid)
 
-    def parse(self, payload: bytes, rid: str) -> GenerationResult:
+    def parse(self, payload: bytes, rid: str, request: GenerationRequest) -> GenerationResult:
         return parse_generate_response(decode_json(payload), expect_rid=rid)
 
     def explain(self, status: int, message: str) -> str:

@@ -277,7 +277,8 @@ class TestServer(FakeServer):
             jobs = []
             for i, (prompt, params) in enumerate(zip(prompts, params_list)):
                 for j in range(n):
-                    jobs.append(self._one(rids[i * n + j], prompt, params, want_logprob, started))
+                    jobs.append(self._one(rids[i * n + j], prompt, params, want_logprob, started,
+                                          body.get("top_logprobs_num", 0)))
             outs = await asyncio.gather(*jobs) if len(jobs) > 1 else [await jobs[0]]
         except BadRequest as exc:
             if isinstance(exc.body, str):
@@ -288,12 +289,13 @@ class TestServer(FakeServer):
                             content_type="application/json")
 
     async def _one(self, rid: str, prompt: list[int], params: dict[str, Any], want_logprob: Any,
-                   started: float) -> dict[str, Any]:
+                   started: float, top_logprobs: Any = 0) -> dict[str, Any]:
         stop = params.get("stop") or ()
         sampling = Sampling(max_tokens=params["max_new_tokens"], temperature=params["temperature"],
                             seed=params.get("sampling_seed"), stop=[stop] if isinstance(stop, str) else list(stop),
                             stop_token_ids=list(params.get("stop_token_ids") or ()),
-                            ignore_eos=bool(params.get("ignore_eos")), top_p=params["top_p"], top_k=params["top_k"])
+                            ignore_eos=bool(params.get("ignore_eos")), top_p=params["top_p"], top_k=params["top_k"],
+                            top_logprobs=int(top_logprobs or 0))
         out, live = await self.run_one(rid, prompt, sampling)
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": self._finish(out), "prompt_tokens": len(prompt),
@@ -306,6 +308,10 @@ class TestServer(FakeServer):
         if want_logprob:
             meta["input_token_logprobs"] = [[None, prompt[-1], None]]
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.logprobs, out.ids)]
+            if out.tops is not None:  # the k most likely: here the sampled token, then alternatives
+                meta["output_top_logprobs"] = [
+                    [[v, t, None] for t, v in [(token, lp), *[a for a in alts if a[0] != token]][:len(alts)]]
+                    for token, lp, alts in zip(out.ids, out.logprobs, out.tops)]
         body: dict[str, Any] = {"output_ids": out.ids, "meta_info": meta}
         if out.text is not None and not self.skip_tokenizer_init:
             body = {"text": out.text, **body}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from scaffold_core.config import load_config
 from scaffold_core.output import read_ledger
 from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, plugin_set
+from scaffold_core.testing.remote_server import assert_token_faithful, records
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-sglang.yaml"
 
@@ -49,33 +49,6 @@ def run_rollout(out: Path, engine: dict, n: int, **rollout) -> dict:
 
 def ledger(out: Path) -> list[dict]:
     return list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def assert_token_faithful(episodes: list[dict], served: list[dict]) -> None:
-    """Every trajectory's generated tokens and logprobs are exactly what the server returned."""
-    by_tokens: dict[tuple, list[dict]] = {}
-    for r in served:
-        by_tokens.setdefault((tuple(r["input_ids"]), tuple(r["output_ids"])), []).append(r)
-    checked = expected = 0
-    for episode in episodes:
-        expected += len(episode["samples"])
-        for traj in episode["trajectories"]:
-            n = traj["prompt_len"]
-            prompt, output = traj["input_ids"][:n], traj["input_ids"][n:]
-            matches = by_tokens.get((tuple(prompt), tuple(output)))
-            assert matches, f"episode {episode['episode_id']}: tokens the server never produced"
-            # Samples of one prompt can get the same short reply (one EOS token, say) with other logprobs:
-            # each trajectory must match one served reply, and each reply serves one trajectory.
-            logprobs = [m["logprobs"] for m in matches]
-            assert traj["logprobs"][n:] in logprobs
-            matches.pop(logprobs.index(traj["logprobs"][n:]))
-            assert traj["loss_mask"] == [0] * n + [1] * len(output)
-            checked += 1
-    assert checked == expected
 
 
 def test_rollout_trajectories_hold_the_servers_tokens_and_logprobs(tmp_path, server_subprocess):
