@@ -243,18 +243,23 @@ class GenerateProtocol(WireProtocol):
 
     def __init__(self, extra: Mapping[str, Any] | None = None):
         self.extra = dict(extra or {})
-        self._cache: dict[Any, bytes] = {}
+        self._cache: dict[Any, bytes] = {}  # the sampling params of a SamplingParams, the seed left out
+        self._last: tuple[Any, bytes] = (None, b"")
 
     def encode(self, request: GenerationRequest, rid: str) -> bytes:
         sp = request.sampling
-        key = (sp, request.seed)
-        fragment = self._cache.get(key)
-        if fragment is None:  # the sampling params of a (sampling, seed) pair are encoded once
-            if len(self._cache) >= 4096:
-                self._cache.clear()
-            fragment = self._cache[key] = orjson.dumps({**sampling_fields(request), **self.extra})
-        return b'{"request_id":%b,"token_ids":%b,"sampling_params":%b}' % (
-            orjson.dumps(rid), encode_ids(request.prompt_ids), fragment)
+        last, fragment = self._last
+        if sp is not last:
+            fragment = self._cache.get(sp)  # type: ignore[assignment]
+            if fragment is None:
+                if len(self._cache) >= 4096:
+                    self._cache.clear()
+                fields = {**sampling_fields(GenerationRequest("", [], sp)), **self.extra}
+                fragment = self._cache[sp] = orjson.dumps(fields)[1:-1]  # the members, without the braces
+            self._last = (sp, fragment)
+        seed = b"" if request.seed is None else b'"seed":%d,' % (int(request.seed) & _MAX_SEED)
+        return b'{"request_id":%b,"token_ids":%b,"sampling_params":{%b%b}}' % (
+            orjson.dumps(rid), encode_ids(request.prompt_ids), seed, fragment)
 
     def parse(self, payload: bytes, rid: str, request: GenerationRequest) -> GenerationResult:
         return parse_generate_response(decode_json(payload), request.sampling.top_logprobs)
