@@ -225,12 +225,17 @@ class FakeServer:
                  port: int | None = None, weights: str = "default"):
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path or model_path
-        self.decode: Callable[..., str] | None = None  # the random backend's detokenizer, when it has one
+        self.backend = backend or RandomBackend()
+        #: The random backend's detokenizer (text, stop strings): the byte tokenizer, or a tokenizer directory's.
+        self.decode: Callable[..., str] | None = None
         if self.tokenizer_path == "builtin:byte":
             from ..tokenizers import ByteTokenizer
 
             self.decode = ByteTokenizer().decode
-        self.backend = backend or RandomBackend()
+        elif os.path.isdir(self.tokenizer_path) and isinstance(self.backend, RandomBackend):
+            from transformers import AutoTokenizer
+
+            self.decode = AutoTokenizer.from_pretrained(self.tokenizer_path).decode
         self.api_key = api_key
         self.context_length = context_length
         self.never_ready = never_ready
