@@ -21,7 +21,10 @@ behaviour SGLang and vLLM document:
   and :func:`main` run one as a subprocess (the launcher tests start it in
   place of the real server, with the same flag spelling), and
   :class:`ServerSubprocess` starts one from a test (always stopped by its
-  fixture); :func:`free_port_range`, :func:`free_port`, :func:`run` and
+  fixture: :func:`server_fixtures` makes a plugin's conftest fixtures);
+  :func:`serve_engine_in_process` serves one with a started engine for a
+  class of checks; :func:`run_rollout` runs a small rollout on a plugin's
+  engine; :func:`free_port_range`, :func:`free_port`, :func:`run` and
   :func:`pid_alive` are what such tests need besides.
 
 Needs aiohttp (a test dependency of the server plugins).
@@ -235,7 +238,8 @@ class FakeServer:
         elif os.path.isdir(self.tokenizer_path) and isinstance(self.backend, RandomBackend):
             from transformers import AutoTokenizer
 
-            self.decode = AutoTokenizer.from_pretrained(self.tokenizer_path).decode
+            tokenizer: Any = AutoTokenizer.from_pretrained(self.tokenizer_path)
+            self.decode = tokenizer.decode
         self.api_key = api_key
         self.context_length = context_length
         self.never_ready = never_ready
@@ -628,3 +632,104 @@ def assert_token_faithful(episodes: list[dict[str, Any]], served: list[dict[str,
             assert traj["loss_mask"] == [0] * n + [1] * len(output)
             checked += 1
     assert checked == expected
+
+
+def server_fixtures(subprocess_class: Any) -> tuple[Any, Any]:
+    """A server plugin's conftest fixtures: ``server_subprocess`` (``start(*args, port=None)`` runs a
+    ``subprocess_class(tmp_path, *args, port=port)``, every one killed at the end of the test) and the autouse
+    ``no_leftover_servers`` (a test that leaves a launched server running fails)::
+
+        server_subprocess, no_leftover_servers = server_fixtures(ServerSubprocess)
+    """
+    import pytest
+
+    @pytest.fixture
+    def server_subprocess(tmp_path: Path) -> Any:
+        started: list[Any] = []
+
+        def start(*args: str, port: int | None = None) -> Any:
+            proc = subprocess_class(tmp_path, *args, port=port).start()
+            started.append(proc)
+            return proc
+
+        yield start
+        for proc in started:
+            proc.kill()
+
+    @pytest.fixture(autouse=True)
+    def no_leftover_servers() -> Any:
+        from ..remote.launcher import live_servers
+
+        yield
+        left = live_servers()
+        for server in left:
+            server.stop(timeout=2.0)
+        assert not left, f"servers left running after the test: {[s.url for s in left]}"
+
+    return server_subprocess, no_leftover_servers
+
+
+def serve_engine_in_process(server: FakeServer, make_engine: Callable[[str], Any], *,
+                            timeout: float = 60.0) -> Any:
+    """For a class-scoped fixture: serve ``server`` in process on a background loop, start
+    ``make_engine(url)`` and yield it as a :class:`~scaffold_core.testing.live.LiveEngine`; all stopped after."""
+    from .live import BackgroundLoop, LiveEngine
+
+    loop = BackgroundLoop()
+    serving = running(server)
+    try:
+        url = loop.run(serving.__aenter__(), 30)
+        engine = make_engine(url)
+        try:
+            loop.run(engine.start(), timeout)
+            yield LiveEngine(engine, loop, timeout=timeout)
+        finally:
+            loop.run(engine.close(), 30)
+    finally:
+        try:
+            loop.run(serving.__aexit__(None, None, None), 30)
+        finally:
+            loop.close()
+
+
+def arith_rows(n: int) -> list[dict[str, Any]]:
+    """``n`` rows of a small arithmetic task: ``{"id", "question", "answer"}``."""
+    return [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n)]
+
+
+def run_rollout(plugin: Any, engine: dict[str, Any], out: Path, n: int, *, sampling: dict[str, Any] | None = None,
+                **rollout: Any) -> dict[str, Any]:
+    """A rollout (the code path of ``scaffold run``) of :func:`arith_rows` on ``plugin``'s engine (``engine``:
+    the config's ``engine`` section), exact-match scored, written to ``out``; its metrics."""
+    from ..config import load_config
+    from ..plugins.markers import hookimpl
+    from ..run.rollout import Rollout
+    from .helpers import ListTask, plugin_set
+
+    class TaskPlugin:
+        @hookimpl
+        def register_tasks(self, registry: Any) -> None:
+            registry.add("arith", ListTask)
+
+    plugins = plugin_set(plugin, TaskPlugin())
+    config = load_config(data={
+        "task": {"name": "arith", "rows": arith_rows(n)}, "engine": engine, "verifier": {"name": "exact_match"},
+        "sampling": sampling or {"max_tokens": 12, "temperature": 1.0}, "rollout": {"progress": False, **rollout},
+        "output": {"dir": str(out)},
+    }, registry=plugins.registry)
+    return Rollout(config, output_dir=out, plugins=plugins).run()
+
+
+def start_failure(engine: Any) -> tuple[Any, float]:
+    """The :class:`~scaffold_core.remote.launcher.LaunchError` ``engine.start()`` raises, and how long it took."""
+    import pytest
+
+    from ..remote.launcher import LaunchError
+
+    async def main() -> tuple[Any, float]:
+        started = time.monotonic()
+        with pytest.raises(LaunchError) as info:
+            await engine.start()
+        return info.value, time.monotonic() - started
+
+    return run(main())

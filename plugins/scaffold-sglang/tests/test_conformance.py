@@ -9,20 +9,18 @@ checkpoint directory that server can read, for the weight-update check).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sglang_testkit import byte_server, ts  # noqa: E402
+from sglang_testkit import byte_server  # noqa: E402
 
 import scaffold_sglang  # noqa: E402
-from scaffold_core.testing import BackgroundLoop, LiveEngine  # noqa: E402
 from scaffold_core.testing.conformance import RemoteEngineConformance  # noqa: E402
+from scaffold_core.testing.remote_server import serve_engine_in_process  # noqa: E402
 
 
 class TestSGLangEngineConformance(RemoteEngineConformance):
@@ -32,37 +30,18 @@ class TestSGLangEngineConformance(RemoteEngineConformance):
     name = "sglang"
     options = {"url": "http://127.0.0.1:9"}  # only for the registration and close-before-start checks
     max_tokens = 24
-    _checkpoint: str | None = None
-
-    @property
-    def checkpoint(self) -> str | None:
-        return type(self)._checkpoint
 
     @pytest.fixture(scope="class")
     @classmethod
-    def live_engine(cls):
+    def live_engine(cls, tmp_path_factory):
         from scaffold_sglang.engine import SGLangEngine
 
-        cls._checkpoint = tempfile.mkdtemp(prefix="scaffold-sglang-checkpoint-")
-        loop = BackgroundLoop()
+        cls._checkpoint = str(tmp_path_factory.mktemp("checkpoint"))
         # Long answers, 2 ms a token: requests are still running when the weight-update check updates.
-        running = ts.running(byte_server(context_length=4096,
-                                         backend_options={"mean_tokens": 400, "token_delay_s": 0.002}))
-        try:
-            url = loop.run(running.__aenter__(), 30)
-            # send_sampling_seed: seeded sampled requests are reproducible (the test server honours sampling_seed)
-            engine = SGLangEngine(url=url, tokenizer="builtin:byte", send_sampling_seed=True)
-            try:
-                loop.run(engine.start(), 60)
-                yield LiveEngine(engine, loop, timeout=60)
-            finally:
-                loop.run(engine.close(), 30)
-        finally:
-            try:
-                loop.run(running.__aexit__(None, None, None), 30)
-            finally:
-                loop.close()
-                shutil.rmtree(cls._checkpoint, ignore_errors=True)
+        server = byte_server(context_length=4096, backend_options={"mean_tokens": 400, "token_delay_s": 0.002})
+        # send_sampling_seed: seeded sampled requests are reproducible (the test server honours sampling_seed)
+        yield from serve_engine_in_process(
+            server, lambda url: SGLangEngine(url=url, tokenizer="builtin:byte", send_sampling_seed=True))
 
 
 @pytest.mark.skipif(not os.environ.get("SCAFFOLD_SGLANG_URL"), reason="set SCAFFOLD_SGLANG_URL to a live SGLang server")

@@ -8,15 +8,13 @@ behaviour, no GPU) and, where ``SCAFFOLD_VLLM_URL`` points at one, against a liv
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import pytest
 import scaffold_vllm
-from vllm_testkit import byte_server, ts
+from vllm_testkit import byte_server
 
-from scaffold_core.testing import BackgroundLoop, LiveEngine
 from scaffold_core.testing.conformance import RemoteEngineConformance
+from scaffold_core.testing.remote_server import serve_engine_in_process
 
 
 class TestVLLMEngineConformance(RemoteEngineConformance):
@@ -26,36 +24,16 @@ class TestVLLMEngineConformance(RemoteEngineConformance):
     name = "vllm"
     options = {"url": "http://127.0.0.1:9"}  # only for the registration and close-before-start checks
     max_tokens = 24
-    _checkpoint: str | None = None
-
-    @property
-    def checkpoint(self) -> str | None:
-        return type(self)._checkpoint
 
     @pytest.fixture(scope="class")
     @classmethod
-    def live_engine(cls):
+    def live_engine(cls, tmp_path_factory):
         from scaffold_vllm.engine import VLLMEngine
 
-        cls._checkpoint = tempfile.mkdtemp(prefix="scaffold-vllm-checkpoint-")
-        loop = BackgroundLoop()
+        cls._checkpoint = str(tmp_path_factory.mktemp("checkpoint"))
         # Long answers, 2 ms a token: requests are still running when the weight-update check updates.
         server = byte_server(context_length=4096, backend_options={"mean_tokens": 400, "token_delay_s": 0.002})
-        running = ts.running(server)
-        try:
-            url = loop.run(running.__aenter__(), 30)
-            engine = VLLMEngine(url=url, tokenizer="builtin:byte")
-            try:
-                loop.run(engine.start(), 60)
-                yield LiveEngine(engine, loop, timeout=60)
-            finally:
-                loop.run(engine.close(), 30)
-        finally:
-            try:
-                loop.run(running.__aexit__(None, None, None), 30)
-            finally:
-                loop.close()
-                shutil.rmtree(cls._checkpoint, ignore_errors=True)
+        yield from serve_engine_in_process(server, lambda url: VLLMEngine(url=url, tokenizer="builtin:byte"))
 
 
 @pytest.mark.skipif(not os.environ.get("SCAFFOLD_VLLM_URL"), reason="set SCAFFOLD_VLLM_URL to a live vLLM server")

@@ -13,39 +13,15 @@ from pathlib import Path
 import pytest
 import scaffold_vllm
 
-from scaffold_core import hookimpl
-from scaffold_core.config import load_config
 from scaffold_core.output import read_ledger
-from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import ListTask, plugin_set
-from scaffold_core.testing.remote_server import assert_token_faithful, records
+from scaffold_core.testing.remote_server import assert_token_faithful, records, run_rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-vllm.yaml"
 
 
-class TaskPlugin:
-    """A small task for these tests, so they do not depend on the gsm8k plugin."""
-
-    @hookimpl
-    def register_tasks(self, registry):
-        registry.add("arith", ListTask)
-
-
-def rows(n: int) -> list[dict]:
-    return [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n)]
-
-
-def run_rollout(out: Path, engine: dict, n: int, **rollout) -> dict:
-    plugins = plugin_set(scaffold_vllm, TaskPlugin())
-    config = load_config(data={
-        "task": {"name": "arith", "rows": rows(n)},
-        "engine": {"name": "vllm", **engine},
-        "verifier": {"name": "exact_match"},
-        "sampling": {"max_tokens": 12, "temperature": 1.0, "seed": 3},
-        "rollout": {"progress": False, **rollout},
-        "output": {"dir": str(out)},
-    }, registry=plugins.registry)
-    return Rollout(config, output_dir=out, plugins=plugins).run()
+def rollout(out: Path, engine: dict, n: int, **options) -> dict:
+    return run_rollout(scaffold_vllm, {"name": "vllm", **engine}, out, n,
+                       sampling={"max_tokens": 12, "temperature": 1.0, "seed": 3}, **options)
 
 
 def ledger(out: Path) -> list[dict]:
@@ -58,7 +34,7 @@ BYTES = ("--vocab-size", "262", "--tokenizer", "builtin:byte")
 def test_rollout_trajectories_hold_the_servers_tokens_and_logprobs(tmp_path, server_subprocess):
     record = tmp_path / "served.jsonl"
     server = server_subprocess(*BYTES, "--record", str(record))
-    metrics = run_rollout(tmp_path / "run", {"url": server.url}, 10, concurrency=4)
+    metrics = rollout(tmp_path / "run", {"url": server.url}, 10, concurrency=4)
     episodes = ledger(tmp_path / "run")
     assert metrics["completed"] == 10 and metrics["failed"] == 0
     assert sorted(e["episode_id"] for e in episodes) == sorted(f"q{i}" for i in range(10))
@@ -72,7 +48,7 @@ def test_503s_and_dropped_connections_mid_run_lose_and_duplicate_nothing(tmp_pat
     record = tmp_path / "served.jsonl"
     server = server_subprocess(*BYTES, "--record", str(record), "--fail-first", "6", "--drop-first", "6",
                                "--token-delay-ms", "5")
-    metrics = run_rollout(tmp_path / "run", {"url": server.url, "retry_backoff": 0.05, "max_retries": 6}, 20,
+    metrics = rollout(tmp_path / "run", {"url": server.url, "retry_backoff": 0.05, "max_retries": 6}, 20,
                           concurrency=8, retries=0)  # no episode-level retry: the engine must absorb them all
     episodes = ledger(tmp_path / "run")
     ids = [e["episode_id"] for e in episodes]

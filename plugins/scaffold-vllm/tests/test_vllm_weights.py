@@ -126,30 +126,6 @@ def test_a_failed_update_keeps_the_old_version_and_resumes_the_servers(tmp_path)
     assert "checkpoint directory" in errors[1] and "got NoneType" in errors[1] and "got int" in errors[2]
 
 
-def test_pause_and_resume_keep_requests_and_hold_new_ones_in_the_engine():
-    server = byte_server(backend_options={"token_delay_s": 0.01, "mean_tokens": 10_000})
-
-    async def main():
-        async with ts.running(server) as url:
-            async with engine(url) as eng:
-                running = [asyncio.ensure_future(eng.generate(req(i, max_tokens=20))) for i in range(2)]
-                while len(server.live) < 2:
-                    await asyncio.sleep(0.005)
-                await eng.pause_generation("keep")
-                seen = server.requests_seen
-                later = asyncio.ensure_future(eng.generate(req(9, max_tokens=5)))
-                await asyncio.sleep(0.2)
-                held = (not later.done(), server.requests_seen == seen, all(not r.done() for r in running))
-                await eng.continue_generation()
-                return held, await asyncio.gather(*running, later)
-
-    held, results = run(main())
-    assert held == (True, True, True)  # in flight kept on the server, the new one waited in the engine
-    assert [r.finish_reason for r in results] == ["length", "length", "length"]
-    assert [len(r.output_ids) for r in results] == [20, 20, 5]
-    assert all(r["finish_reason"] != "abort" for r in server.responses) and len(server.responses) == 3
-
-
 def test_max_staleness_holds_on_tokens_of_two_versions(tmp_path):
     """A sample whose first tokens the old policy sampled counts as old as its oldest token."""
     result, _, _, _ = update_mid_request(tmp_path, "abort")

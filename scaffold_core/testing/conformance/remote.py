@@ -39,10 +39,14 @@ class RemoteEngineConformance(EngineConformance):
     #: Tokens each of those may generate.
     update_max_tokens: ClassVar[int] = 256
 
+    #: A checkpoint directory every server can read (the served model saved with save_pretrained); a
+    #: ``live_engine`` fixture of a test server may set it on the class (any directory will do there).
+    _checkpoint: ClassVar[str | None] = None
+
     @property
     def checkpoint(self) -> str | None:
-        """A checkpoint directory every server can read (the served model saved with save_pretrained)."""
-        return None
+        """The directory the weight-update check loads (``None``: the check is skipped)."""
+        return type(self)._checkpoint
 
     def test_max_tokens_above_the_servers_default_is_honoured(self, live_engine: Any) -> None:
         sampling = self.greedy(max_tokens=self.long_max_tokens)
