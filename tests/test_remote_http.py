@@ -296,6 +296,38 @@ def test_a_request_past_request_timeout_fails_and_its_connection_and_slot_are_fr
     assert 0.3 <= took < 1.0 and after == (200, b"fine") and record["connections"] == 2
 
 
+def test_a_request_can_set_its_own_timeout_shorter_or_longer_than_the_pools():
+    """Control calls (a health probe, a weight update) set their own bound; the pool's default is untouched."""
+    release = asyncio.Event()
+
+    async def answer(writer, head, body):
+        if body == b"slow":
+            await asyncio.sleep(0.5)
+        elif body == b"hang":
+            await release.wait()
+        writer.write(ok(body))
+
+    async def main():
+        async with scripted(answer) as (url, record):
+            p = pool(limit=4, request_timeout=0.3)
+            try:
+                ep = p.endpoint(url, "/control")
+                start = time.monotonic()
+                with pytest.raises(RequestTimeout):
+                    await p.request(ep, b"hang", 0.05)
+                short = time.monotonic() - start
+                longer = await p.request(ep, b"slow", 5.0)  # past the pool's 0.3 s, within its own 5 s
+                with pytest.raises(RequestTimeout):
+                    await p.request(ep, b"slow")  # the pool's own bound still applies to the others
+                release.set()
+            finally:
+                await p.close()
+            return short, longer
+
+    short, longer = run(main())
+    assert short < 0.3 and longer == (200, b"slow")
+
+
 def test_waiting_for_a_free_connection_counts_toward_request_timeout():
     async def answer(writer, head, body):
         await asyncio.sleep(0.4)  # each answer alone is well within the 0.6 s request timeout
