@@ -357,6 +357,7 @@ class RemoteEngine(Engine):
         sampling = request.sampling
         last = first
         attempts = int(first.meta.get("attempts", 1))
+        parts = 1
         for segment in range(1, MAX_SEGMENTS + 1):
             remaining = sampling.max_tokens - len(ids)
             if remaining <= 0 or self._stopped(ids, sampling.stop):
@@ -370,6 +371,7 @@ class RemoteEngine(Engine):
             more = GenerationRequest(f"{request.request_id}+{segment}", [*request.prompt_ids, *ids],
                                      sampling.replace(max_tokens=remaining), seed=seed, episode_id=request.episode_id)
             last = await self.need_client().generate(more)
+            parts += 1
             attempts += int(last.meta.get("attempts", 1))
             ids += last.output_ids
             logprobs += last.logprobs
@@ -384,7 +386,7 @@ class RemoteEngine(Engine):
                               retryable=True)
         meta = dict(last.meta)
         meta.pop("server_text", None)
-        meta.update(segments=segment, attempts=attempts)
+        meta.update(segments=parts, attempts=attempts)  # the parts the result was generated in
         return GenerationResult(output_ids=ids, logprobs=logprobs, finish_reason=finish,
                                 text=response_text(self.tokenizer, ids, sampling.stop), weight_version=min(versions,
                                 default=version), versions=versions, meta=meta, top_logprobs=tops)
