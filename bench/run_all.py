@@ -18,7 +18,7 @@ SCRIPTS = [
     ("batching efficiency", "batching_efficiency.py", []),
     ("group prefill sharing", "group_prefill.py", []),
     ("GSM8K verifier", "gsm8k_verifier.py", []),
-    ("SGLang client", "sglang_client.py", []),
+    ("server engines' client (SGLang, vLLM)", "remote_client.py", []),
     ("multi-turn drift and speed", "multiturn_drift.py", []),
     ("agent overhead", "agent_overhead.py", []),
     ("scaffold serve overhead", "serve_overhead.py", []),

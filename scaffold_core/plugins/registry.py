@@ -59,6 +59,7 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("tool_format", "hermes"): "scaffold-multiturn",
     ("tool_format", "native"): "scaffold-multiturn",
     ("engine", "sglang"): "scaffold-sglang",
+    ("engine", "vllm"): "scaffold-vllm",
     ("tool", "calculator"): "scaffold-tools",
     ("tool", "python"): "scaffold-tools",
     ("tool", "search"): "scaffold-tools",

@@ -1,8 +1,9 @@
-"""SGLang's native ``/generate`` protocol: request bodies out, results and error messages in.
+"""SGLang's native ``/generate`` protocol: request bodies out, results in.
 
-Pure functions with no I/O, so the client, the test server and the parse
+Pure functions with no I/O, so the engine, the test server and the parse
 tests share one definition of the wire format (see the plugin README and
-``sglang-api.md`` for the documented behaviour they follow).
+``sglang-api.md`` for the documented behaviour they follow);
+:class:`SGLangProtocol` hands them to the shared remote client.
 
 Requests carry ``input_ids`` (never text), an explicit ``sampling_params``
 dict that always sets ``max_new_tokens`` and only uses names SGLang knows
@@ -17,7 +18,6 @@ tuples per position), ``meta_info.finish_reason.type`` and
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.remote.client import ProtocolError, WireProtocol, decode_json, encode_ids, encode_json
 
 #: Every ``sampling_params`` name native ``/generate`` accepts (sglang 0.5.8 to 0.5.23).
 #: Anything else is rejected by the server, so the client refuses it up front.
@@ -42,10 +43,6 @@ MANAGED_SAMPLING_KEYS: frozenset[str] = frozenset({
 
 FINISH_TYPES = ("stop", "length", "abort")
 _MAX_SEED = (1 << 63) - 1
-
-
-class ProtocolError(ValueError):
-    """A response that does not follow the ``/generate`` protocol (missing or inconsistent fields)."""
 
 
 def check_extra_sampling(extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -139,22 +136,6 @@ class BodyEncoder:
             self._last = (sp, fragment)
         return b'{"input_ids":%b,"rid":%b,"sampling_params":%b,"return_logprob":true}' % (
             encode_ids(request.prompt_ids), orjson.dumps(rid) if rid.isascii() else encode_json(rid), fragment)
-
-
-def encode_ids(ids: Any) -> bytes:
-    """The JSON array of token ids (a list or tuple of ints, numpy integers, or a numpy array)."""
-    try:
-        return orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)
-    except TypeError:  # something orjson does not know (e.g. another int-like type): its str() is its JSON
-        return b"[" + ",".join(map(str, ids)).encode() + b"]"
-
-
-def decode_json(payload: bytes | str) -> Any:
-    """Parse a response body: orjson, or the stdlib for what only it accepts (NaN literals, huge ints)."""
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return json.loads(payload)
 
 
 _INT_ONLY = frozenset({int})
@@ -280,38 +261,22 @@ def parse_top_logprobs(entries: Any, n: int) -> list[dict[int, float]] | None:
     return out
 
 
-def error_message(status: int, payload: bytes | str) -> str:
-    """The human message of an error response, whichever of SGLang's four body shapes it has.
+class SGLangProtocol(WireProtocol):
+    """``POST /generate`` with ``input_ids`` and ``return_logprob``, for the shared remote client."""
 
-    ``{"error": {"message": ...}}``, ``{"error": "..."}``, the OpenAI-style
-    ``{"object": "error", "message": ...}``, the control endpoints'
-    ``{"success": false, "message": ...}``, or plain text.
-    """
-    text = payload.decode("utf-8", errors="replace") if isinstance(payload, bytes) else str(payload)
-    message: Any = None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict):
-            message = err.get("message") or json.dumps(err)
-        elif isinstance(err, str):
-            message = err
-        elif data.get("object") == "error" or "message" in data:
-            message = data.get("message")
-    if message is None:
-        message = text.strip() or "(empty body)"
-    message = str(message)
-    if len(message) > 1000:
-        message = message[:1000] + "..."
-    return f"HTTP {status}: {message}"
+    name = "sglang"
+    generate_path = "/generate"
 
+    def __init__(self, *, send_seed: bool = False, extra_sampling: Mapping[str, Any] | None = None):
+        self._encoder = BodyEncoder(send_seed=send_seed, extra_sampling=extra_sampling)
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
+    def encode(self, request: GenerationRequest, rid: str) -> bytes:
+        return self._encoder.encode(request, rid)
 
+    def parse(self, payload: bytes, rid: str, request: GenerationRequest) -> GenerationResult:
+        return parse_generate_response(decode_json(payload), expect_rid=rid)
 
-def encode_json(data: Any) -> bytes:
-    """Compact JSON bytes (what the client sends)."""
-    return _COMPACT.encode(data).encode()
+    def explain(self, status: int, message: str) -> str:
+        if status == 400 and "unknown field" in message:
+            return "; a sampling parameter is not supported by this SGLang version (see engine.sampling_extra)"
+        return ""

@@ -1,11 +1,9 @@
-"""Fixtures for the scaffold-sglang tests: the protocol test server, in-process and as a subprocess."""
+"""Fixtures for the scaffold-sglang tests: the protocol test server as a subprocess, and no server left behind."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-import pytest
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -13,31 +11,8 @@ if str(HERE) not in sys.path:
 
 from sglang_testkit import ServerSubprocess  # noqa: E402
 
+from scaffold_core.testing.remote_server import server_fixtures  # noqa: E402
 
-@pytest.fixture
-def server_subprocess(tmp_path):
-    """``start(*args)`` runs a test server subprocess; every one is killed at the end of the test."""
-    started: list[ServerSubprocess] = []
-
-    def start(*args: str, port: int | None = None) -> ServerSubprocess:
-        proc = ServerSubprocess(tmp_path, *args, port=port).start()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.kill()
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_servers():
-    """Every test must stop the servers it launched (the launcher's own registry says which are alive)."""
-    from scaffold_sglang.launcher import live_servers
-
-    yield
-    left = live_servers()
-    for server in left:
-        server.stop(timeout=2.0)
-    assert not left, f"servers left running after the test: {[s.url for s in left]}"
-
-
+# server_subprocess: start(*args) runs a SGLang test server subprocess; every one is killed at the end of the test.
+# no_leftover_servers (autouse): a test that leaves a launched server running fails.
+server_subprocess, no_leftover_servers = server_fixtures(ServerSubprocess)

@@ -437,7 +437,7 @@ def test_unreachable_url_fails_start_within_url_wait_timeout():
 
 
 
-def test_aborted_requests_are_rerun_by_the_runtime_after_a_pause_in_abort_mode():
+def test_requests_a_pause_aborts_are_continued_by_the_engine_and_each_episode_runs_once():
     from scaffold_core.builtins.controllers import NativeController
     from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
@@ -456,13 +456,19 @@ def test_aborted_requests_are_rerun_by_the_runtime_after_a_pause_in_abort_mode()
                 run_task = asyncio.ensure_future(runtime.run(contexts, results.append))
                 while len(server.live) < 4:
                     await asyncio.sleep(0.01)
-                await eng.pause_generation("abort")  # in-flight requests end as aborted
+                await eng.pause_generation("abort")  # in-flight requests end as aborted, partial
                 await asyncio.sleep(0.1)
                 await eng.continue_generation()
                 await run_task
                 return results, eng.stats()
 
     results, stats = run(main())
-    assert stats["aborted"] == 4
+    assert stats["aborted"] == 4 and stats["continued"] == 4
     assert sorted(r.episode_id for r in results) == ["q0", "q1", "q2", "q3"]
-    assert all(r.status == "ok" and r.attempts == 2 for r in results)
+    assert all(r.status == "ok" and r.attempts == 1 for r in results)  # the runtime never saw the abort
+    aborted = [r for r in server.responses if r["finish_reason"] == "abort"]
+    assert len(aborted) == 4 and len(server.responses) == 8
+    for part in aborted:
+        rest = next(r for r in server.responses
+                    if r is not part and r["input_ids"] == part["input_ids"] + part["output_ids"])
+        assert rest["finish_reason"] in ("stop", "length")

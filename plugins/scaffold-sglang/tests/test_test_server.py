@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 from sglang_testkit import byte_server, run, ts
 
-from scaffold_sglang.protocol import error_message, parse_generate_response
+from scaffold_core.remote.client import error_message
+from scaffold_sglang.protocol import parse_generate_response
 
 
 async def call(url: str, method: str, path: str, body=None, headers=None):

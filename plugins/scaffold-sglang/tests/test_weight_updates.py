@@ -57,21 +57,62 @@ def test_a_failed_update_keeps_the_old_version():
     assert "checkpoint directory" in errors[1] and "never go backwards" in errors[2]
 
 
-def test_requests_in_flight_finish_on_the_old_weights(tmp_path):
-    server = byte_server(backend_options={"token_delay_s": 0.01, "mean_tokens": 60})
+def update_mid_request(tmp_path, pause_mode: str, compat: str = "0.5.23"):
+    """One 40-token request (10 ms a token) with a weight update 0.12 s into it; (result, server, engine stats)."""
+    server = byte_server(compat=compat, backend_options={"token_delay_s": 0.01, "mean_tokens": 10_000})
 
     async def main():
         async with ts.running(server) as url:
-            async with engine(url) as eng:
+            async with engine(url, pause_mode=pause_mode) as eng:
                 running = asyncio.ensure_future(eng.generate(req(1, max_tokens=40)))
                 while not server.live:
                     await asyncio.sleep(0.005)
-                version = await eng.update_weights(str(tmp_path))
-                done_first = running.done()
+                await asyncio.sleep(0.12)
+                assert await eng.update_weights(str(tmp_path)) == 1
+                done_at_update = running.done()
                 later = await eng.generate(req(2, max_tokens=4))
-                return version, done_first, await running, later
+                return await running, later, done_at_update, eng.stats()
 
-    version, done_first, in_flight, later = run(main())
-    assert version == 1 and done_first  # the update waited for the running request
-    assert version_number(in_flight.weight_version) == 0 and len(in_flight.output_ids) > 1
-    assert later.weight_version == "1"
+    result, later, done_at_update, stats = run(main())
+    assert later.weight_version == "1" and later.versions is None
+    server.responses = [r for r in server.responses if r["max_tokens"] != 4]  # the long request's parts only
+    return result, server, done_at_update, stats
+
+
+def test_pause_abort_continues_the_request_and_each_token_has_the_version_that_sampled_it(tmp_path):
+    result, server, done_at_update, stats = update_mid_request(tmp_path, "abort")
+    first, rest = server.responses[0], server.responses[1]
+    assert first["finish_reason"] == "abort" and rest["input_ids"] == first["input_ids"] + first["output_ids"]
+    assert result.output_ids == first["output_ids"] + rest["output_ids"] and len(result.output_ids) == 40
+    assert result.logprobs == first["logprobs"] + rest["logprobs"] and result.finish_reason == "length"
+    truth = [version_number(label) for label in first["labels"] + rest["labels"]]  # what the server sampled with
+    assert result.versions == truth and truth[0] == 0 and truth[-1] == 1
+    assert result.weight_version == 0 and stats["continued"] == 1 and not done_at_update
+    assert [name for name, _ in server.control_log] == ["pause_generation", "update_weights_from_disk",
+                                                        "continue_generation"]
+
+
+def test_pause_keep_retracts_and_the_servers_spans_give_each_tokens_version(tmp_path):
+    result, server, done_at_update, stats = update_mid_request(tmp_path, "keep")
+    (record,) = server.responses
+    assert record["finish_reason"] == "length"  # one request, kept, not aborted
+    assert result.output_ids == record["output_ids"] and result.meta["num_retractions"] > 0
+    truth = [version_number(label) for label in record["labels"]]
+    assert result.versions == truth and truth[0] == 0 and truth[-1] == 1 and stats["continued"] == 0
+    assert server.control_log[0] == ("pause_generation", {"mode": "retract"})
+    assert server.control_log[1][1]["flush_cache"] is False  # the kept requests' cache stays
+
+
+def test_pause_keep_without_spans_says_the_older_version_and_that_it_is_not_exact(tmp_path):
+    result, server, _, stats = update_mid_request(tmp_path, "keep", compat="0.5.8")
+    assert {label for label in server.responses[0]["labels"]} == {"default", "1"}  # it did cross the update
+    assert result.versions is None and result.weight_version == 0  # conservative: staleness counts from v0
+    assert result.meta["versions_exact"] is False and stats["inexact_versions"] == 1
+
+
+def test_pause_wait_lets_requests_in_flight_finish_on_the_old_weights(tmp_path):
+    result, server, done_at_update, _ = update_mid_request(tmp_path, "wait")
+    assert done_at_update  # the update waited for the running request
+    assert set(server.responses[0]["labels"]) == {"default"} and len(result.output_ids) == 40
+    assert version_number(result.weight_version) == 0 and result.versions is None
+    assert [name for name, _ in server.control_log] == ["update_weights_from_disk"]

@@ -16,6 +16,11 @@ class                                checks
                                      stop ids honoured, valid finish reasons, concurrent and
                                      seeded requests, the event loop never blocked,
                                      cancelled requests let go
+:class:`RemoteEngineConformance`     for engines on inference servers (SGLang, vLLM), beyond
+                                     EngineConformance: max_tokens above a server's default,
+                                     top logprobs, a keep pause holds and keeps requests, a
+                                     weight update mid-generation versions each token,
+                                     context overflow is a clear error not retried
 :class:`ControllerConformance`       clone isolation, process is a generator, episodes
                                      complete, concurrency does not change results, engine
                                      errors and hangs fail episodes within the timeouts, the
@@ -42,10 +47,11 @@ This module needs pytest; it is imported only by tests.
 
 from .controllers import ControllerConformance
 from .engines import EngineConformance
+from .remote import RemoteEngineConformance
 from .tasks import TaskConformance
 from .tools import ToolConformance
 from .trajectories import TrajectoryMakerConformance
 from .verifiers import VerifierConformance
 
-__all__ = ["ControllerConformance", "EngineConformance", "TaskConformance", "ToolConformance",
-           "TrajectoryMakerConformance", "VerifierConformance"]
+__all__ = ["ControllerConformance", "EngineConformance", "RemoteEngineConformance", "TaskConformance",
+           "ToolConformance", "TrajectoryMakerConformance", "VerifierConformance"]

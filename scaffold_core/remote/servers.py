@@ -1,9 +1,9 @@
 """Server URLs and load balancing: least in-flight requests, one episode sticks to one server.
 
-Keeping an episode on one server lets SGLang's prefix (radix) cache reuse the
-prompt across the episode's samples and turns. A server that refuses
-connections is skipped for a short cool-down; its episodes move to the least
-loaded healthy server.
+Keeping an episode on one server lets the server's prefix cache (SGLang's
+radix cache, vLLM's automatic prefix caching) reuse the prompt across the
+episode's samples and turns. A server that refuses connections is skipped for
+a short cool-down; its episodes move to the least loaded healthy server.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from scaffold_core.distributed.net import format_url, is_ipv6
+from ..distributed.net import format_url, is_ipv6, strip_brackets
 
 STICKY_LIMIT = 200_000  # episodes remembered; the oldest are forgotten first
 COOL_DOWN_S = (1.0, 30.0)  # a failing server is skipped 1 s, doubling per consecutive failure, at most 30 s
@@ -24,7 +24,9 @@ def normalize_url(text: str) -> str:
     """``http://host:port`` with IPv6 bracketed once and no trailing slash; raises ValueError naming the fix.
 
     Accepts ``http(s)://host:port[/]``, ``host:port`` and ``[v6]:port``; a bare
-    IPv6 address with a port (``::1:30000``) is ambiguous and refused.
+    IPv6 address with a port (``::1:30000``) is ambiguous and refused. A zone
+    id may be written ``[fe80::1%25eth0]`` (RFC 6874) or ``[fe80::1%eth0]``;
+    it comes back as ``%25``, its case kept.
     """
     raw = str(text).strip()
     if not raw:
@@ -43,11 +45,11 @@ def normalize_url(text: str) -> str:
         port = parts.port
     except ValueError:
         raise ValueError(f"{text!r}: the port must be an integer in 1..65535") from None
-    host = parts.hostname
+    host = strip_brackets(netloc.rsplit(":", 1)[0]) if netloc.startswith("[") else parts.hostname  # zone case kept
     if not host:
         raise ValueError(f"{text!r}: no host in the URL")
     if port is None:
-        raise ValueError(f"{text!r}: no port in the URL (SGLang listens on 30000 by default)")
+        raise ValueError(f"{text!r}: no port in the URL, e.g. http://127.0.0.1:8000")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError(f"{text!r}: give the server's base URL (no path such as /generate)")
     if ":" in host and not is_ipv6(host):
@@ -71,7 +73,7 @@ def parse_urls(value: str | list[str] | tuple[str, ...]) -> list[str]:
 
 @dataclass(eq=False)
 class Server:
-    """One SGLang server and what the client knows about it."""
+    """One inference server and what the client knows about it."""
 
     url: str
     in_flight: int = 0
@@ -79,7 +81,7 @@ class Server:
     failures: int = 0
     consecutive_failures: int = 0
     down_until: float = 0.0
-    endpoint: Any = field(default=None, repr=False)  # its /generate Endpoint in the client's connection pool
+    endpoint: Any = field(default=None, repr=False)  # its generation Endpoint in the client's connection pool
 
     def up(self, now: float) -> bool:
         return self.down_until <= now

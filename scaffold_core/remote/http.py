@@ -1,25 +1,27 @@
-"""A lean HTTP/1.1 keep-alive connection pool for the ``/generate`` hot path.
+"""A lean HTTP/1.1 keep-alive connection pool: every request a remote engine sends goes through one.
 
 A general client (aiohttp: redirects, cookies, tracing, header multidicts, a
 writer task per request) spends about 100 us of CPU per request, most of the
-client's time against a fast server. ``/generate`` needs none of that: one
-POST of a JSON body to a fixed path and one answer. This pool writes a
-prebuilt request head and the body in one write on a pooled asyncio
+client's time against a fast server. An inference server's endpoints need none
+of that: one request of a JSON body to a fixed path and one answer. This pool
+writes a prebuilt request head and the body in one write on a pooled asyncio
 connection and frames the answer itself (``Content-Length``, chunked, or
-ended by the server closing the connection). The control endpoints keep
-using aiohttp.
+ended by the server closing the connection). The remote client
+(:mod:`scaffold_core.remote.client`) keeps two: one for generation, one for
+the control endpoints, so a pause or a weight update never waits behind a
+thousand generations for a connection.
 
-What it guarantees (the behaviour of the aiohttp client it replaces):
+What it guarantees:
 
 * At most ``limit`` requests hold connections at once; the others wait in
   arrival order.
 * Opening a connection is bounded by ``connect_timeout``
   (:class:`ConnectTimeout`); a whole request (waiting for a connection,
-  connecting, sending, the full answer) by ``request_timeout``
-  (:class:`RequestTimeout`, checked every ``request_timeout / 20`` s, at most
-  every second, so it fires up to 5% late).
+  connecting, sending, the full answer) by ``request_timeout`` or its own
+  ``timeout`` (:class:`RequestTimeout`, checked every ``timeout / 20`` s, at
+  most every second, so it fires up to 5% late).
 * Idle connections are reused newest first and closed after ``keepalive_s``
-  (4 s: before SGLang's uvicorn drops them at 5 s, so a request rarely meets a
+  (4 s: before uvicorn (SGLang, vLLM) drops them at 5 s, so a request rarely meets a
   connection the server is closing); one the server closed is dropped.
 * Failures are ``OSError`` subclasses: :class:`CannotConnect`,
   :class:`ServerDisconnected` (the connection closed or broke before the full
@@ -39,6 +41,8 @@ import ssl as ssl_module
 from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
+
+from ..distributed.net import split_hostport
 
 MAX_HEAD = 64 * 1024  # bytes of status line and headers
 
@@ -72,19 +76,22 @@ class Endpoint:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
             raise ValueError(f"{url!r}: expected http(s)://host:port")
+        host, _ = split_hostport(parts.netloc.rsplit("@", 1)[-1])  # raw: a zone id as fe80::1%eth0
         for name, value in headers.items():
             if any(c in f"{name}{value}" for c in "\r\n\0"):
                 raise ValueError(f"HTTP header {name!r} holds a line break or NUL")
         self.url = url
-        self.host = parts.hostname
+        self.host = host
         self.port = parts.port
         self.tls = parts.scheme == "https"
         lines = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc.rsplit('@', 1)[-1]}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         self.head = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
         self.idle: deque[_Connection] = deque()
-        try:  # an IP address needs no resolving
+        try:  # an IP address needs no resolving (a zone id is resolved, to its interface's index)
             ip = ipaddress.ip_address(self.host)
+            if "%" in self.host:
+                raise ValueError("resolve the zone id")
             family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
             self.addresses: list[tuple[int, str]] | None = [(family, self.host)]
             self.addresses_until = float("inf")
@@ -117,6 +124,7 @@ class ConnectionPool:
         self._sweeper: asyncio.TimerHandle | None = None
         self._ssl: ssl_module.SSLContext | None = None
         self._closed = False
+        self._own_timeouts = False
 
     def endpoint(self, url: str, path: str, method: str = "POST") -> Endpoint:
         """The endpoint for ``method url+path`` (the same object, with its idle connections, for the same URL)."""
@@ -140,12 +148,21 @@ class ConnectionPool:
         return len(self._connections)
 
     # -- requests -----------------------------------------------------------------
-    async def request(self, ep: Endpoint, body: bytes) -> tuple[int, bytes]:
-        """Send ``body`` to ``ep``; the answer's status and body bytes."""
+    async def request(self, ep: Endpoint, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+        """Send ``body`` to ``ep``; the answer's status and body bytes (within ``timeout``, default
+        ``request_timeout``)."""
         if self._closed:
             raise ServerDisconnected("the connection pool is closed")
         loop = self._loop
-        deadline = loop.time() + self.request_timeout
+        limit = self.request_timeout if timeout is None else timeout
+        deadline = loop.time() + limit
+        if timeout is not None:
+            self._own_timeouts = True
+        if timeout is not None and timeout / 20 < self._tick:
+            self._tick = max(0.005, timeout / 20)  # check often enough for the shortest deadline asked for
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+                self._sweeper = None
         if self._sweeper is None:
             self._sweeper = loop.call_later(self._tick, self._sweep)
         if self._active < self.limit and not self._waiters:
@@ -162,7 +179,7 @@ class ConnectionPool:
                     break
                 candidate.close()
             if conn is None:
-                conn = await self._connect(ep, deadline)
+                conn = await self._connect(ep, deadline, limit)
             waiter = loop.create_future()
             self._busy[conn] = deadline
             try:
@@ -201,14 +218,14 @@ class ConnectionPool:
                 return
         self._active -= 1
 
-    async def _connect(self, ep: Endpoint, deadline: float) -> _Connection:
+    async def _connect(self, ep: Endpoint, deadline: float, total: float) -> _Connection:
         remaining = deadline - self._loop.time()
         limit = min(self.connect_timeout, remaining)
         try:
             return await asyncio.wait_for(self._open(ep), max(limit, 0.0))
         except asyncio.TimeoutError:
             if remaining <= self.connect_timeout:
-                raise RequestTimeout(f"no answer within {self.request_timeout:g} s") from None
+                raise RequestTimeout(f"no answer within {total:g} s") from None
             raise ConnectTimeout(f"connecting to {ep.host}:{ep.port} took longer than "
                                  f"{self.connect_timeout:g} s") from None
 
@@ -260,12 +277,16 @@ class ConnectionPool:
         now = self._loop.time()
         for conn, deadline in list(self._busy.items()):
             if deadline <= now:
-                conn.fail(RequestTimeout(f"no answer within {self.request_timeout:g} s"))
+                conn.fail(RequestTimeout("no answer within the request's timeout"))
         waiters = self._waiters
-        while waiters and waiters[0][1] <= now:  # arrival order is deadline order
+        if self._own_timeouts:  # requests set their own timeouts: arrival order is not deadline order
+            for slot, deadline in list(waiters):
+                if deadline <= now and not slot.done():
+                    slot.set_exception(RequestTimeout("no free connection within the request's timeout"))
+        while waiters and (waiters[0][0].done() or waiters[0][1] <= now):
             slot, _ = waiters.popleft()
             if not slot.done():
-                slot.set_exception(RequestTimeout(f"no free connection within {self.request_timeout:g} s"))
+                slot.set_exception(RequestTimeout("no free connection within the request's timeout"))
         for ep in self._endpoints.values():
             idle = ep.idle
             while idle and (idle[0].closed or now - idle[0].idle_since >= self.keepalive_s):

@@ -1,4 +1,4 @@
-"""The /generate connection pool against scripted loopback servers: framing, reuse, limits, timeouts, failures."""
+"""The remote engines' connection pool against scripted loopback servers: framing, reuse, limits, timeouts, failures."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import subprocess
 import time
 
 import pytest
-from sglang_testkit import run
 
-from scaffold_sglang.http_pool import (
+from scaffold_core.remote.http import (
     CannotConnect,
     ConnectionPool,
     ConnectTimeout,
@@ -23,6 +22,10 @@ from scaffold_sglang.http_pool import (
     RequestTimeout,
     ServerDisconnected,
 )
+
+
+def run(coro, timeout: float = 60.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
@@ -293,6 +296,38 @@ def test_a_request_past_request_timeout_fails_and_its_connection_and_slot_are_fr
     assert 0.3 <= took < 1.0 and after == (200, b"fine") and record["connections"] == 2
 
 
+def test_a_request_can_set_its_own_timeout_shorter_or_longer_than_the_pools():
+    """Control calls (a health probe, a weight update) set their own bound; the pool's default is untouched."""
+    release = asyncio.Event()
+
+    async def answer(writer, head, body):
+        if body == b"slow":
+            await asyncio.sleep(0.5)
+        elif body == b"hang":
+            await release.wait()
+        writer.write(ok(body))
+
+    async def main():
+        async with scripted(answer) as (url, record):
+            p = pool(limit=4, request_timeout=0.3)
+            try:
+                ep = p.endpoint(url, "/control")
+                start = time.monotonic()
+                with pytest.raises(RequestTimeout):
+                    await p.request(ep, b"hang", 0.05)
+                short = time.monotonic() - start
+                longer = await p.request(ep, b"slow", 5.0)  # past the pool's 0.3 s, within its own 5 s
+                with pytest.raises(RequestTimeout):
+                    await p.request(ep, b"slow")  # the pool's own bound still applies to the others
+                release.set()
+            finally:
+                await p.close()
+            return short, longer
+
+    short, longer = run(main())
+    assert short < 0.3 and longer == (200, b"slow")
+
+
 def test_waiting_for_a_free_connection_counts_toward_request_timeout():
     async def answer(writer, head, body):
         await asyncio.sleep(0.4)  # each answer alone is well within the 0.6 s request timeout
@@ -401,15 +436,15 @@ def test_host_names_are_resolved_once_and_every_address_is_tried(monkeypatch):
                 monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
                 p = pool(limit=4)
                 try:
-                    ep = p.endpoint(f"http://sglang.test:{port}", "/generate")
+                    ep = p.endpoint(f"http://server.test:{port}", "/generate")
                     results = await asyncio.gather(*(p.request(ep, b"%d" % i) for i in range(4)))
                 finally:
                     await p.close()
                 return results, lookups, record, port
 
     results, lookups, record, port = run(main())
-    assert results == [(200, b"%d" % i) for i in range(4)] and lookups == ["sglang.test"]
-    assert record["requests"][0][0].split(b"\r\n")[1] == b"Host: sglang.test:%d" % port  # the name, not the IP
+    assert results == [(200, b"%d" % i) for i in range(4)] and lookups == ["server.test"]
+    assert record["requests"][0][0].split(b"\r\n")[1] == b"Host: server.test:%d" % port  # the name, not the IP
 
 
 def test_idle_connections_are_closed_after_keepalive_and_ones_the_server_closed_are_not_reused():

