@@ -26,6 +26,14 @@ class Sample:
     entry per output id: the weight version that sampled it (-1 where the
     mask is 0); ``None`` means every generated token is ``weight_version``'s.
     ``text`` is the response the verifier scores.
+
+    ``rollout`` says which rollout (one run of the policy on the prompt: one
+    agent run) of its episode the sample is a piece of. An agent whose client
+    rewrote its history yields several samples from one run: they share one
+    rollout number, one reward, count once in every metric (``reward_mean``,
+    ``accuracy``, ``pass@k``) and share one advantage in training. ``None``
+    (every built-in controller but the agent ones): the sample is a rollout of
+    its own.
     """
 
     prompt_ids: list[int]
@@ -40,6 +48,7 @@ class Sample:
     turn_rewards: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     versions: list[int] | None = None
+    rollout: int | None = None
 
     @classmethod
     def from_task(cls, task: GenerationTask) -> Sample:
@@ -68,6 +77,15 @@ class Sample:
     def generated_tokens(self) -> int:
         mask = self.output_mask
         return mask.count(1) if type(mask) is list else sum(mask)  # a list of 0s and 1s: counted in C
+
+
+def rollouts(samples: list[Any]) -> list[list[Any]]:
+    """``samples`` grouped by rollout, in order of first appearance (a sample without one is a rollout of its own)."""
+    groups: dict[Any, list[Any]] = {}
+    for position, sample in enumerate(samples):
+        key = getattr(sample, "rollout", None)
+        groups.setdefault(("own", position) if key is None else key, []).append(sample)
+    return list(groups.values())
 
 
 @dataclass(slots=True, eq=False)

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
 
 from ..controller import Controller, Parallel
+from ..engine import check_constraint
 from ..episode import EpisodeContext, EpisodeResult, Outcome, Sample
 from ..errors import ControllerError, EngineError, EpisodeError, TrajectoryError, VerifierError
 from ..generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
@@ -280,6 +281,8 @@ class Runtime:
         task.result = result
 
     async def _call_engine(self, engine: Any, request: GenerationRequest) -> Any:
+        if request.sampling.constraint is not None:
+            check_constraint(engine, request.sampling, self.engine_name)
         try:
             result = await self._deadlines.bounded(engine.generate(request), self.limits.request_timeout)
         except (asyncio.TimeoutError, TimeoutError):

@@ -21,6 +21,12 @@ class ScriptedEngine(Engine):
     seeded RNG) simulates latency; ``fail`` is a predicate on the prompt text
     that makes the request raise; ``hang`` one that makes it never return.
     Logprobs are a deterministic function of the token id.
+
+    A request with a ``sampling.constraint`` is decoded under it (xgrammar, as in
+    the embedded engine): each scripted token is taken when the grammar allows it,
+    else the end token when allowed, else the lowest allowed token; so a script
+    that follows the grammar comes out unchanged, and one that does not comes out
+    forced into it.
     """
 
     def __init__(self, respond: Callable[..., str] | str = "#### 42", *, delay: Any = 0.0,
@@ -36,6 +42,13 @@ class ScriptedEngine(Engine):
         self.requests: list[GenerationRequest] = []
         self.started = False
         self.closed = False
+        self._grammars: Any = None
+
+    @property
+    def constraints(self) -> frozenset[str]:
+        from ..engines.grammar import available_kinds
+
+        return available_kinds()
 
     async def start(self) -> None:
         self.started = True
@@ -62,6 +75,8 @@ class ScriptedEngine(Engine):
         tok = self.tokenizer
         sp = request.sampling
         ids = tok.encode(text) + [tok.eos_token_id]
+        if sp.constraint is not None:
+            ids = self._constrained(ids, request)
         finish = "stop"
         out: list[int] = []
         for tid in ids:
@@ -80,3 +95,24 @@ class ScriptedEngine(Engine):
                 decoded = decoded[:at]
         logprobs = [-(1.0 + math.sin(t)) / 2.0 - 0.01 for t in out]
         return GenerationResult(out, logprobs, finish, decoded, 0)
+
+    def _constrained(self, ids: list[int], request: GenerationRequest) -> list[int]:
+        """``ids`` forced into the request's grammar (see the class docstring)."""
+        from ..engines.grammar import Grammars
+
+        tok = self.tokenizer
+        if self._grammars is None:
+            self._grammars = Grammars(tok, tok.vocab_size, {tok.eos_token_id})
+        assert request.sampling.constraint is not None
+        grammar = self._grammars.row(request.sampling.constraint)
+        out: list[int] = []
+        script = iter(ids)
+        while len(out) < request.sampling.max_tokens and not grammar.done:
+            allowed = grammar.allowed()
+            want = next(script, tok.eos_token_id)
+            token = want if want in allowed else tok.eos_token_id if tok.eos_token_id in allowed else min(allowed)
+            grammar.accept(token)
+            out.append(token)
+            if token == tok.eos_token_id:
+                break
+        return out
