@@ -60,8 +60,10 @@ async def _serve(config: Any, components: Any, output: Path, host: str, port: in
         endpoint = Endpoint(service, allow_open=True, on_finish=recorder.finish)
         server = BackgroundServer(build_app(endpoint, api_key=api_key), host, port, log_level="info")
         await server.start()
-        print(f"scaffold serve: {options.model_name!r} at {server.url}/v1 (sessions: {server.url}/sessions); "
-              f"finished sessions go to {recorder.path}; Ctrl-C stops", file=sys.stderr, flush=True)
+        print(f"scaffold serve: {options.model_name!r} at {server.url}/v1 (chat completions, responses, messages); "
+              f"calls there are recorded into session {options.default_session!r}, each session's own base URL is "
+              f"{server.url}/sessions/<id>/v1 (POST {server.url}/sessions opens one); finished sessions go to "
+              f"{recorder.path}; Ctrl-C stops", file=sys.stderr, flush=True)
         with _stop_on_signals(server):
             assert server.task is not None
             await server.task
