@@ -97,7 +97,9 @@ class Outcome:
     episode's answer (best-of-n), or ``None``. ``answer``/``answer_reward``:
     the episode's final answer when it is not one sample's (a majority vote).
     ``metrics``: per-episode numbers such as ``{"maj@4": 1.0}``, averaged over
-    the run.
+    the run. ``prompt``: the prompt the episode really used when it is not the
+    task's rendered one (an agent that wrote its own), recorded as the
+    episode's ``prompt``; ``None``: the task's.
     """
 
     samples: list[Any]
@@ -105,6 +107,7 @@ class Outcome:
     answer: str | None = None
     answer_reward: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt: str | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -189,7 +189,8 @@ class Runtime:
                 sample.verdict = verdict
         result = EpisodeResult(
             episode_id=ctx.episode_id, index=ctx.index, status="ok", reference=ctx.reference,
-            prompt_text=ctx.prompt_text, samples=samples, chosen=outcome.chosen, answer=outcome.answer,
+            prompt_text=ctx.prompt_text if outcome.prompt is None else outcome.prompt, samples=samples,
+            chosen=outcome.chosen, answer=outcome.answer,
             answer_reward=outcome.answer_reward, metrics={**verdict_metrics(samples), **outcome.metrics}, row=ctx.row,
         )
         if self.trajectory_maker is not None:

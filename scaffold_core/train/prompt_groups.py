@@ -293,7 +293,8 @@ class TrainingRollouts:
                 if not result.ok:
                     self.stats.failed_episodes += 1
                     continue
-                run_of = {s.sample_index: (result.episode_id, s.rollout) for s in result.samples if s.rollout is not None}
+                run_of = {s.sample_index: (result.episode_id, s.rollout)
+                          for s in result.samples if s.rollout is not None}
                 for t in result.trajectories:
                     t.group_id = group.group_id
                     out.append(t)

@@ -72,8 +72,8 @@ class Recorder:
     async def finish(self, session: Session) -> dict[str, Any]:
         """Score, make samples, write one line; returns the session's summary with what was written."""
         verdict = await self.verdict(session)
-        samples = [t.sample(session.answer or "", verdict, k, {"session": session.id})
-                   for k, t in enumerate(session.trajectories)]
+        samples = [t.sample(session.answer or "", verdict, k, {"session": session.id}, rollout=0)
+                   for k, t in enumerate(session.trajectories)]  # one session, one agent run
         episode = EpisodeResult(episode_id=session.id, index=self.written, status="ok", reference=session.reference,
                                 samples=samples, metrics={"drift": float(session.drift_count)})
         training = self.components.trajectory_maker.make(episode) if samples else []

@@ -64,3 +64,21 @@ async def short_answer_agent(row, client):
     ask = [{"role": "user", "content": row["question"]}]
     reply = await client.chat.completions.create(model="scaffold", messages=ask)
     return reply.choices[0].message.content
+
+
+def smolagents_agent(row, client):
+    """smolagents' ToolCallingAgent with its defaults (tool_choice=required, history resent as rewritten text)."""
+    import smolagents
+
+    @smolagents.tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first integer
+            b: the second integer
+        """
+        return a + b
+
+    model = smolagents.OpenAIServerModel(model_id="scaffold", api_base=str(client.base_url), api_key=client.api_key)
+    return smolagents.ToolCallingAgent(tools=[add], model=model, verbosity_level=0).run(row["question"])

@@ -86,7 +86,8 @@ def scripted_reply(prompt: str, request: Any) -> str:
         raise AssertionError("unreachable: the engine hangs on HANG before replying")
     if "Add 2 and 3" in last:
         if "<code>" in prompt and "final_answer" in prompt and not listed_tools(prompt):  # a code agent
-            return 'Thought: add them.\n<code>\nresult = add(a=2, b=3)\nfinal_answer(f"The answer is {result}.")\n</code>'
+            return ('Thought: add them.\n<code>\nresult = add(a=2, b=3)\nfinal_answer(f"The answer is {result}.")'
+                    '\n</code>')
         tools = listed_tools(prompt)
         if "add" in tools or not tools:
             return 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
