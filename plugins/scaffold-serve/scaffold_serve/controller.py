@@ -103,7 +103,8 @@ class Serving:
                 f"resent a message the model had written as other text (message {drift['message']} of a request; "
                 "agents such as smolagents' resend their steps as 'Calling tools: ...' and 'Observation: ...')")
         logger.warning(
-            "openai_agent: agent %s's client rewrote history the model had written: it %s. Each such call is still a token-faithful sample (the prompt as the "
+            "openai_agent: agent %s's client rewrote history the model had written: it %s. "
+            "Each such call is still a token-faithful sample (the prompt as the "
             "server tokenized it, the ids the model sampled), recorded as another sample of the same episode: one "
             "reward, one rollout in every metric and in pass@k, one advantage in training. The episodes' drift "
             "metric counts these splits (docs/serve.md, 'Clients that rewrite history'). Warned once per run.",
