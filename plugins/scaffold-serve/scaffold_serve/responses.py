@@ -7,9 +7,8 @@ from typing import Any
 
 import orjson
 
-from scaffold_multiturn.template import decode_keep_special
-
 from .session import Choice
+from .token_bytes import token_bytes, token_text
 
 
 def usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
@@ -18,8 +17,8 @@ def usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
 
 
 def _token(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
-    token = decode_keep_special(tokenizer, [token_id])
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
+    raw = token_bytes(tokenizer, token_id)
+    return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw)}
 
 
 def logprobs_of(tokenizer: Any, choice: Choice, top: int = 0) -> dict[str, Any]:

@@ -229,7 +229,8 @@ class ChatService:
             session.in_flight -= 1
         if session.closed:
             raise WireError(409, f"session {session.id!r} was closed while this call ran", code="session_closed")
-        return session.commit(prepared.plan, results, prepared.request, prepared.tag, prepared.sampling.stop)
+        return session.commit(prepared.plan, results, prepared.request, prepared.tag, prepared.sampling.stop,
+                              prepared.sampling.constraint)
 
     # -- rewards -------------------------------------------------------------------------------------
     @staticmethod

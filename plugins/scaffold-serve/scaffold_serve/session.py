@@ -174,9 +174,10 @@ class Session:
 
     # -- committing (after generation) ------------------------------------------------------------
     def commit(self, plan: Plan, results: list[GenerationResult], request: ChatRequest,
-               tag: str | None = None, stops: tuple[str, ...] = ()) -> list[Choice]:
+               tag: str | None = None, stops: tuple[str, ...] = (), constraint: Any = None) -> list[Choice]:
         """Record a generated call (``tag``: the client's name for it, if any; ``stops``: the stop strings it was
-        generated with, cut from the content): each choice continues its own conversation. Returns the choices."""
+        generated with, cut from the content; ``constraint``: the grammar it was decoded under, recorded): each choice
+        continues its own conversation. Returns the choices."""
         base = self._base(plan)
         if plan.drift is not None:
             base.drift = dict(plan.drift)
@@ -201,7 +202,7 @@ class Session:
         self.counts["calls"] += 1
         self.counts[plan.kind] += 1
         self.counts["choice"] += len(copies)
-        self._record(plan, choices, tag)
+        self._record(plan, choices, tag, constraint)
         return choices
 
     def _base(self, plan: Plan) -> Trajectory:
@@ -241,11 +242,13 @@ class Session:
         return Choice(index, result, content if content or not calls else None, calls, finish, traj.index,
                       stopped)
 
-    def _record(self, plan: Plan, choices: list[Choice], tag: str | None) -> None:
+    def _record(self, plan: Plan, choices: list[Choice], tag: str | None, constraint: Any) -> None:
         prompt_len = len(plan.prompt_ids)
         self.calls.append({
             "index": len(self.calls), "kind": plan.kind, "time": time.time(), "prompt_len": prompt_len, "tag": tag,
             "new_messages": plan.new_messages, "drift": plan.drift,
+            "constraint": None if constraint is None else {"kind": constraint.kind, "spec": constraint.spec,
+                                                           "reason": constraint.reason},
             "choices": [{"trajectory": c.trajectory, "output_ids": c.result.output_ids,
                          "logprobs": c.result.logprobs, "versions": c.result.token_versions(),
                          "finish_reason": c.finish_reason, "message": c.message()} for c in choices],

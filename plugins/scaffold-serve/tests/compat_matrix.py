@@ -41,27 +41,29 @@ def key(client: str, mode: str, engine: str, stream: bool) -> str:
     return f"{client} | {mode} | {engine} | {'on' if stream else 'off'}"
 
 
-def found(ids: list[int], part: list[int]) -> int:
-    """Where ``part`` starts in ``ids`` (-1 when it is not there)."""
+def found(ids: list[int], part: list[int], mask: list[int] | None = None) -> int:
+    """Where ``part`` starts in ``ids`` (-1 when it is not there); with ``mask``, only where the mask is 1 throughout
+    (a model turn, not the same ids quoted in a prompt)."""
     n = len(part)
     for i in range(len(ids) - n + 1):
-        if ids[i:i + n] == part:
+        if ids[i:i + n] == part and (mask is None or all(mask[i:i + n])):
             return i
     return -1
 
 
 def measure(session: Any, logprobs: str = "engine's") -> dict[str, Any]:
     """The cell a session shows: its calls, conversations and drift, and whether every model turn (tool calls
-    included) is in its conversation token for token (mask 1, the engine's logprobs, none a placeholder)."""
-    kept = True
+    included) is in its conversation token for token (mask 1, the engine's logprobs, none a placeholder: a token the
+    grammar forced has logprob 0 under the constraint, but not every token does)."""
+    kept = any(lp < 0 for call in session.calls for choice in call["choices"] for lp in choice["logprobs"])
     for call in session.calls:
         for choice in call["choices"]:
             record = session.trajectories[choice["trajectory"]].to_dict()
-            at = found(record["input_ids"], choice["output_ids"])
+            at = found(record["input_ids"], choice["output_ids"], record["loss_mask"])
             span = range(at, at + len(choice["output_ids"]))
             kept = kept and at >= 0 and all(record["loss_mask"][i] == 1 for i in span) \
                 and [record["logprobs"][i] for i in span] == choice["logprobs"] \
-                and all(lp < 0 for lp in choice["logprobs"])
+                and all(lp <= 0 for lp in choice["logprobs"])
     return {"runs": "yes", "calls": session.counts["calls"], "conversations": len(session.trajectories),
             "drift": session.drift_count, "model turns kept": "yes" if kept else "NO", "logprobs": logprobs}
 
