@@ -434,6 +434,8 @@ class TransformersEngine(Engine):
                 row.versions.append(version)
                 if row.grammar is not None:
                     row.grammar.accept(token)
+                if row.pending.request.on_token is not None:  # a streaming caller: the id, on its event loop
+                    row.pending.loop.call_soon_threadsafe(row.pending.request.on_token, token)
                 if row.pending.future.done():  # its caller is gone (cancelled, timed out): stop decoding it
                     row.finish = "abort"  # (a read of the future's state; at worst one token late)
                     self._stats["abandoned"] += 1

@@ -20,7 +20,9 @@ class ScriptedEngine(Engine):
     ``delay`` (seconds, or a (low, high) range drawn per request from a
     seeded RNG) simulates latency; ``fail`` is a predicate on the prompt text
     that makes the request raise; ``hang`` one that makes it never return.
-    Logprobs are a deterministic function of the token id.
+    Logprobs are a deterministic function of the token id. A request with
+    ``on_token`` gets its ids handed over one by one (a loop turn apart), as an
+    engine that decodes incrementally does.
 
     A request with a ``sampling.constraint`` is decoded under it (xgrammar, as in
     the embedded engine): each scripted token is taken when the grammar allows it,
@@ -69,7 +71,12 @@ class ScriptedEngine(Engine):
         if delay:
             await asyncio.sleep(delay)
         text = self.respond(prompt, request) if callable(self.respond) else self.respond
-        return self.result_for(text, request)
+        result = self.result_for(text, request)
+        if request.on_token is not None:  # decoded "incrementally": each id handed over, one loop turn apart
+            for token in result.output_ids:
+                request.on_token(token)
+                await asyncio.sleep(0)
+        return result
 
     def result_for(self, text: str, request: GenerationRequest) -> GenerationResult:
         tok = self.tokenizer

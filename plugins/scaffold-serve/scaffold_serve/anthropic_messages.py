@@ -203,20 +203,37 @@ def opening(mid: str, model: str, prompt_tokens: int) -> bytes:
     return event("message_start", {"message": start}) + event("ping", {})
 
 
-def stream_events(choice: Choice) -> Iterator[bytes]:
-    """The content blocks of a generated choice as events, then its stop reason and the end of the message."""
-    for index, block in enumerate(blocks(choice)):
-        if block["type"] == "text":
-            yield event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
-            yield event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": block["text"]}})
-        else:
-            yield event("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
-            yield event("content_block_delta", {"index": index, "delta": {
-                "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}})
-        yield event("content_block_stop", {"index": index})
-    yield event("message_delta", {"delta": {"stop_reason": stop_reason(choice), "stop_sequence": choice.stop_sequence},
-                                  "usage": {"output_tokens": len(choice.result.output_ids)}})
-    yield event("message_stop", {})
+class BlockStream:
+    """A message's content blocks as events: text streamed as it is sampled opens block 0 on its first piece
+    (:meth:`text`); :meth:`finish` completes it, sends the other blocks, the stop reason and the end."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def text(self, piece: str) -> bytes:
+        out = b""
+        if not self.open:
+            self.open = True
+            out = event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        return out + event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
+
+    def finish(self, choice: Choice, rest: str | None = None) -> Iterator[bytes]:
+        """``rest``: the text left to send when pieces of it were streamed (None: send it whole)."""
+        for index, block in enumerate(blocks(choice)):
+            if block["type"] == "text":
+                if not self.open:
+                    yield self.text(block["text"])
+                elif rest:
+                    yield self.text(rest)
+            else:
+                yield event("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
+                yield event("content_block_delta", {"index": index, "delta": {
+                    "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}})
+            yield event("content_block_stop", {"index": index})
+        yield event("message_delta", {"delta": {"stop_reason": stop_reason(choice),
+                                                "stop_sequence": choice.stop_sequence},
+                                      "usage": {"output_tokens": len(choice.result.output_ids)}})
+        yield event("message_stop", {})
 
 
 def error_event(error: WireError) -> bytes:

@@ -41,6 +41,7 @@ from starlette.routing import Route
 from . import anthropic_messages, openai_responses, responses
 from .service import ChatService, Entry, Prepared
 from .session import Choice
+from .streaming import TextStream
 from .wire import ChatRequest, WireError, parse_chat_request
 
 #: The header that names a session for clients that cannot change their base URL.
@@ -234,6 +235,38 @@ class Endpoint:
         except ClientGone:
             return None
 
+    async def _live(self, request: Request, prepared: Prepared) -> AsyncIterator[tuple[str, Any]]:
+        """Generate a streamed call: ``("text", piece)`` as the engine samples its content (one choice, an engine
+        that decodes incrementally: :class:`~scaffold_serve.streaming.TextStream` says what is safe to send),
+        then ``("sent", the TextStream)`` and ``("done", choices)`` (``None``: the client went away); a WireError
+        is raised."""
+        chat = prepared.request
+        text = TextStream(prepared.entry.session.tokenizer, prepared.sampling.stop,
+                          bool(chat.tools) and chat.tool_choice != "none")
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        if chat.n == 1:
+            prepared.listener = queue.put_nowait
+        work = asyncio.ensure_future(self._generate(request, prepared))
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                piece = text.push(getter.result())
+                while not queue.empty():
+                    piece += text.push(queue.get_nowait())
+                if piece:
+                    yield "text", piece
+            yield "sent", text
+            yield "done", work.result()
+        finally:
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+
     @staticmethod
     def _events(body: AsyncIterator[bytes]) -> StreamingResponse:
         return StreamingResponse(body, media_type="text/event-stream",
@@ -283,15 +316,24 @@ class Endpoint:
         for chunk in events.opening(openai_responses.response_object(rid, created, model, echo, [], None, 0,
                                                                      status="in_progress")):
             yield chunk
+        sent: TextStream | None = None
+        choices: list[Choice] | None = None
         try:
-            choices = await self._generate(request, prepared)
+            async for kind, value in self._live(request, prepared):
+                if kind == "text":
+                    for chunk in events.text(value):
+                        yield chunk
+                elif kind == "sent":
+                    sent = value
+                else:
+                    choices = value
         except WireError as error:
             yield events.failed(openai_responses.response_object(rid, created, model, echo, [], None, 0), error)
             return
         if choices is None:
             return
         final = self._response(prepared, choices[0], rid, created, echo, len(prepared.plan.prompt_ids))
-        for chunk in events.items(final["output"]):
+        for chunk in events.items(final["output"], sent.rest(choices[0].content) if sent is not None else None):
             yield chunk
         yield events.closing(final)
 
@@ -310,14 +352,23 @@ class Endpoint:
 
     async def _messages_stream(self, request: Request, prepared: Prepared, mid: str) -> AsyncIterator[bytes]:
         yield anthropic_messages.opening(mid, prepared.request.model, len(prepared.plan.prompt_ids))
+        streamed = anthropic_messages.BlockStream()
+        sent: TextStream | None = None
+        choices: list[Choice] | None = None
         try:
-            choices = await self._generate(request, prepared)
+            async for kind, value in self._live(request, prepared):
+                if kind == "text":
+                    yield streamed.text(value)
+                elif kind == "sent":
+                    sent = value
+                else:
+                    choices = value
         except WireError as error:
             yield anthropic_messages.error_event(error)
             return
         if choices is None:
             return
-        for chunk in anthropic_messages.stream_events(choices[0]):
+        for chunk in streamed.finish(choices[0], sent.rest(choices[0].content) if sent is not None else None):
             yield chunk
 
     def _completion(self, prepared: Prepared, choices: list[Choice], cid: str, created: int) -> dict[str, Any]:
@@ -328,17 +379,26 @@ class Endpoint:
     async def _stream(self, request: Request, prepared: Prepared, cid: str, created: int) -> AsyncIterator[bytes]:
         chat, model = prepared.request, prepared.request.model
         yield responses.first_chunks(cid, created, model, chat.n)
+        sent: TextStream | None = None
+        choices: list[Choice] | None = None
         try:
-            choices = await self._generate(request, prepared)
+            async for kind, value in self._live(request, prepared):
+                if kind == "text":
+                    yield responses.content_chunk(cid, created, model, 0, value)
+                elif kind == "sent":
+                    sent = value
+                else:
+                    choices = value
         except WireError as error:
             yield responses.error_event(error.body())
             return
         if choices is None:
             return
         for choice in choices:
+            rest = sent.rest(choice.content) if sent is not None and chat.n == 1 else None
             for chunk in responses.choice_chunks(cid, created, model, choice, logprobs=chat.logprobs,
                                                  tokenizer=prepared.entry.session.tokenizer,
-                                                 top_logprobs=chat.top_logprobs):
+                                                 top_logprobs=chat.top_logprobs, rest=rest):
                 yield chunk
         if chat.include_usage:
             yield responses.usage_chunk(cid, created, model, len(prepared.plan.prompt_ids), choices)

@@ -222,10 +222,12 @@ def stored_messages(request: ChatRequest, choice: Choice) -> list[Message]:
 
 
 class EventStream:
-    """The stream of one response's server-sent events, numbered."""
+    """The stream of one response's server-sent events, numbered. Text streamed as it is sampled goes into a
+    message item opened on its first piece (:meth:`text`); :meth:`items` then completes it and sends the rest."""
 
     def __init__(self) -> None:
         self.sequence = 0
+        self.message_id: str | None = None
 
     def event(self, kind: str, **data: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **data}
@@ -236,18 +238,34 @@ class EventStream:
         yield self.event("response.created", response=response)
         yield self.event("response.in_progress", response=response)
 
-    def items(self, items: list[dict[str, Any]]) -> Iterator[bytes]:
-        """Each output item: added, its content (text deltas, or the call's arguments), done."""
+    def _open_message(self, item_id: str) -> Iterator[bytes]:
+        self.message_id = item_id
+        yield self.event("response.output_item.added", output_index=0, item={
+            "type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []})
+        yield self.event("response.content_part.added", output_index=0, item_id=item_id, content_index=0,
+                         part={"type": "output_text", "text": "", "annotations": []})
+
+    def text(self, piece: str) -> Iterator[bytes]:
+        """A piece of the message's text, as it is sampled."""
+        if self.message_id is None:
+            yield from self._open_message(new_id("msg"))
+        yield self.event("response.output_text.delta", output_index=0, item_id=self.message_id, content_index=0,
+                         delta=piece, logprobs=[])
+
+    def items(self, items: list[dict[str, Any]], rest: str | None = None) -> Iterator[bytes]:
+        """Each output item: added, its content (what is left of the text, or the call's arguments), done.
+        ``rest``: the text left to send when pieces of it were streamed (None: send it whole)."""
         for index, item in enumerate(items):
             if item["type"] == "message":
-                yield self.event("response.output_item.added", output_index=index,
-                                 item={**item, "status": "in_progress", "content": []})
                 part = item["content"][0]
-                empty = {"type": "output_text", "text": "", "annotations": []}
-                yield self.event("response.content_part.added", output_index=index, item_id=item["id"],
-                                 content_index=0, part=empty)
-                yield self.event("response.output_text.delta", output_index=index, item_id=item["id"],
-                                 content_index=0, delta=part["text"], logprobs=part.get("logprobs", []))
+                if self.message_id is None:
+                    yield from self._open_message(item["id"])
+                    rest = None
+                item["id"] = self.message_id
+                delta = part["text"] if rest is None else rest
+                if delta or part.get("logprobs"):
+                    yield self.event("response.output_text.delta", output_index=index, item_id=item["id"],
+                                     content_index=0, delta=delta, logprobs=part.get("logprobs", []))
                 yield self.event("response.output_text.done", output_index=index, item_id=item["id"],
                                  content_index=0, text=part["text"], logprobs=part.get("logprobs", []))
                 yield self.event("response.content_part.done", output_index=index, item_id=item["id"],

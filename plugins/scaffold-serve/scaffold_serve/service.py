@@ -82,6 +82,8 @@ class Prepared:
     seeds: list[int | None]
     request_id: str
     tag: str | None = None
+    #: Called with each output id as the engine samples it (a streamed call), when the backend can.
+    listener: Any = None
 
 
 class ChatService:
@@ -224,7 +226,8 @@ class ChatService:
         session.in_flight += 1
         try:
             results: list[GenerationResult] = await entry.backend.generate(
-                prepared.request_id, prepared.plan.prompt_ids, prepared.sampling, prepared.seeds, session.id)
+                prepared.request_id, prepared.plan.prompt_ids, prepared.sampling, prepared.seeds, session.id,
+                listener=prepared.listener)
         finally:
             session.in_flight -= 1
         if session.closed:

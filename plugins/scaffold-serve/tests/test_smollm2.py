@@ -281,3 +281,14 @@ def test_logprob_bytes_rebuild_partial_characters(smol):
     assert b"".join(pieces) == text.encode()
     partial = [p for p in pieces if token_text(p).startswith("bytes:")]
     assert partial and all("\ufffd" not in token_text(p) for p in pieces)
+
+
+def test_streaming_sends_the_content_token_by_token(smol):
+    """The embedded engine hands each sampled token to the stream: the content arrives in pieces, as it is decoded,
+    and the pieces are exactly the recorded content."""
+    sid = smol.open_session()
+    stream = smol.client(sid).chat.completions.create(
+        model="scaffold", messages=[{"role": "user", "content": "Name three colors."}], max_tokens=12, stream=True)
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) >= 3, pieces
+    assert "".join(pieces) == smol.session(sid).calls[0]["choices"][0]["message"]["content"]
