@@ -82,3 +82,16 @@ def smolagents_agent(row, client):
 
     model = smolagents.OpenAIServerModel(model_id="scaffold", api_base=str(client.base_url), api_key=client.api_key)
     return smolagents.ToolCallingAgent(tools=[add], model=model, verbosity_level=0).run(row["question"])
+
+
+async def forcing_agent(row, client):
+    """Forces a tool call; reports the server's refusal as its answer."""
+    import openai
+
+    try:
+        await client.chat.completions.create(model="scaffold", messages=[{"role": "user", "content": row["question"]}],
+                                             tools=[ADD_TOOL], tool_choice="required")
+    except openai.BadRequestError as exc:
+        await client.chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "Hi"}])
+        return f"refused: {exc.body['message'] if isinstance(exc.body, dict) else exc}"
+    return "constrained"

@@ -62,7 +62,7 @@ def forced_call(constraint: Any, last: str) -> str:
     tools = {o["properties"]["name"]["const"]: o["properties"]["arguments"] for o in options}
     if "add" in tools and "Add 2 and 3" in last:
         return call_text("add", {"a": 2, "b": 3})
-    name = next(n for n in tools if n != "add")
+    name = next((n for n in tools if n != "add"), "add")
     return call_text(name, example_value(tools[name]))
 
 

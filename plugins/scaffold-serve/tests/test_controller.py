@@ -148,3 +148,12 @@ def test_a_smolagents_agent_with_its_defaults_is_one_episode_per_row(pset, tmp_p
     warned = [r for r in caplog.records if "rewrote history" in r.getMessage()]
     assert len(warned) == 1 and "Observation" in warned[0].getMessage()
     assert episodes["add"]["prompt"].startswith("<|system|>") and "New task:\nAdd 2 and 3." in episodes["add"]["prompt"]
+
+
+def test_an_engine_that_cannot_constrain_answers_the_agent_a_400(pset, tmp_path):
+    """Under `scaffold run` the engine is the run's: one that cannot constrain refuses the forced call with a 400 the
+    agent can handle (never generated unconstrained), and the episode goes on."""
+    metrics, episodes, _ = run(pset, tmp_path, agent("forcing_agent"), engine={"name": "benchmark_canned"})
+    assert metrics["failed"] == 0, metrics
+    answer = episodes["add"]["final_answer"]
+    assert answer.startswith("refused: ") and "cannot constrain decoding" in answer and "benchmark_canned" in answer

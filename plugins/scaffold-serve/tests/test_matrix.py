@@ -205,6 +205,25 @@ def test_agents_sdk_sub_agents(live):
     assert len(session.trajectories) == 2 and session.counts["calls"] == 4
 
 
+def test_agents_sdk_concurrent_agents_in_one_session(live):
+    """Three agents (different instructions) run at once in one session, as parallel branches or sub-agents do: each
+    keeps its own conversation, none corrupts another."""
+    agents, add = agents_sdk()
+    sid = live.open_session()
+    model = sdk_model(live, sid, "responses")
+    team = [agents.Agent(name=f"adder{i}", instructions=f"You are adder number {i}.", tools=[add], model=model)
+            for i in range(3)]
+
+    async def together():
+        return await asyncio.gather(*(agents.Runner.run(a, "Add 2 and 3.", max_turns=4) for a in team))
+
+    assert [r.final_output for r in asyncio.run(together())] == [ANSWER] * 3
+    session = check(live, sid, "openai-agents", "default (responses), 3 concurrent agents", False)
+    assert len(session.trajectories) == 3 and session.counts["calls"] == 6
+    for i, traj in enumerate(sorted(session.trajectories, key=lambda t: t.start.text)):
+        assert f"adder number {i}" in traj.start.text and traj.turns == 2
+
+
 # -- LangGraph, smolagents, pydantic-ai, litellm, anthropic -------------------------------------------------
 
 

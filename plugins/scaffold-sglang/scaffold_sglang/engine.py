@@ -17,6 +17,7 @@ from typing import Any
 from scaffold_core.engine import Engine, RunInfo
 from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.sampling import CONSTRAINT_KINDS
 from scaffold_core.tokenizers import response_text
 
 log = logging.getLogger("scaffold.sglang")
@@ -33,7 +34,10 @@ class SGLangEngine(Engine):
     default address, ``http://127.0.0.1:30000``) to use running servers, or
     ``launch`` to start ``launch.count`` servers on this worker's ports. Requests are balanced by least
     in-flight requests; an episode sticks to one server. See the plugin README for every option.
+    A request's ``sampling.constraint`` goes to SGLang as its native grammar parameter (``protocol.py``).
     """
+
+    constraints = frozenset(CONSTRAINT_KINDS)
 
     def __init__(
         self,
