@@ -47,7 +47,7 @@ class ScriptedEngine(Engine):
         self._grammars: Any = None
 
     @property
-    def constraints(self) -> frozenset[str]:
+    def constraints(self) -> frozenset[str]:  # type: ignore[override]
         from ..engines.grammar import available_kinds
 
         return available_kinds()

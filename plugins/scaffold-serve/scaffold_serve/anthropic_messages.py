@@ -33,6 +33,8 @@ from .wire import (
     bad,
     check_tool_choice,
     parse_content,
+    parse_model,
+    parse_tools,
 )
 
 #: Anthropic's error ``type`` for each status.
@@ -48,11 +50,7 @@ def error_body(error: WireError) -> dict[str, Any]:
 
 def parse_messages_request(body: Any) -> ChatRequest:
     """Check a ``/v1/messages`` body into the chat request it stands for (400s name the field)."""
-    if not isinstance(body, dict):
-        raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", f"must be the served model's name (a string; see GET /v1/models), got {model!r}")
+    model = parse_model(body)
     max_tokens = _int(body, "max_tokens", 1)
     if max_tokens is None:
         raise bad("max_tokens", "is required (the most tokens to generate)")
@@ -131,24 +129,17 @@ def _message(value: Any, where: str) -> list[Message]:
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        return []
+    """Anthropic's client tools (``name``, ``description``, ``input_schema``), checked as the chat shape's."""
     if not isinstance(value, list):
-        raise bad("tools", f"must be a list of tools, got {type(value).__name__}")
-    tools = []
+        return parse_tools(value)
     for i, tool in enumerate(value):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise bad(f"tools[{i}].name", "must be the tool's name")
-        if tool.get("type") not in (None, "custom"):
+        if isinstance(tool, dict) and tool.get("type") not in (None, "custom"):
             raise bad(f"tools[{i}].type", f"only client tools are served (the model runs here, with no server "
                                           f"tools), got {tool.get('type')!r}")
-        schema = tool.get("input_schema", {"type": "object", "properties": {}})
-        if not isinstance(schema, dict):
-            raise bad(f"tools[{i}].input_schema", "must be a JSON Schema object")
-        tools.append({"type": "function", "function": {"name": tool["name"],
-                                                       "description": tool.get("description") or "",
-                                                       "parameters": schema}})
-    return tools
+    return parse_tools([{"type": "function", "function": {
+        "name": tool.get("name"), "description": tool.get("description"),
+        "parameters": tool.get("input_schema", {"type": "object", "properties": {}})}}
+        if isinstance(tool, dict) else tool for tool in value])
 
 
 def _tool_choice(value: Any) -> Any:
@@ -198,8 +189,9 @@ def event(kind: str, data: dict[str, Any]) -> bytes:
 
 
 def opening(mid: str, model: str, prompt_tokens: int) -> bytes:
-    start = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
-             "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+    start: dict[str, Any] = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+                             "stop_reason": None, "stop_sequence": None,
+                             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
     return event("message_start", {"message": start}) + event("ping", {})
 
 

@@ -33,6 +33,7 @@ from .wire import (
     bad,
     check_tool_choice,
     parse_content,
+    parse_model,
     parse_response_format,
     parse_tool_choice,
     parse_tools,
@@ -47,11 +48,7 @@ def parse_responses_request(body: Any, stored: Any) -> tuple[ChatRequest, dict[s
 
     ``stored(response_id)`` returns the messages of a stored response (its input and output), or raises a 404.
     """
-    if not isinstance(body, dict):
-        raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", f"must be the served model's name (a string; see GET /v1/models), got {model!r}")
+    model = parse_model(body)
     _refuse_unsupported(body)
     messages: list[Message] = []
     previous = body.get("previous_response_id")

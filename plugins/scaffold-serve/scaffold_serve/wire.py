@@ -175,11 +175,7 @@ def _bool(body: dict[str, Any], key: str) -> bool:
 
 def parse_chat_request(body: Any) -> ChatRequest:
     """Check a decoded JSON body; raise :class:`WireError` (400, naming the field) on anything wrong."""
-    if not isinstance(body, dict):
-        raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", f"must be the served model's name (a string; see GET /v1/models), got {model!r}")
+    model = parse_model(body)
     _refuse_unsupported(body)
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
@@ -199,6 +195,16 @@ def parse_chat_request(body: Any) -> ChatRequest:
     )
     check_tool_choice(request)
     return request
+
+
+def parse_model(body: Any) -> str:
+    """The ``model`` of a request body (which must be a JSON object), every dialect alike."""
+    if not isinstance(body, dict):
+        raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", f"must be the served model's name (a string; see GET /v1/models), got {model!r}")
+    return model
 
 
 def check_tool_choice(request: ChatRequest) -> None:
@@ -290,7 +296,7 @@ def parse_tool_choice(value: Any, param: str = "tool_choice") -> Any:
     if value in TOOL_CHOICES:
         return value
     if isinstance(value, dict) and value.get("type") == "function":
-        fn = value.get("function") if isinstance(value.get("function"), dict) else value
+        fn: Any = value.get("function") if isinstance(value.get("function"), dict) else value
         if isinstance(fn.get("name"), str) and fn["name"]:
             return {"name": fn["name"]}
     raise bad(param, "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "

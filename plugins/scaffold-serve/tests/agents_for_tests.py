@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from serve_helpers import ADD_TOOL
+from serve_helpers import ADD_TOOL, smolagents_add_tool
 
 from scaffold_serve.client import set_reward
 
@@ -70,18 +70,9 @@ def smolagents_agent(row, client):
     """smolagents' ToolCallingAgent with its defaults (tool_choice=required, history resent as rewritten text)."""
     import smolagents
 
-    @smolagents.tool
-    def add(a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: the first integer
-            b: the second integer
-        """
-        return a + b
-
     model = smolagents.OpenAIServerModel(model_id="scaffold", api_base=str(client.base_url), api_key=client.api_key)
-    return smolagents.ToolCallingAgent(tools=[add], model=model, verbosity_level=0).run(row["question"])
+    return smolagents.ToolCallingAgent(tools=[smolagents_add_tool()], model=model,
+                                       verbosity_level=0).run(row["question"])
 
 
 async def forcing_agent(row, client):

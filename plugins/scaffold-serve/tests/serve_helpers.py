@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from scaffold_core.sampling import SamplingParams
@@ -196,3 +198,30 @@ def model_turns_kept(trajectory: Any) -> list[str]:
     """The text of each model turn of a trajectory (from its sampled ids)."""
     conv = trajectory.conv
     return [t.text for t in conv.turns]
+
+
+@contextlib.contextmanager
+def serving(engine: Any, **options: Any) -> Iterator[LiveServer]:
+    """A :class:`LiveServer` over ``engine`` for the block's duration (a module fixture's body)."""
+    server = LiveServer(engine, **options)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def smolagents_add_tool() -> Any:
+    """``add`` as a smolagents tool (smolagents reads the arguments' descriptions from the docstring)."""
+    import smolagents
+
+    @smolagents.tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first integer
+            b: the second integer
+        """
+        return a + b
+
+    return add

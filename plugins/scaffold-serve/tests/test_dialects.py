@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import ADD_TOOL, LiveServer, TrackingEngine
+from serve_helpers import ADD_TOOL, TrackingEngine, serving
 
 from scaffold_core.engines.canned import CannedBenchmarkEngine
 
@@ -14,20 +14,14 @@ httpx = pytest.importorskip("httpx")
 
 @pytest.fixture(scope="module")
 def scripted():
-    server = LiveServer(TrackingEngine())
-    try:
+    with serving(TrackingEngine()) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")
 def canned():
-    server = LiveServer(CannedBenchmarkEngine())
-    try:
+    with serving(CannedBenchmarkEngine()) as server:
         yield server
-    finally:
-        server.close()
 
 
 FORCED = {

@@ -14,7 +14,7 @@ import os
 
 import pytest
 from compat_matrix import WRITE, doc_section, load, measure, record, render, write_doc
-from serve_helpers import ADD_TOOL, LiveServer, TrackingEngine, tool_result
+from serve_helpers import ADD_TOOL, TrackingEngine, serving, smolagents_add_tool, tool_result
 
 CANNED = "canned"
 ANSWER = "The answer is 5."
@@ -22,11 +22,8 @@ ANSWER = "The answer is 5."
 
 @pytest.fixture(scope="module")
 def live():
-    server = LiveServer(TrackingEngine())
-    try:
+    with serving(TrackingEngine()) as server:
         yield server
-    finally:
-        server.close()
 
 
 def base_url(live, sid: str) -> str:
@@ -251,27 +248,11 @@ def smol_model(live, sid):
     return smolagents.OpenAIServerModel(model_id="scaffold", api_base=base_url(live, sid), api_key="none")
 
 
-def smol_add():
-    smolagents = pytest.importorskip("smolagents")
-
-    @smolagents.tool
-    def add(a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: the first integer
-            b: the second integer
-        """
-        return a + b
-
-    return add
-
-
 def test_smolagents_tool_calling_agent(live):
     """Defaults: tool_choice=required on every call (grammar-constrained), history resent as rewritten text."""
     smolagents = pytest.importorskip("smolagents")
     sid = live.open_session()
-    agent = smolagents.ToolCallingAgent(tools=[smol_add()], model=smol_model(live, sid), verbosity_level=0)
+    agent = smolagents.ToolCallingAgent(tools=[smolagents_add_tool()], model=smol_model(live, sid), verbosity_level=0)
     assert agent.run("Add 2 and 3.") == ANSWER
     session = check(live, sid, "smolagents", "ToolCallingAgent (defaults)", False, edits=True)
     assert session.counts["calls"] == 2
@@ -280,7 +261,7 @@ def test_smolagents_tool_calling_agent(live):
 def test_smolagents_code_agent(live):
     smolagents = pytest.importorskip("smolagents")
     sid = live.open_session()
-    agent = smolagents.CodeAgent(tools=[smol_add()], model=smol_model(live, sid), verbosity_level=0)
+    agent = smolagents.CodeAgent(tools=[smolagents_add_tool()], model=smol_model(live, sid), verbosity_level=0)
     assert agent.run("Add 2 and 3.") == ANSWER
     check(live, sid, "smolagents", "CodeAgent (defaults)", False)
 

@@ -51,6 +51,18 @@ def examples_openai() -> list[dict]:
     return out
 
 
+def examples_items() -> list[dict]:
+    """The two examples as the Agents SDK's input items (the Responses API's shape)."""
+    items: list[dict] = []
+    for i, (a, b) in enumerate(EXAMPLES):
+        items += [{"role": "user", "content": f"Add {a} and {b}."},
+                  {"type": "function_call", "call_id": f"call_ex{i}", "name": "add",
+                   "arguments": json.dumps({"a": a, "b": b})},
+                  {"type": "function_call_output", "call_id": f"call_ex{i}", "output": str(a + b)},
+                  {"role": "assistant", "content": f"The answer is {a + b}."}]
+    return items
+
+
 def check_trajectory(smol, sid, answer: str):
     """One trajectory, drift 0, a tool-call turn then the answer, the tool result masked, logprobs the model's."""
     session = smol.session(sid)
@@ -142,13 +154,7 @@ def test_async_streaming_with_n_choices_samples_from_the_model(smol):
 def test_openai_agents_sdk_tool_conversation_is_token_faithful(smol):
     from test_clients import run_agents_sdk
 
-    items: list[dict] = []
-    for i, (a, b) in enumerate(EXAMPLES):
-        items += [{"role": "user", "content": f"Add {a} and {b}."},
-                  {"type": "function_call", "call_id": f"call_ex{i}", "name": "add",
-                   "arguments": json.dumps({"a": a, "b": b})},
-                  {"type": "function_call_output", "call_id": f"call_ex{i}", "output": str(a + b)},
-                  {"role": "assistant", "content": f"The answer is {a + b}."}]
+    items = examples_items()
     sid = smol.open_session()
     question = [*items, {"role": "user", "content": "Add 7 and 8."}]
     result = run_agents_sdk(f"{smol.url}/sessions/{sid}/v1", "none", question)
@@ -223,13 +229,7 @@ def test_agents_sdk_default_mode_is_token_faithful(smol):
         """Add two integers."""
         return a + b
 
-    items: list[dict] = []
-    for i, (a, b) in enumerate(EXAMPLES):
-        items += [{"role": "user", "content": f"Add {a} and {b}."},
-                  {"type": "function_call", "call_id": f"call_ex{i}", "name": "add",
-                   "arguments": json.dumps({"a": a, "b": b})},
-                  {"type": "function_call_output", "call_id": f"call_ex{i}", "output": str(a + b)},
-                  {"role": "assistant", "content": f"The answer is {a + b}."}]
+    items = examples_items()
     sid = smol.open_session()
     agents.set_default_openai_client(AsyncOpenAI(base_url=f"{smol.url}/sessions/{sid}/v1", api_key="none",
                                                  max_retries=0), use_for_tracing=False)
@@ -246,21 +246,12 @@ def test_smolagents_forced_tool_calls_and_rewritten_history_are_token_faithful(s
     logprobs are those of the grammar's distribution) and every step comes back rewritten (an edit: a new sample
     of the same run). Each conversation is still exactly what the model sampled."""
     smolagents = pytest.importorskip("smolagents")
-
-    @smolagents.tool
-    def add(a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: the first integer
-            b: the second integer
-        """
-        return a + b
+    from serve_helpers import smolagents_add_tool
 
     sid = smol.open_session()
     model = smolagents.OpenAIServerModel(model_id="scaffold", api_base=f"{smol.url}/sessions/{sid}/v1",
                                          api_key="none")
-    agent = smolagents.ToolCallingAgent(tools=[add], model=model, verbosity_level=0, max_steps=2)
+    agent = smolagents.ToolCallingAgent(tools=[smolagents_add_tool()], model=model, verbosity_level=0, max_steps=2)
     agent.run("Add 5 and 9.")
     session = smol.session(sid)
     forced = [c for c in session.calls if c["constraint"] is not None]
