@@ -9,7 +9,9 @@ a stored response: its input and output come first (responses are stored per
 session unless ``store`` is false). ``include: ["message.output_text.logprobs"]``
 (with ``top_logprobs``) returns each output token's logprob. ``text.format``
 ``json_schema``/``json_object`` and ``tool_choice`` ``required`` or a named function
-are enforced by grammar-constrained decoding, as in chat completions.
+are enforced by grammar-constrained decoding, as in chat completions. Function tools
+(and the functions of a ``namespace``) are offered to the model; tools OpenAI hosts
+(``web_search``...) are not, as nothing here runs them.
 """
 
 from __future__ import annotations
@@ -90,18 +92,30 @@ def parse_responses_request(body: Any, stored: Any) -> tuple[ChatRequest, dict[s
     return request, echo
 
 
+#: Tools the Responses API runs on OpenAI's side. The model served here has none of them, so they are not offered to
+#: it (never described in its prompt); a harness that lists them by default (Codex lists web_search) still works.
+HOSTED_TOOLS = frozenset({"web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation",
+                          "computer_use_preview", "mcp", "local_shell", "tool_search"})
+
+
 def _function_tools(tools: Any) -> Any:
-    """The Responses API's flat function tools (``{"type": "function", "name", "parameters"}``) in the chat shape."""
+    """The Responses API's flat function tools (``{"type": "function", "name", "parameters"}``) in the chat shape;
+    a ``namespace``'s functions are offered by their own names; hosted tools are left out (:data:`HOSTED_TOOLS`)."""
     if not isinstance(tools, list):
         return tools
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise bad(f"tools[{i}]", f"only function tools are served (the model runs here, with no hosted tools), "
-                                     f"got {kind!r}")
-        out.append({"type": "function", "function": {k: tool.get(k) for k in ("name", "description", "parameters")
-                                                      if tool.get(k) is not None}})
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        if kind == "namespace" and isinstance(tool.get("tools"), list):
+            out += _function_tools(tool["tools"])
+        elif kind in HOSTED_TOOLS:
+            continue
+        elif kind == "function":
+            out.append({"type": "function", "function": {k: tool.get(k) for k in ("name", "description", "parameters")
+                                                          if tool.get(k) is not None}})
+        else:
+            raise bad(f"tools[{i}]", f"only function tools are served (and namespaces of them; hosted tools are not "
+                                     f"offered to the model), got {kind!r}")
     return out
 
 

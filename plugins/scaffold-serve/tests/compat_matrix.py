@@ -27,7 +27,7 @@ START, END = "<!-- compat-matrix:start -->", "<!-- compat-matrix:end -->"
 WRITE = os.environ.get("SCAFFOLD_WRITE_MATRIX") == "1"
 COLUMNS = ("client", "mode", "engine", "stream", "runs", "calls", "conversations", "drift", "model turns kept",
            "logprobs")
-#: The distribution whose version each client's row names.
+#: The distribution whose version each client's row names (a client from npm gives its own).
 DISTRIBUTIONS = {"openai": "openai", "openai-agents": "openai-agents", "langgraph": "langgraph",
                  "smolagents": "smolagents", "pydantic-ai": "pydantic-ai-slim", "litellm": "litellm",
                  "anthropic": "anthropic"}
@@ -68,10 +68,11 @@ def measure(session: Any, logprobs: str = "engine's") -> dict[str, Any]:
             "drift": session.drift_count, "model turns kept": "yes" if kept else "NO", "logprobs": logprobs}
 
 
-def record(client: str, mode: str, engine: str, stream: bool, cell: dict[str, Any]) -> None:
-    """Check ``cell`` against the committed matrix (or, with SCAFFOLD_WRITE_MATRIX=1, write it there)."""
+def record(client: str, mode: str, engine: str, stream: bool, cell: dict[str, Any], version: str | None = None) -> None:
+    """Check ``cell`` against the committed matrix (or, with SCAFFOLD_WRITE_MATRIX=1, write it there). ``version``:
+    the client's, when it is no Python distribution (a CLI from npm)."""
     name = key(client, mode, engine, stream)
-    version = metadata.version(DISTRIBUTIONS[client])
+    version = version or metadata.version(DISTRIBUTIONS[client])
     entry = {**cell, "version": version}
     matrix = load()
     if WRITE:

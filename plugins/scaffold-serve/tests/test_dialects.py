@@ -77,7 +77,7 @@ def test_stop_strings_are_cut_from_the_content_streamed_or_not(scripted):
 
 
 @pytest.mark.parametrize("route, body, needle", [
-    ("responses", {"input": "Hi", "tools": [{"type": "web_search"}]}, "only function tools"),
+    ("responses", {"input": "Hi", "tools": [{"type": "computer"}]}, "only function tools"),
     ("responses", {"input": "Hi", "previous_response_id": "resp_nope"}, "no stored response"),
     ("responses", {"input": [{"type": "item_reference", "id": "x"}]}, "not served"),
     ("messages", {"messages": [{"role": "user", "content": "Hi"}]}, "max_tokens"),
