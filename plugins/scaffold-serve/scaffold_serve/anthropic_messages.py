@@ -92,11 +92,13 @@ def _texts(value: Any, where: str) -> Any:
 def _message(value: Any, where: str) -> list[Message]:
     """One Anthropic message as chat messages: an assistant turn (text and calls), or a user turn whose
     ``tool_result`` blocks become ``tool`` messages before its text."""
-    if not isinstance(value, dict) or value.get("role") not in ("user", "assistant"):
-        raise bad(f"{where}.role", "must be user or assistant")
+    if not isinstance(value, dict) or value.get("role") not in ("user", "assistant", "system"):
+        raise bad(f"{where}.role", "must be user, assistant or system")
     role, content = value["role"], value.get("content")
     if isinstance(content, str):
         return [Message(role, content)]
+    if role == "system":  # a system message between the turns (Claude Code sends them): text blocks
+        return [Message("system", parse_content(_texts(content, f"{where}.content"), f"{where}.content"))]
     if not isinstance(content, list):
         raise bad(f"{where}.content", f"must be a string or a list of content blocks, got {type(content).__name__}")
     texts: list[str] = []
