@@ -28,7 +28,8 @@ class Sample:
     ``text`` is the response the verifier scores.
 
     ``rollout`` says which rollout (one run of the policy on the prompt: one
-    agent run) of its episode the sample is a piece of. An agent whose client
+    agent run; any number or text unique within the episode) of its episode
+    the sample is a piece of. An agent whose client
     rewrote its history yields several samples from one run: they share one
     rollout number, one reward, count once in every metric (``reward_mean``,
     ``accuracy``, ``pass@k``) and share one advantage in training. ``None``
@@ -48,7 +49,7 @@ class Sample:
     turn_rewards: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     versions: list[int] | None = None
-    rollout: int | None = None
+    rollout: int | str | None = None
 
     @classmethod
     def from_task(cls, task: GenerationTask) -> Sample:
