@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import EngineError
+from .errors import ConstraintUnsupported, EngineError
 from .generation import GenerationRequest, GenerationResult
+from .sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Engine:
     #: The version of the weights new requests are generated with: 0 at start, changed only by
     #: :meth:`update_weights`. Each result reports the version(s) that produced it.
     weight_version: int = 0
+    #: The :class:`~scaffold_core.sampling.Constraint` kinds this engine enforces (grammar-constrained decoding);
+    #: a request with any other constraint is refused before it reaches the engine (:func:`check_constraint`).
+    constraints: frozenset[str] = frozenset()
 
     def attach_run(self, info: RunInfo) -> None:
         """Called by the rollout before ``start()``: output dir, rank and this worker's port slice."""
@@ -103,3 +107,17 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         """Engine-specific counters for metrics.json (batches, mean batch size, ...)."""
         return {}
+
+
+def check_constraint(engine: Any, sampling: SamplingParams, name: str = "") -> None:
+    """Raise :class:`~scaffold_core.errors.ConstraintUnsupported` when ``sampling`` has a constraint ``engine``
+    does not enforce (an engine that ignored it would sample unconstrained output as if it were constrained)."""
+    constraint = sampling.constraint
+    if constraint is None or constraint.kind in getattr(engine, "constraints", frozenset()):
+        return
+    label = name or type(engine).__name__
+    why = f" (asked for by {constraint.reason})" if constraint.reason else ""
+    kinds = ", ".join(sorted(getattr(engine, "constraints", ()))) or "none"
+    raise ConstraintUnsupported(
+        f"engine {label!r} cannot constrain decoding to a {constraint.kind} grammar{why}; it enforces: {kinds}. "
+        "Use the transformers engine (with xgrammar installed) or sglang, or leave the constraint out")

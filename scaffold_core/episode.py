@@ -26,6 +26,15 @@ class Sample:
     entry per output id: the weight version that sampled it (-1 where the
     mask is 0); ``None`` means every generated token is ``weight_version``'s.
     ``text`` is the response the verifier scores.
+
+    ``rollout`` says which rollout (one run of the policy on the prompt: one
+    agent run; any number or text unique within the episode) of its episode
+    the sample is a piece of. An agent whose client
+    rewrote its history yields several samples from one run: they share one
+    rollout number, one reward, count once in every metric (``reward_mean``,
+    ``accuracy``, ``pass@k``) and share one advantage in training. ``None``
+    (every built-in controller but the agent ones): the sample is a rollout of
+    its own.
     """
 
     prompt_ids: list[int]
@@ -40,6 +49,7 @@ class Sample:
     turn_rewards: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     versions: list[int] | None = None
+    rollout: int | str | None = None
 
     @classmethod
     def from_task(cls, task: GenerationTask) -> Sample:
@@ -70,6 +80,15 @@ class Sample:
         return mask.count(1) if type(mask) is list else sum(mask)  # a list of 0s and 1s: counted in C
 
 
+def rollouts(samples: list[Any]) -> list[list[Any]]:
+    """``samples`` grouped by rollout, in order of first appearance (a sample without one is a rollout of its own)."""
+    groups: dict[Any, list[Any]] = {}
+    for position, sample in enumerate(samples):
+        key = getattr(sample, "rollout", None)
+        groups.setdefault(("own", position) if key is None else key, []).append(sample)
+    return list(groups.values())
+
+
 @dataclass(slots=True, eq=False)
 class Outcome:
     """What a controller's ``process`` generator returns.
@@ -79,7 +98,9 @@ class Outcome:
     episode's answer (best-of-n), or ``None``. ``answer``/``answer_reward``:
     the episode's final answer when it is not one sample's (a majority vote).
     ``metrics``: per-episode numbers such as ``{"maj@4": 1.0}``, averaged over
-    the run.
+    the run. ``prompt``: the prompt the episode really used when it is not the
+    task's rendered one (an agent that wrote its own), recorded as the
+    episode's ``prompt``; ``None``: the task's.
     """
 
     samples: list[Any]
@@ -87,6 +108,7 @@ class Outcome:
     answer: str | None = None
     answer_reward: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt: str | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -132,6 +132,13 @@ class EngineError(EpisodeError):
         self.retryable = retryable
 
 
+class ConstraintUnsupported(EngineError):
+    """The engine cannot enforce the request's :class:`~scaffold_core.sampling.Constraint` (never ignored)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=False)
+
+
 class VerifierError(EpisodeError):
     """A verifier raised or exceeded its time budget."""
 

@@ -46,7 +46,10 @@ class GenerationRequest:
     ``seed`` is already derived per request (from the base seed, episode id and
     sample index), so engines need not know about episodes to be reproducible.
     ``episode_id`` lets multi-server engines keep one episode on one server
-    (prefix caching).
+    (prefix caching). ``on_token``, when set, is called with each output id as
+    soon as it is sampled, in order, on the caller's event loop (a server
+    streaming token by token); an engine that returns whole generations never
+    calls it, and the result holds every id either way.
     """
 
     request_id: str
@@ -54,6 +57,7 @@ class GenerationRequest:
     sampling: SamplingParams
     seed: int | None = None
     episode_id: str | None = None
+    on_token: Callable[[int], None] | None = None
 
 
 @dataclass(slots=True)

@@ -7,6 +7,35 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+#: The grammar forms a :class:`Constraint` may take (SGLang's ``sampling_params`` names; xgrammar compiles them).
+CONSTRAINT_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A grammar every sampled token must keep the output within (grammar-constrained decoding).
+
+    ``kind`` is one of :data:`CONSTRAINT_KINDS` and ``spec`` its text, as SGLang's
+    native ``sampling_params`` and xgrammar take them: ``json_schema`` (a JSON
+    Schema as JSON text), ``regex``, ``ebnf`` (xgrammar's EBNF, ``root ::= ...``)
+    or ``structural_tag`` (xgrammar's structural-tag JSON, e.g. a fixed text
+    followed by a JSON object). The output ends (the engine's end-of-sequence
+    token) only once the grammar is complete. ``reason`` names what asked for
+    it (``tool_choice: required``) for error messages. Engines list the kinds
+    they enforce in :attr:`~scaffold_core.engine.Engine.constraints`; a request
+    with a constraint its engine cannot enforce fails, never runs unconstrained.
+    """
+
+    kind: str
+    spec: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.spec, str) or not self.spec:
+            raise ValueError("a constraint needs its grammar (a non-empty string)")
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -23,6 +52,9 @@ class SamplingParams:
     per-request field controllers set (confidence measures, self-evaluation),
     not a config key. An engine that cannot give them leaves that field
     ``None``, and callers fall back to the sampled tokens' logprobs.
+    ``constraint``: a :class:`Constraint` the output must follow (a per-request
+    field, like ``top_logprobs``: a served client's forced tool call or JSON
+    output); ``None``: unconstrained.
     """
 
     max_tokens: int
@@ -33,6 +65,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

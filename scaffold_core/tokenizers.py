@@ -124,6 +124,12 @@ class ByteTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
         return {"input_ids": self.encode(text)}
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (a special token: its text)."""
+        if token_id < self.OFFSET:
+            return self.SPECIALS[token_id].encode()
+        return bytes([token_id - self.OFFSET])
+
 
 #: Token id of each byte value (bytes come after the special tokens).
 _BYTE_IDS = tuple(range(ByteTokenizer.OFFSET, ByteTokenizer.OFFSET + 256))

@@ -205,3 +205,22 @@ def group_normalized(rewards: Sequence[float], *, std: str = "unbiased", eps: fl
     else:
         spread = math.sqrt(squares / n)
     return [c / (spread + eps) for c in centred]
+
+
+def rollout_normalized(samples: Sequence[Sample], rewards: Sequence[float], *, std: str = "unbiased",
+                       eps: float = 1e-5, baseline: str = "mean") -> list[float]:
+    """:func:`group_normalized` over an episode's rollouts: each rollout (``Sample.rollout``; a sample without
+    one is its own) counts once with its reward (its samples' mean), and each sample gets its rollout's advantage.
+    ``rewards`` are the samples' own, in order. One agent run split into several samples is one member of the
+    group, never several equal ones."""
+    runs: dict[Any, list[int]] = {}
+    for position, sample in enumerate(samples):
+        key = ("own", position) if sample.rollout is None else sample.rollout
+        runs.setdefault(key, []).append(position)
+    run_rewards = [math.fsum(rewards[p] for p in positions) / len(positions) for positions in runs.values()]
+    run_advantages = group_normalized(run_rewards, std=std, eps=eps, baseline=baseline)
+    advantages = [0.0] * len(samples)
+    for positions, advantage in zip(runs.values(), run_advantages):
+        for p in positions:
+            advantages[p] = advantage
+    return advantages

@@ -21,7 +21,7 @@ from ..trajectory import (
     TrajectoryMaker,
     check_advantage_options,
     check_missing_reward_policy,
-    group_normalized,
+    rollout_normalized,
 )
 
 
@@ -37,7 +37,11 @@ class SingleTurnTrajectoryMaker(TrajectoryMaker):
 
 
 class GRPOTrajectoryMaker(TrajectoryMaker):
-    """The samples of one prompt form a group; advantage = (reward - baseline) / (group std + eps).
+    """The rollouts of one prompt form a group; advantage = (reward - baseline) / (group std + eps).
+
+    A rollout is one sample, or the several samples of one agent run (``Sample.rollout``: a client that
+    rewrote its history): the group's statistics count each rollout once, with its one reward, and every
+    sample of a rollout gets the rollout's advantage.
 
     ``baseline``: ``mean`` (GRPO) or ``leave_one_out`` (RLOO). ``std``:
     ``unbiased`` (default, as AReaL), ``population``, or ``none`` (only
@@ -58,7 +62,7 @@ class GRPOTrajectoryMaker(TrajectoryMaker):
 
     def make(self, episode: EpisodeResult) -> list[TrainingSample]:
         samples, rewards = self.scored(episode)
-        advantages = group_normalized(rewards, std=self.std, eps=self.eps, baseline=self.baseline)
+        advantages = rollout_normalized(samples, rewards, std=self.std, eps=self.eps, baseline=self.baseline)
         return [self.build(episode, s, r, a) for s, r, a in zip(samples, rewards, advantages)]
 
 

@@ -35,6 +35,12 @@ class CannedBenchmarkEngine(Engine):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         n = request.sampling.max_tokens
+        stops = [self.response.find(stop) + len(stop) for stop in request.sampling.stop if stop in self.response]
+        if stops:  # ends on a stop string, which it keeps (as engines do); a server cuts it from the content
+            whole = self.tokenizer.encode(self.response[:min(stops)])
+            ids = whole[:n]
+            return GenerationResult(ids, self._logprobs[:len(ids)], "stop" if len(ids) == len(whole) else "length",
+                                    self.tokenizer.decode(ids), 0)
         if n >= len(self._ids):
             return GenerationResult(self._ids[:], self._logprobs[:], "stop", self.response, 0)
         ids = self._ids[:n]

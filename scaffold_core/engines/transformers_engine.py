@@ -29,6 +29,11 @@ Top logprobs: a request with ``sampling.top_logprobs = k`` also gets, per
 output position, the ``k`` most likely tokens and their logprobs under the
 same distribution as the sampled token's logprob.
 
+Constraints: a request whose ``sampling.constraint`` names a grammar (a served
+client's forced tool call or JSON output) is decoded under it with xgrammar
+(``grammar.py``: the grammar's disallowed tokens are masked before sampling;
+the logprobs are those of the masked, renormalised distribution).
+
 Live weights: :meth:`TransformersEngine.wrap` serves a model object the
 caller owns (a trainer's policy; nothing is copied), and
 :meth:`TransformersEngine.update_weights` loads a state dict or a checkpoint
@@ -54,6 +59,7 @@ from ..engine import Engine
 from ..errors import EngineError
 from ..generation import GenerationRequest, GenerationResult
 from ..tokenizers import eos_token_ids
+from .grammar import Grammars, RowGrammar, available_kinds, mask_logits
 from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
 from .prefill import Prefill, prefill
 
@@ -63,6 +69,7 @@ class _Pending:
     request: GenerationRequest
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    grammar: RowGrammar | None = None
 
 
 @dataclass(eq=False)
@@ -80,6 +87,7 @@ class _Row:
     top: list[dict[int, float]] | None = None  # per output position, when the request asked for top logprobs
     finish: str | None = None
     stop_at: int | None = None  # character offset where a stop string begins
+    grammar: RowGrammar | None = None  # the request's constraint, if any (grammar.py)
 
 
 def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
@@ -140,6 +148,12 @@ class TransformersEngine(Engine):
         # (source, version, done) of the weight updates waiting for the worker thread
         self._updates: collections.deque[tuple[Any, int, concurrent.futures.Future]] = collections.deque()
         self._updates_lock = threading.Lock()
+        self._grammars: Grammars | None = None
+
+    @property
+    def constraints(self) -> frozenset[str]:  # type: ignore[override]
+        """Every constraint kind, when xgrammar is installed (grammar-constrained decoding, ``grammar.py``)."""
+        return available_kinds()
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -303,9 +317,19 @@ class TransformersEngine(Engine):
                 f"prompt has {n_prompt} tokens but the model's context is {self.context_length} tokens; "
                 "shorten the prompt (fewer few-shot examples, a shorter system prompt)", retryable=False)
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, loop.create_future(), loop)
+        pending = _Pending(request, loop.create_future(), loop, self._grammar(request))
         self._queue.put_nowait(pending)
         return await pending.future
+
+    def _grammar(self, request: GenerationRequest) -> RowGrammar | None:
+        """The request's constraint, compiled (an EngineError naming the problem when it cannot be)."""
+        constraint = request.sampling.constraint
+        if constraint is None:
+            return None
+        if self._grammars is None:
+            width = self.model.get_output_embeddings().weight.shape[0]
+            self._grammars = Grammars(self.tokenizer, width, self.eos_ids)
+        return self._grammars.row(constraint)
 
     async def _batch_loop(self) -> None:
         assert self._queue is not None
@@ -359,7 +383,7 @@ class TransformersEngine(Engine):
             seed = req.seed if req.seed is not None else (sp.seed if sp.seed is not None else torch.seed())
             gen.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
         return _Row(pending, max_new, self.eos_ids | set(sp.stop_token_ids), tuple(s for s in sp.stop if s), gen,
-                    top=[] if sp.top_logprobs > 0 else None)
+                    top=[] if sp.top_logprobs > 0 else None, grammar=pending.grammar)
 
     def _run_batch(self, batch: list[_Pending]) -> list[Any]:
         torch = self._torch
@@ -408,12 +432,18 @@ class TransformersEngine(Engine):
                 row.output_ids.append(token)
                 row.logprobs.append(logprob)
                 row.versions.append(version)
+                if row.grammar is not None:
+                    row.grammar.accept(token)
+                if row.pending.request.on_token is not None:  # a streaming caller: the id, on its event loop
+                    row.pending.loop.call_soon_threadsafe(row.pending.request.on_token, token)
                 if row.pending.future.done():  # its caller is gone (cancelled, timed out): stop decoding it
                     row.finish = "abort"  # (a read of the future's state; at worst one token late)
                     self._stats["abandoned"] += 1
                 elif token in row.stop_ids:
                     row.finish = "stop"
                 elif row.stop_strings and self._hit_stop_string(row):
+                    row.finish = "stop"
+                elif row.grammar is not None and row.grammar.done:
                     row.finish = "stop"
                 elif len(row.output_ids) >= row.max_new:
                     row.finish = "length"
@@ -459,6 +489,8 @@ class TransformersEngine(Engine):
     def _sample(self, rows: list[_Row], logits: Any) -> list[tuple[int, float]]:
         """Pick one token per row; return (token, logprob) pairs."""
         torch = self._torch
+        if any(r.grammar is not None for r in rows):  # constrained rows: disallowed tokens out before anything else
+            mask_logits([r.grammar for r in rows], logits)
         greedy = [r.generator is None for r in rows]
         if all(greedy):
             choice = torch.argmax(logits, dim=-1)

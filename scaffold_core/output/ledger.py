@@ -204,6 +204,7 @@ def _record(result: EpisodeResult, trajectories: list[Any], tokens: list[int] | 
             "generated_tokens": s.generated_tokens,
             "weight_version": s.weight_version,
             **({"turn_rewards": s.turn_rewards} if s.turn_rewards is not None else {}),
+            **({"rollout": s.rollout} if s.rollout is not None else {}),
             **({"metadata": s.metadata} if s.metadata else {}),
         })
     return {
@@ -234,7 +235,7 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
                                                                s.get("reason") or "", s.get("verdict_metrics"))
         n = int(s.get("generated_tokens", 0))
         samples.append(Sample([], [0] * n, [0.0] * n, [1] * n, s.get("response", ""), s.get("finish_reason", ""),
-                              s.get("sample_index", 0), s.get("weight_version"), verdict))
+                              s.get("sample_index", 0), s.get("weight_version"), verdict, rollout=s.get("rollout")))
     return EpisodeResult(
         episode_id=record["episode_id"], index=record.get("index", 0), status=record["status"],
         reference=record.get("answer"), samples=samples, chosen=record.get("chosen"),

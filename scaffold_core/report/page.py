@@ -101,13 +101,18 @@ def _cards(report: Report) -> str:
                            f"{report.eval.get('answers_per_problem', '?')} answers each"))
     elif m:
         cards.append(_card("accuracy", _fraction(m.get("accuracy")), "per completed episode"))
-        cards.append(_card("mean reward", _fraction(m.get("reward_mean")), "per scored sample"))
+        cards.append(_card("mean reward", _fraction(m.get("reward_mean")), "per scored rollout"))
     if m:
         cards.append(_card("episodes", _number(m.get("episodes")),
                            f"{m.get('failed', 0):,} failed" if m.get("failed") else "none failed",
                            tone="bad" if m.get("failed") else ""))
-        cards.append(_card("samples", _number(m.get("samples")),
-                           f"{m.get('unscored_samples', 0):,} unscored" if m.get("unscored_samples") else ""))
+        rollouts = m.get("rollouts")
+        notes = [f"{m.get('unscored_samples', 0):,} unscored" if m.get("unscored_samples") else "",
+                 f"from {rollouts:,} rollouts" if isinstance(rollouts, int) and rollouts != m.get("samples") else ""]
+        cards.append(_card("samples", _number(m.get("samples")), "; ".join(n for n in notes if n)))
+        if m.get("drift"):
+            cards.append(_card("drift", _number(m.get("drift"), 2), "history rewrites per episode (the agent's client "
+                               "changed what the model wrote; see docs/serve.md)", tone="bad"))
         cards.append(_card("generated tokens", _number(m.get("generated_tokens")),
                            f"{_number(m.get('tokens_per_s'), 1)} tok/s"))
         truncated = float(m.get("truncated_fraction") or 0.0)

@@ -2,8 +2,11 @@
 
 Definitions (also in docs/runtime.md):
 
-* ``reward_mean``: mean reward over every scored sample of every completed
-  episode.
+* ``reward_mean``: mean reward over every scored rollout of every completed
+  episode. A rollout is one run of the policy on the prompt: one sample, or,
+  for an agent whose client rewrote its history, the several samples of one
+  agent run (``Sample.rollout``), which share one reward and count once here,
+  in ``accuracy`` and in ``pass@k``.
 * ``unscored_samples``: samples of completed episodes without a reward (not
   verified, or the verifier could not score them). They are never counted as
   0.0: they are left out of ``reward_mean``, ``accuracy`` and ``pass@k`` and
@@ -12,9 +15,11 @@ Definitions (also in docs/runtime.md):
 * ``accuracy``: mean over completed episodes whose answer was scored of
   whether it is correct: the chosen sample (best_of_n, native with one
   sample), the voted answer (majority_vote), or, when the controller names no
-  single answer, the fraction of its scored samples that are correct.
-* ``pass@k``: episodes with k > 1 samples where at least one sample is correct
-  (over episodes with at least one scored sample).
+  single answer, the fraction of its scored rollouts that are correct.
+* ``pass@k``: episodes with k > 1 rollouts where at least one rollout is
+  correct (over episodes with at least one scored rollout).
+* ``rollouts``: rollouts of completed episodes (equal to ``samples`` unless an
+  agent run produced several samples).
 * controller metrics such as ``maj@k`` are averaged over the episodes that
   report them.
 * ``truncated_fraction``: samples that stopped on ``length``; above 20% the
@@ -29,7 +34,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from ..episode import EpisodeResult
+from ..episode import EpisodeResult, rollouts
 from ..trajectory import usable_reward
 
 TRUNCATION_WARNING = 0.2
@@ -61,10 +66,16 @@ def episode_correct(result: EpisodeResult) -> float | None:
         return None if reward is None else float(reward > 0)
     if result.answer_reward is not None:
         return None if math.isnan(result.answer_reward) else float(result.answer_reward > 0)
-    rewards = [r for r in map(usable_reward, result.samples) if r is not None]
+    rewards = [r for r in map(rollout_reward, rollouts(result.samples)) if r is not None]
     if not rewards:
         return None
     return sum(1.0 for r in rewards if r > 0) / len(rewards)
+
+
+def rollout_reward(samples: list[Any]) -> float | None:
+    """The reward of one rollout: its samples' (they share one; the mean if they differ), None when unscored."""
+    rewards = [r for r in map(usable_reward, samples) if r is not None]
+    return sum(rewards) / len(rewards) if rewards else None
 
 
 class RunMetrics:
@@ -79,6 +90,8 @@ class RunMetrics:
         self.cause_examples: dict[tuple[str, str], str] = {}
         self.samples = 0
         self.unscored = 0
+        self.rollouts = 0
+        self.scored_rollouts = 0
         self.reward_sum = 0.0
         self.correct_sum = 0.0
         self.scored_episodes = 0
@@ -111,20 +124,25 @@ class RunMetrics:
         if correct is not None:
             self.correct_sum += correct
             self.scored_episodes += 1
-        any_scored = any_correct = False
         for sample in result.samples:
             self.samples += 1
-            reward = usable_reward(sample)
-            if reward is not None:
-                any_scored = True
-                any_correct = any_correct or reward > 0
-                self.reward_sum += reward
-            else:
+            if usable_reward(sample) is None:
                 self.unscored += 1
             self.generated_tokens += sample.generated_tokens
             if sample.finish_reason == "length":
                 self.truncated += 1
-        k = len(result.samples)
+        any_scored = any_correct = False
+        runs = rollouts(result.samples) if any(s.rollout is not None for s in result.samples) else \
+            [[s] for s in result.samples]
+        for run in runs:
+            self.rollouts += 1
+            reward = rollout_reward(run)
+            if reward is not None:
+                any_scored = True
+                any_correct = any_correct or reward > 0
+                self.reward_sum += reward
+                self.scored_rollouts += 1
+        k = len(runs)
         if k > 1 and any_scored:
             name = f"pass@{k}"
             self.extra_sum[name] += float(any_correct)
@@ -134,8 +152,8 @@ class RunMetrics:
             self.extra_n[name] += 1
 
     #: The totals :meth:`state` carries (counts and sums; a session's clock and skipped rows are not totals).
-    _SUMS = ("episodes", "completed", "failed", "samples", "unscored", "reward_sum", "correct_sum",
-             "scored_episodes", "generated_tokens", "truncated", "retried")
+    _SUMS = ("episodes", "completed", "failed", "samples", "unscored", "rollouts", "scored_rollouts", "reward_sum",
+             "correct_sum", "scored_episodes", "generated_tokens", "truncated", "retried")
 
     def state(self) -> dict[str, Any]:
         """The totals of the episodes added, as JSON, for another process to combine (:meth:`from_states`)."""
@@ -152,6 +170,8 @@ class RunMetrics:
         """The totals of several sets of episodes, as if their episodes had been added in this order."""
         out = cls()
         for state in states:
+            if "rollouts" not in state:  # saved before rollouts were counted: every sample was one
+                state = {**state, "rollouts": state["samples"], "scored_rollouts": state["samples"] - state["unscored"]}
             for name in cls._SUMS:
                 setattr(out, name, getattr(out, name) + state[name])
             for key, n in state["failures"]:
@@ -175,8 +195,7 @@ class RunMetrics:
 
     @property
     def reward_mean(self) -> float:
-        scored = self.samples - self.unscored
-        return self.reward_sum / scored if scored else 0.0
+        return self.reward_sum / self.scored_rollouts if self.scored_rollouts else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -199,6 +218,7 @@ class RunMetrics:
                                    for cause, count in self.failure_causes.most_common(TOP_CAUSES)],
             "samples": self.samples,
             "unscored_samples": self.unscored,
+            "rollouts": self.rollouts,
             "reward_mean": round(self.reward_mean, 6),
             "accuracy": round(self.correct_sum / self.scored_episodes, 6) if self.scored_episodes else 0.0,
             "generated_tokens": self.generated_tokens,

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
 
 from ..controller import Controller, Parallel
+from ..engine import check_constraint
 from ..episode import EpisodeContext, EpisodeResult, Outcome, Sample
 from ..errors import ControllerError, EngineError, EpisodeError, TrajectoryError, VerifierError
 from ..generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
@@ -188,7 +189,8 @@ class Runtime:
                 sample.verdict = verdict
         result = EpisodeResult(
             episode_id=ctx.episode_id, index=ctx.index, status="ok", reference=ctx.reference,
-            prompt_text=ctx.prompt_text, samples=samples, chosen=outcome.chosen, answer=outcome.answer,
+            prompt_text=ctx.prompt_text if outcome.prompt is None else outcome.prompt, samples=samples,
+            chosen=outcome.chosen, answer=outcome.answer,
             answer_reward=outcome.answer_reward, metrics={**verdict_metrics(samples), **outcome.metrics}, row=ctx.row,
         )
         if self.trajectory_maker is not None:
@@ -280,6 +282,8 @@ class Runtime:
         task.result = result
 
     async def _call_engine(self, engine: Any, request: GenerationRequest) -> Any:
+        if request.sampling.constraint is not None:
+            check_constraint(engine, request.sampling, self.engine_name)
         try:
             result = await self._deadlines.bounded(engine.generate(request), self.limits.request_timeout)
         except (asyncio.TimeoutError, TimeoutError):

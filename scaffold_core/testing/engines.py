@@ -20,7 +20,15 @@ class ScriptedEngine(Engine):
     ``delay`` (seconds, or a (low, high) range drawn per request from a
     seeded RNG) simulates latency; ``fail`` is a predicate on the prompt text
     that makes the request raise; ``hang`` one that makes it never return.
-    Logprobs are a deterministic function of the token id.
+    Logprobs are a deterministic function of the token id. A request with
+    ``on_token`` gets its ids handed over one by one (a loop turn apart), as an
+    engine that decodes incrementally does.
+
+    A request with a ``sampling.constraint`` is decoded under it (xgrammar, as in
+    the embedded engine): each scripted token is taken when the grammar allows it,
+    else the end token when allowed, else the lowest allowed token; so a script
+    that follows the grammar comes out unchanged, and one that does not comes out
+    forced into it.
     """
 
     def __init__(self, respond: Callable[..., str] | str = "#### 42", *, delay: Any = 0.0,
@@ -36,6 +44,13 @@ class ScriptedEngine(Engine):
         self.requests: list[GenerationRequest] = []
         self.started = False
         self.closed = False
+        self._grammars: Any = None
+
+    @property
+    def constraints(self) -> frozenset[str]:  # type: ignore[override]
+        from ..engines.grammar import available_kinds
+
+        return available_kinds()
 
     async def start(self) -> None:
         self.started = True
@@ -56,12 +71,19 @@ class ScriptedEngine(Engine):
         if delay:
             await asyncio.sleep(delay)
         text = self.respond(prompt, request) if callable(self.respond) else self.respond
-        return self.result_for(text, request)
+        result = self.result_for(text, request)
+        if request.on_token is not None:  # decoded "incrementally": each id handed over, one loop turn apart
+            for token in result.output_ids:
+                request.on_token(token)
+                await asyncio.sleep(0)
+        return result
 
     def result_for(self, text: str, request: GenerationRequest) -> GenerationResult:
         tok = self.tokenizer
         sp = request.sampling
         ids = tok.encode(text) + [tok.eos_token_id]
+        if sp.constraint is not None:
+            ids = self._constrained(ids, request)
         finish = "stop"
         out: list[int] = []
         for tid in ids:
@@ -80,3 +102,24 @@ class ScriptedEngine(Engine):
                 decoded = decoded[:at]
         logprobs = [-(1.0 + math.sin(t)) / 2.0 - 0.01 for t in out]
         return GenerationResult(out, logprobs, finish, decoded, 0)
+
+    def _constrained(self, ids: list[int], request: GenerationRequest) -> list[int]:
+        """``ids`` forced into the request's grammar (see the class docstring)."""
+        from ..engines.grammar import Grammars
+
+        tok = self.tokenizer
+        if self._grammars is None:
+            self._grammars = Grammars(tok, tok.vocab_size, {tok.eos_token_id})
+        assert request.sampling.constraint is not None
+        grammar = self._grammars.row(request.sampling.constraint)
+        out: list[int] = []
+        script = iter(ids)
+        while len(out) < request.sampling.max_tokens and not grammar.done:
+            allowed = grammar.allowed()
+            want = next(script, tok.eos_token_id)
+            token = want if want in allowed else tok.eos_token_id if tok.eos_token_id in allowed else min(allowed)
+            grammar.accept(token)
+            out.append(token)
+            if token == tok.eos_token_id:
+                break
+        return out

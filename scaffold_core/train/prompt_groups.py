@@ -9,8 +9,11 @@ own)::
         group.samples    # [TrainingSample]: tokens exactly as sampled, behaviour logprobs, per-token versions
 
 A group is every sample of one task row: the controller's episode, run as
-many times as needed to reach ``samples`` (a ``native`` controller with
-``samples: 1`` runs 8 episodes; ``best_of_n`` with ``samples: 4`` runs 2).
+many times as needed to reach ``samples`` rollouts (a ``native`` controller
+with ``samples: 1`` runs 8 episodes; ``best_of_n`` with ``samples: 4`` runs
+2). A rollout is one sample, or every sample of one agent run whose client
+rewrote its history (``Sample.rollout``): those are kept together, so a
+group may hold more samples than ``samples``.
 Each episode gets its own id and seed, and a row's seeds change from one call
 to the next, so a trainer that sees a prompt again gets fresh samples. Every
 sample's ``group_id`` names its group. A call may bring its own sampling
@@ -278,6 +281,7 @@ class TrainingRollouts:
             self.stats.failed_episodes += 1
             return out
         serial = 0
+        runs: list[Any] = []  # the rollout of each sample in ``out`` (an agent run's samples share one)
         for _wave in range(3):
             needed = 1 if samples is None else math.ceil((samples - len(out)) / per_episode)
             results = await asyncio.gather(*(self._episode(ctx, group, attempt, serial + k) for k in range(needed)))
@@ -289,13 +293,19 @@ class TrainingRollouts:
                 if not result.ok:
                     self.stats.failed_episodes += 1
                     continue
+                run_of = {s.sample_index: (result.episode_id, s.rollout)
+                          for s in result.samples if s.rollout is not None}
                 for t in result.trajectories:
                     t.group_id = group.group_id
                     out.append(t)
+                    runs.append(run_of.get(t.sample_index, (id(t),)))
                     produced += 1
-            if samples is None or len(out) >= samples or produced == 0:
+            if samples is None or len(dict.fromkeys(runs)) >= samples or produced == 0:
                 break
-        return out if samples is None else out[:samples]
+        if samples is None:
+            return out
+        kept = set(list(dict.fromkeys(runs))[:samples])  # whole rollouts: an agent run's samples stay together
+        return [t for t, run in zip(out, runs) if run in kept]
 
     async def _episode(self, prototype: EpisodeContext, group: RolloutGroup, attempt: int,
                        serial: int) -> EpisodeResult:

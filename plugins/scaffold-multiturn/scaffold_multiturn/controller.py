@@ -52,7 +52,7 @@ def samples_in_parallel(controller: Any, ctx: EpisodeContext):
     samples = [s for outcome in outcomes for s in outcome.samples]
     names = sorted({k for outcome in outcomes for k in outcome.metrics})
     metrics = {k: sum(o.metrics.get(k, 0.0) for o in outcomes) / len(outcomes) for k in names}
-    return Outcome(samples=samples, metrics=metrics)
+    return Outcome(samples=samples, metrics=metrics, prompt=next((o.prompt for o in outcomes if o.prompt), None))
 
 
 class MultiTurnChatController(Controller):

@@ -11,7 +11,7 @@ from scaffold_core.trajectory import (
     TrajectoryMaker,
     check_advantage_options,
     check_missing_reward_policy,
-    group_normalized,
+    rollout_normalized,
 )
 
 
@@ -54,8 +54,9 @@ class MultiTurnTrajectoryMaker(TrajectoryMaker):
 
     ``advantage: reward`` (default) uses the episode's reward as the
     advantage; ``advantage: grpo`` normalises rewards over the episode's
-    conversations (``controller.samples > 1``) exactly like the ``grpo``
-    maker, with the same ``std``, ``eps`` and ``baseline`` options (ignored
+    rollouts (``controller.samples > 1``; the conversations of one agent run
+    are one rollout and share its advantage) exactly like the ``grpo`` maker,
+    with the same ``std``, ``eps`` and ``baseline`` options (ignored
     with ``advantage: reward``). A conversation without a reward is handled by
     ``missing_reward`` (``drop``: left out; ``fail``: fails the episode),
     never scored 0. Each generated token carries the weight version that
@@ -78,7 +79,7 @@ class MultiTurnTrajectoryMaker(TrajectoryMaker):
     def make(self, episode: EpisodeResult) -> list[TrainingSample]:
         samples, rewards = self.scored(episode)
         if self.advantage == "grpo":
-            advantages = group_normalized(rewards, std=self.std, eps=self.eps, baseline=self.baseline)
+            advantages = rollout_normalized(samples, rewards, std=self.std, eps=self.eps, baseline=self.baseline)
         else:
             advantages = list(rewards)
         return [self._one(episode, s, r, a) for s, r, a in zip(samples, rewards, advantages)]

@@ -27,3 +27,10 @@ def register_controllers(registry):
     from .controller import OpenAIAgentController
 
     registry.add("openai_agent", OpenAIAgentController)
+
+
+@hookimpl
+def register_tasks(registry):
+    from .clients_task import ClientsTask
+
+    registry.add("clients", ClientsTask)

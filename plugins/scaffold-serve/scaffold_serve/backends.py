@@ -59,10 +59,13 @@ class EngineBackend:
         self._calls = itertools.count()
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                       seeds: list[int | None], episode_id: str | None = None) -> list[GenerationResult]:
+                       seeds: list[int | None], episode_id: str | None = None,
+                       listener: Any = None) -> list[GenerationResult]:
+        """``listener``: called with each output id as the engine samples it (one choice only)."""
         call = next(self._calls)  # calls without a seed of their own each get a fresh one
         requests = [GenerationRequest(f"{request_id}/{i}", prompt_ids, sampling,
-                                      mix_seed(self.seed, call, i) if seed is None else seed, episode_id)
+                                      mix_seed(self.seed, call, i) if seed is None else seed, episode_id,
+                                      listener if len(seeds) == 1 else None)
                     for i, seed in enumerate(seeds)]
         what = f"engine {self.name!r}"
         try:
@@ -100,7 +103,9 @@ class AgentChannel:
         self.closed: str | None = None
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                       seeds: list[int | None], episode_id: str | None = None) -> list[GenerationResult]:
+                       seeds: list[int | None], episode_id: str | None = None,
+                       listener: Any = None) -> list[GenerationResult]:
+        """``listener`` is not called: the episode's runtime returns whole generations."""
         if self.closed is not None:
             raise WireError(409, f"this session's episode is over ({self.closed}); it takes no more calls",
                             code="session_closed")

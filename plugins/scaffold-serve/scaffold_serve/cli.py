@@ -20,14 +20,18 @@ API_KEY_ENV = "SCAFFOLD_API_KEY"
 
 
 def serve(args: argparse.Namespace) -> int:
-    from scaffold_core.config import load_config
+    from scaffold_core.config import apply_overrides, load_config, read_yaml
     from scaffold_core.output.rundir import expand_output_dir
     from scaffold_core.plugins import get_registry
 
+    from .clients_task import NAME
     from .recording import build
     from .server import check_bind
 
-    config = load_config(args.config, args.overrides)
+    overrides = list(args.overrides or [])
+    if not (apply_overrides(read_yaml(args.config), list(overrides)).get("task") or {}).get("name"):
+        overrides.append(f"task.name={NAME}")  # only an engine: the prompts and rewards are the clients'
+    config = load_config(args.config, overrides)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_bind(args.host, api_key)
     components = build(config, get_registry())
@@ -60,8 +64,10 @@ async def _serve(config: Any, components: Any, output: Path, host: str, port: in
         endpoint = Endpoint(service, allow_open=True, on_finish=recorder.finish)
         server = BackgroundServer(build_app(endpoint, api_key=api_key), host, port, log_level="info")
         await server.start()
-        print(f"scaffold serve: {options.model_name!r} at {server.url}/v1 (sessions: {server.url}/sessions); "
-              f"finished sessions go to {recorder.path}; Ctrl-C stops", file=sys.stderr, flush=True)
+        print(f"scaffold serve: {options.model_name!r} at {server.url}/v1 (chat completions, responses, messages); "
+              f"calls there are recorded into session {options.default_session!r}, each session's own base URL is "
+              f"{server.url}/sessions/<id>/v1 (POST {server.url}/sessions opens one); finished sessions go to "
+              f"{recorder.path}; Ctrl-C stops", file=sys.stderr, flush=True)
         with _stop_on_signals(server):
             assert server.task is not None
             await server.task

@@ -24,6 +24,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import logging
 import math
 import re
 import time
@@ -41,6 +42,8 @@ from scaffold_multiturn.controller import samples_in_parallel
 from .episodes import AgentEndpoint, EpisodeSessions, check_agent_options
 from .service import ServeOptions
 from .session import Session
+
+logger = logging.getLogger("scaffold_serve")
 
 #: ``package.module:function`` or ``path/to/file.py:function`` (the function name may be dotted).
 ENTRY = re.compile(r"(?:[A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -88,6 +91,24 @@ class Serving:
     def __init__(self, endpoint: AgentEndpoint, solve: Any):
         self.endpoint = endpoint
         self.solve = solve
+        self.warned_drift = False
+
+    def warn_drift(self, entry: str, session: Session) -> None:
+        """Once per run: the agent's client rewrote history, and what that does to the recording."""
+        if self.warned_drift or not session.drift_count:
+            return
+        self.warned_drift = True
+        drift = next(c["drift"] for c in session.calls if c.get("drift"))
+        what = ("changed the tools between calls" if drift["kind"] == "tools" else
+                f"resent a message the model had written as other text (message {drift['message']} of a request; "
+                "agents such as smolagents' resend their steps as 'Calling tools: ...' and 'Observation: ...')")
+        logger.warning(
+            "openai_agent: agent %s's client rewrote history the model had written: it %s. "
+            "Each such call is still a token-faithful sample (the prompt as the "
+            "server tokenized it, the ids the model sampled), recorded as another sample of the same episode: one "
+            "reward, one rollout in every metric and in pass@k, one advantage in training. The episodes' drift "
+            "metric counts these splits (docs/serve.md, 'Clients that rewrite history'). Warned once per run.",
+            entry, what)
 
 
 class OpenAIAgentController(Controller):
@@ -208,11 +229,15 @@ class OpenAIAgentController(Controller):
     def _outcome(self, session: Session, answer: str | None, verdict: Verdict, ctx: EpisodeContext,
                  seconds: float) -> Outcome:
         meta = {"session": session.id, "agent": self.entry, "calls": session.counts["calls"]}
-        samples = [t.sample(answer or "", verdict, ctx.sample_base + k, meta)
+        if self.serving is not None:
+            self.serving.warn_drift(self.entry, session)
+        # every conversation of the session is a piece of one agent run: one rollout (the branch's own number)
+        samples = [t.sample(answer or "", verdict, ctx.sample_base + k, meta, rollout=ctx.sample_base)
                    for k, t in enumerate(session.trajectories)]
         metrics = {"agent_calls": float(session.counts["calls"]), "agent_trajectories": float(len(samples)),
                    "drift": float(session.drift_count), "forks": float(session.counts["fork"]),
                    "answered": float(answer is not None), "agent_s": seconds}
         return Outcome(samples=samples, chosen=session.last_trajectory, answer=answer,
-                       answer_reward=None if math.isnan(verdict.reward) else verdict.reward, metrics=metrics)
+                       answer_reward=None if math.isnan(verdict.reward) else verdict.reward, metrics=metrics,
+                       prompt=session.trajectories[0].start.text)
 

@@ -25,11 +25,13 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Literal
 
 from scaffold_core.episode import EpisodeContext
+from scaffold_core.errors import ConstraintUnsupported
 from scaffold_core.generation import AwaitTask
 
 from .backends import AgentChannel, Job, engine_failure
 from .service import ChatService, ServeOptions
 from .session import Session
+from .wire import WireError
 
 #: How long starting an agent coroutine may take (it is only scheduled, never awaited, by then).
 LAUNCH_TIMEOUT = 30.0
@@ -140,6 +142,12 @@ class EpisodeSessions:
                 tasks.append((job, task))
         try:
             yield [task for _, task in tasks]
+        except ConstraintUnsupported as exc:  # the agent asked for what the engine cannot do: a 400 it may handle
+            refusal = WireError(400, f"{exc}", code="constraint_unsupported")
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(refusal)
+            return
         except Exception as exc:  # the engine failed: the calls get the error, and the episode fails with it
             error = engine_failure(exc, "the engine")
             for job in jobs:

@@ -24,6 +24,7 @@ from scaffold_core.output.files import make_dir, open_append, safe_child
 from scaffold_core.run.verifier_pool import VerifierPool
 from scaffold_core.verifier import Verdict
 
+from .clients_task import NAME as CLIENTS
 from .session import Session
 
 SESSIONS_FILE = "sessions.jsonl"
@@ -32,7 +33,7 @@ SESSIONS_FILE = "sessions.jsonl"
 @dataclass
 class Components:
     engine: Any
-    verifier: Any
+    verifier: Any  # None: no task (an engine-only config), so no verifier: rewards come from the clients
     trajectory_maker: Any
     tool_format: Any
     model_name: str
@@ -50,7 +51,8 @@ def build(config: Config, registry: Any) -> Components:
     spec = agent.get("tool_format", "hermes")
     spec = {"name": spec} if isinstance(spec, str) else dict(spec)
     fmt = registry.create("tool_format", spec.pop("name"), spec, path="controller.tool_format")
-    return Components(engine=make("engine", "engine"), verifier=make("verifier", "verifier"),
+    verifier = None if config.task.name == CLIENTS else make("verifier", "verifier")
+    return Components(engine=make("engine", "engine"), verifier=verifier,
                       trajectory_maker=make("trajectory", "trajectory_maker"), tool_format=fmt,
                       model_name=str(agent.get("model_name", "scaffold")), engine_name=config.engine.name)
 
@@ -62,8 +64,9 @@ class Recorder:
         self.config = config
         self.components = components
         self.output = output
-        self.pool = VerifierPool(components.verifier, timeout=config.verifier_timeout,
-                                 workers=config.verifier_workers, name=config.verifier.name)
+        self.pool = None if components.verifier is None else VerifierPool(
+            components.verifier, timeout=config.verifier_timeout, workers=config.verifier_workers,
+            name=config.verifier.name)
         self.private = config.output.private
         make_dir(output, private=self.private)
         self.path = safe_child(output, SESSIONS_FILE)
@@ -72,8 +75,8 @@ class Recorder:
     async def finish(self, session: Session) -> dict[str, Any]:
         """Score, make samples, write one line; returns the session's summary with what was written."""
         verdict = await self.verdict(session)
-        samples = [t.sample(session.answer or "", verdict, k, {"session": session.id})
-                   for k, t in enumerate(session.trajectories)]
+        samples = [t.sample(session.answer or "", verdict, k, {"session": session.id}, rollout=0)
+                   for k, t in enumerate(session.trajectories)]  # one session, one agent run
         episode = EpisodeResult(episode_id=session.id, index=self.written, status="ok", reference=session.reference,
                                 samples=samples, metrics={"drift": float(session.drift_count)})
         training = self.components.trajectory_maker.make(episode) if samples else []
@@ -87,6 +90,9 @@ class Recorder:
             return Verdict(session.reward, session.answer, None, "reward posted to the session")
         if session.answer is None:
             return Verdict(math.nan, None, None, "no answer and no reward were posted")
+        if self.pool is None:
+            return Verdict(math.nan, session.answer, None, "no reward was posted, and the config has no task whose "
+                                                           "verifier could score the answer")
         return (await self.pool.verify_many([(session.answer, session.reference)]))[0]
 
     def _append(self, data: bytes) -> None:
@@ -98,7 +104,8 @@ class Recorder:
         self.written += 1
 
     def close(self) -> None:
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
 
 
 def _verdict(verdict: Verdict) -> dict[str, Any]:

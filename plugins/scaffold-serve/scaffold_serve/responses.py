@@ -7,9 +7,8 @@ from typing import Any
 
 import orjson
 
-from scaffold_multiturn.template import decode_keep_special
-
 from .session import Choice
+from .token_bytes import token_bytes, token_text
 
 
 def usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
@@ -18,8 +17,8 @@ def usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
 
 
 def _token(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
-    token = decode_keep_special(tokenizer, [token_id])
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
+    raw = token_bytes(tokenizer, token_id)
+    return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw)}
 
 
 def logprobs_of(tokenizer: Any, choice: Choice, top: int = 0) -> dict[str, Any]:
@@ -68,13 +67,21 @@ def first_chunks(cid: str, created: int, model: str, n: int) -> bytes:
                                                   "logprobs": None, "finish_reason": None}]) for i in range(n))
 
 
+def content_chunk(cid: str, created: int, model: str, index: int, text: str) -> bytes:
+    """A piece of a choice's content, streamed as the engine samples it."""
+    return _chunk(cid, created, model, [{"index": index, "delta": {"content": text}, "logprobs": None,
+                                         "finish_reason": None}])
+
+
 def choice_chunks(cid: str, created: int, model: str, choice: Choice, *, logprobs: bool,
-                  tokenizer: Any, top_logprobs: int = 0) -> Iterator[bytes]:
-    """A generated choice as chunks: its content (with logprobs), its tool calls, then its finish reason."""
+                  tokenizer: Any, top_logprobs: int = 0, rest: str | None = None) -> Iterator[bytes]:
+    """A generated choice as chunks: its content (``rest``: what is left of it after the pieces already streamed;
+    with every token's logprobs), its tool calls, then its finish reason."""
     i = choice.index
     lp = logprobs_of(tokenizer, choice, top_logprobs) if logprobs else None
-    if choice.content or lp is not None:
-        yield _chunk(cid, created, model, [{"index": i, "delta": {"content": choice.content or ""}, "logprobs": lp,
+    content = (choice.content or "") if rest is None else rest
+    if content or lp is not None:
+        yield _chunk(cid, created, model, [{"index": i, "delta": {"content": content}, "logprobs": lp,
                                              "finish_reason": None}])
     for k, wire in enumerate(choice.message().get("tool_calls", [])):
         delta = {"tool_calls": [{"index": k, **wire}]}

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from scaffold_core.generation import GenerationResult
 from scaffold_core.sampling import SamplingParams, mix_seed
 
+from .constrain import check_engine, constraint_for
 from .session import Choice, Plan, Session
 from .wire import ChatRequest, WireError
 
@@ -49,6 +50,10 @@ class ServeOptions:
     max_body_bytes: int = 16 << 20
     context_length: int | None = None
     tag_header: str | None = None
+    #: Where calls that name no session go (``POST /v1/chat/completions``...): recorded into the session of this id,
+    #: opened on the first such call (``scaffold serve``: ``default``); ``None``: refused with a 404 naming the
+    #: session URL.
+    default_session: str | None = "default"
 
 
 #: The longest call tag kept (a header value is the client's to choose).
@@ -77,6 +82,8 @@ class Prepared:
     seeds: list[int | None]
     request_id: str
     tag: str | None = None
+    #: Called with each output id as the engine samples it (a streamed call), when the backend can.
+    listener: Any = None
 
 
 class ChatService:
@@ -111,6 +118,16 @@ class ChatService:
         self.sessions[session_id] = Entry(session, backend if backend is not None else self.backend,
                                           sampling or self.options.sampling, sampling_from)
         return session
+
+    def default_entry(self, url: str) -> Entry:
+        """The session calls that name none go to (opened on first use), or a 404 naming the session URL."""
+        sid = self.options.default_session
+        if sid is None or self.backend is None:
+            raise WireError(404, f"calls here belong to a session: open one (POST {url}/sessions) and use its base URL "
+                                 f"{url}/sessions/<id>/v1", code="session_not_found")
+        if sid not in self.sessions:
+            self.open_session(session_id=sid, metadata={"default": True})
+        return self.sessions[sid]
 
     def entry(self, session_id: str) -> Entry:
         found = self.sessions.get(session_id) if SESSION_ID.fullmatch(session_id) else None
@@ -155,6 +172,10 @@ class ChatService:
         self._check_context(len(plan.prompt_ids), request.max_tokens)
         sampling_from = entry.sampling_from or self.options.sampling_from
         sampling = self.sampling(request, entry.sampling, sampling_from)
+        constraint = constraint_for(request, self.format)
+        if constraint is not None:
+            check_engine(constraint, getattr(entry.backend, "engine", None), getattr(entry.backend, "name", "engine"))
+            sampling = sampling.replace(constraint=constraint)
         call = next(self._calls)
         seeds: list[int | None] = [None] * request.n  # the backend's own (a fresh seed per call and choice)
         if request.seed is not None and sampling_from == "request":
@@ -205,12 +226,14 @@ class ChatService:
         session.in_flight += 1
         try:
             results: list[GenerationResult] = await entry.backend.generate(
-                prepared.request_id, prepared.plan.prompt_ids, prepared.sampling, prepared.seeds, session.id)
+                prepared.request_id, prepared.plan.prompt_ids, prepared.sampling, prepared.seeds, session.id,
+                listener=prepared.listener)
         finally:
             session.in_flight -= 1
         if session.closed:
             raise WireError(409, f"session {session.id!r} was closed while this call ran", code="session_closed")
-        return session.commit(prepared.plan, results, prepared.request, prepared.tag)
+        return session.commit(prepared.plan, results, prepared.request, prepared.tag, prepared.sampling.stop,
+                              prepared.sampling.constraint)
 
     # -- rewards -------------------------------------------------------------------------------------
     @staticmethod

@@ -32,7 +32,10 @@ from scaffold_multiturn.template import decode_keep_special
 
 from .render import WireTool, calls_by_id, split_tool_calls, template_messages
 from .trajectory import EnvStep, Start, Trajectory
-from .wire import ChatRequest, Message, ToolCallSpec, wire_tool_call
+from .wire import ChatRequest, Message, ToolCallSpec, WireError, wire_tool_call
+
+#: Responses API responses a session keeps for ``previous_response_id``.
+MAX_STORED = 1024
 
 
 @dataclass(slots=True)
@@ -61,6 +64,8 @@ class Choice:
     tool_calls: list[ToolCallSpec]
     finish_reason: str
     trajectory: int
+    #: The stop string the output ended on (cut from ``content``, as OpenAI does), if any.
+    stop_sequence: str | None = None
 
     def message(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": "assistant", "content": self.content}
@@ -90,6 +95,22 @@ class Session:
         self.closed = False
         #: The conversation the latest call continued (its first choice): where the agent's answer came from.
         self.last_trajectory: int | None = None
+        #: Stored Responses API responses: id -> their messages (input and output), the latest ``MAX_STORED``.
+        self.responses: dict[str, list[Message]] = {}
+
+    def store_response(self, response_id: str, messages: list[Message]) -> None:
+        self.responses[response_id] = messages
+        if len(self.responses) > MAX_STORED:
+            del self.responses[next(iter(self.responses))]
+
+    def stored_response(self, response_id: str) -> list[Message]:
+        """The messages of a stored response (what ``previous_response_id`` continues), or a 404."""
+        found = self.responses.get(response_id)
+        if found is None:
+            raise WireError(404, f"no stored response {response_id[:80]!r} in session {self.id!r} (responses are "
+                                 "kept per session, the latest 1024, unless store is false)",
+                            param="previous_response_id", code="response_not_found")
+        return list(found)
 
     # -- planning (no side effects) -------------------------------------------------------------
     def plan(self, request: ChatRequest) -> Plan:
@@ -153,9 +174,10 @@ class Session:
 
     # -- committing (after generation) ------------------------------------------------------------
     def commit(self, plan: Plan, results: list[GenerationResult], request: ChatRequest,
-               tag: str | None = None) -> list[Choice]:
-        """Record a generated call (``tag``: the client's name for it, if any): each choice continues its own
-        conversation. Returns the choices."""
+               tag: str | None = None, stops: tuple[str, ...] = (), constraint: Any = None) -> list[Choice]:
+        """Record a generated call (``tag``: the client's name for it, if any; ``stops``: the stop strings it was
+        generated with, cut from the content; ``constraint``: the grammar it was decoded under, recorded): each choice
+        continues its own conversation. Returns the choices."""
         base = self._base(plan)
         if plan.drift is not None:
             base.drift = dict(plan.drift)
@@ -169,7 +191,7 @@ class Session:
             traj.add_model_turn(result)
             if tag is not None and tag not in traj.tags:
                 traj.tags.append(tag)
-            choice = self._choice(i, traj, result, request)
+            choice = self._choice(i, traj, result, request, stops or request.stop)
             traj.set_turn_key(Message("assistant", choice.content or "", tool_calls=choice.tool_calls).key())
             if traj.index < 0:
                 traj.index = len(self.trajectories)
@@ -180,7 +202,7 @@ class Session:
         self.counts["calls"] += 1
         self.counts[plan.kind] += 1
         self.counts["choice"] += len(copies)
-        self._record(plan, choices, tag)
+        self._record(plan, choices, tag, constraint)
         return choices
 
     def _base(self, plan: Plan) -> Trajectory:
@@ -196,7 +218,8 @@ class Session:
         assert plan.start is not None
         return Trajectory.begin(-1, plan.kind, plan.tools_key, plan.start, self.tokenizer)
 
-    def _choice(self, index: int, traj: Trajectory, result: GenerationResult, request: ChatRequest) -> Choice:
+    def _choice(self, index: int, traj: Trajectory, result: GenerationResult, request: ChatRequest,
+                stops: tuple[str, ...]) -> Choice:
         turn = traj.conv.turns[-1]
         content_ids = result.output_ids[:len(result.output_ids) - int(turn.closed_by_model)]
         raw = decode_keep_special(self.tokenizer, content_ids)
@@ -209,15 +232,23 @@ class Session:
             else:
                 content = turn.text
         finish = result.finish_reason
+        stopped = None
+        if stops and not calls:
+            content, stopped = cut_at_stop(content, stops)
+            if stopped is not None:
+                finish = "stop"
         if finish == "stop" and calls:
             finish = "tool_calls"
-        return Choice(index, result, content if content or not calls else None, calls, finish, traj.index)
+        return Choice(index, result, content if content or not calls else None, calls, finish, traj.index,
+                      stopped)
 
-    def _record(self, plan: Plan, choices: list[Choice], tag: str | None) -> None:
+    def _record(self, plan: Plan, choices: list[Choice], tag: str | None, constraint: Any) -> None:
         prompt_len = len(plan.prompt_ids)
         self.calls.append({
             "index": len(self.calls), "kind": plan.kind, "time": time.time(), "prompt_len": prompt_len, "tag": tag,
             "new_messages": plan.new_messages, "drift": plan.drift,
+            "constraint": None if constraint is None else {"kind": constraint.kind, "spec": constraint.spec,
+                                                           "reason": constraint.reason},
             "choices": [{"trajectory": c.trajectory, "output_ids": c.result.output_ids,
                          "logprobs": c.result.logprobs, "versions": c.result.token_versions(),
                          "finish_reason": c.finish_reason, "message": c.message()} for c in choices],
@@ -236,6 +267,16 @@ class Session:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "calls_log": self.calls, "trajectories_log": [t.to_dict() for t in self.trajectories]}
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
+    """(``text`` up to the first stop string in it, that stop string) or (``text``, None): OpenAI's stop semantics
+    (the stop string is not part of the content), whatever the engine left in its text."""
+    found = [(text.find(stop), stop) for stop in stops if stop and stop in text]
+    if not found:
+        return text, None
+    at, stop = min(found)
+    return text[:at], stop
 
 
 def _common_prefix(a: list[Any], b: list[Any]) -> int:

@@ -150,8 +150,10 @@ class Trajectory:
             "messages": conv.messages,
         }
 
-    def sample(self, answer: str, verdict: Any, sample_index: int, metadata: dict[str, Any]) -> Sample:
-        """This conversation as one training :class:`~scaffold_core.episode.Sample` (model tokens mask 1)."""
+    def sample(self, answer: str, verdict: Any, sample_index: int, metadata: dict[str, Any],
+               rollout: int | None = None) -> Sample:
+        """This conversation as one training :class:`~scaffold_core.episode.Sample` (model tokens mask 1); ``rollout``:
+        the agent run it is a piece of (every conversation of one session shares it)."""
         conv = self.conv
         prompt_len = len(conv.prompt_ids)
         report = conv.drift()
@@ -164,5 +166,5 @@ class Trajectory:
                         output_logprobs=list(conv.output_logprobs), output_mask=list(conv.output_mask), text=answer,
                         finish_reason=conv.turns[-1].finish_reason, sample_index=sample_index,
                         weight_version=conv.turns[0].weight_version, verdict=verdict, metadata=meta,
-                        versions=list(conv.output_versions))
+                        versions=list(conv.output_versions), rollout=rollout)
         return sample

@@ -25,6 +25,8 @@ MAX_STOP = 4
 UNSUPPORTED_NEUTRAL: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {},
                                        "functions": [], "function_call": "none", "audio": None,
                                        "prediction": None}
+#: What a request's ``tool_choice`` is once checked: ``auto``, ``none``, ``required``, or ``{"name": <function>}``.
+TOOL_CHOICES = ("auto", "none", "required")
 
 
 class WireError(Exception):
@@ -118,6 +120,13 @@ class ChatRequest:
     top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
+    #: ``None`` (free text), ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": {...}}``.
+    response_format: dict[str, Any] | None = None
+
+    @property
+    def forced_tool(self) -> bool:
+        """Whether the model must call a tool (``tool_choice`` ``required`` or a named function)."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, dict))
 
     def tools_key(self) -> str:
         """The tools as one text: a later turn extends a conversation only under the same tools."""
@@ -166,11 +175,7 @@ def _bool(body: dict[str, Any], key: str) -> bool:
 
 def parse_chat_request(body: Any) -> ChatRequest:
     """Check a decoded JSON body; raise :class:`WireError` (400, naming the field) on anything wrong."""
-    if not isinstance(body, dict):
-        raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", f"must be the served model's name (a string; see GET /v1/models), got {model!r}")
+    model = parse_model(body)
     _refuse_unsupported(body)
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
@@ -186,10 +191,53 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_k=_top_k(body), n=_int(body, "n", 1, MAX_N) or 1, stop=parse_stop(body.get("stop")),
         seed=_seed(body), logprobs=_bool(body, "logprobs"), top_logprobs=top_logprobs,
         stream=_bool(body, "stream"), include_usage=_include_usage(body),
+        response_format=parse_response_format(body.get("response_format")),
     )
-    if request.tool_choice != "none" and request.tool_choice != "auto" and not request.tools:
-        raise bad("tool_choice", "names a tool, but the request has no tools")
+    check_tool_choice(request)
     return request
+
+
+def parse_model(body: Any) -> str:
+    """The ``model`` of a request body (which must be a JSON object), every dialect alike."""
+    if not isinstance(body, dict):
+        raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", f"must be the served model's name (a string; see GET /v1/models), got {model!r}")
+    return model
+
+
+def check_tool_choice(request: ChatRequest) -> None:
+    """A forced or named tool choice needs the tools it names."""
+    choice = request.tool_choice
+    if choice in ("auto", "none"):
+        return
+    if not request.tools:
+        raise bad("tool_choice", f"is {choice!r}, but the request has no tools")
+    if isinstance(choice, dict):
+        names = [t["function"]["name"] for t in request.tools]
+        if choice["name"] not in names:
+            raise bad("tool_choice", f"names the function {choice['name']!r}, which is not among the request's tools "
+                                     f"({', '.join(names)})")
+
+
+def parse_response_format(value: Any, param: str = "response_format") -> dict[str, Any] | None:
+    """``{"type": "text"}`` (or nothing): free text; ``json_object``; ``json_schema`` with ``json_schema.schema``
+    (chat completions) or ``schema`` (the Responses API's ``text.format``)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad(param, f"must be {{\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}}, got {value!r}")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec = value.get("json_schema", value)
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad(f"{param}.json_schema.schema", f"must be a JSON Schema object, got {schema!r}")
+    return {"type": "json_schema", "schema": schema, "name": spec.get("name")}
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -197,10 +245,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         value = body.get(key)
         if value is not None and value != neutral:
             raise bad(key, f"is not supported by scaffold's engines (got {value!r}); leave it out")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad("response_format", "structured output is not supported; leave response_format out (or "
-                                     "{\"type\": \"text\"})")
 
 
 def _top_k(body: dict[str, Any]) -> int | None:
@@ -244,15 +288,19 @@ def parse_stop(value: Any) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def parse_tool_choice(value: Any) -> Any:
+def parse_tool_choice(value: Any, param: str = "tool_choice") -> Any:
+    """``auto``, ``none``, ``required``, or a named function (``{"type": "function", "function": {"name": ...}}``,
+    or the Responses API's ``{"type": "function", "name": ...}``) as ``{"name": ...}``."""
     if value is None:
         return "auto"
-    if value in ("auto", "none"):
+    if value in TOOL_CHOICES:
         return value
-    if value == "required" or isinstance(value, dict):
-        raise bad("tool_choice", "only \"auto\" and \"none\" are supported: scaffold never constrains what the "
-                                 "model samples (that would change the policy being trained)")
-    raise bad("tool_choice", f"must be \"auto\" or \"none\", got {value!r}")
+    if isinstance(value, dict) and value.get("type") == "function":
+        fn: Any = value.get("function") if isinstance(value.get("function"), dict) else value
+        if isinstance(fn.get("name"), str) and fn["name"]:
+            return {"name": fn["name"]}
+    raise bad(param, "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+                     f"{{\"name\": ...}}}}, got {value!r}")
 
 
 def parse_tools(value: Any) -> list[dict[str, Any]]:
@@ -295,7 +343,7 @@ def parse_message(value: Any, where: str) -> Message:
     name = value.get("name")
     if name is not None and not isinstance(name, str):
         raise bad(f"{where}.name", f"must be a string, got {name!r}")
-    message = Message(role=role, content=_content(value.get("content"), f"{where}.content"), name=name)
+    message = Message(role=role, content=parse_content(value.get("content"), f"{where}.content"), name=name)
     if role == "assistant":
         message.tool_calls = _tool_calls(value.get("tool_calls"), f"{where}.tool_calls")
     elif value.get("tool_calls") not in (None, []):
@@ -308,7 +356,7 @@ def parse_message(value: Any, where: str) -> Message:
     return message
 
 
-def _content(value: Any, where: str) -> str:
+def parse_content(value: Any, where: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from serve_helpers import ADD_TOOL
+from serve_helpers import ADD_TOOL, smolagents_add_tool
 
 from scaffold_serve.client import set_reward
 
@@ -64,3 +64,25 @@ async def short_answer_agent(row, client):
     ask = [{"role": "user", "content": row["question"]}]
     reply = await client.chat.completions.create(model="scaffold", messages=ask)
     return reply.choices[0].message.content
+
+
+def smolagents_agent(row, client):
+    """smolagents' ToolCallingAgent with its defaults (tool_choice=required, history resent as rewritten text)."""
+    import smolagents
+
+    model = smolagents.OpenAIServerModel(model_id="scaffold", api_base=str(client.base_url), api_key=client.api_key)
+    return smolagents.ToolCallingAgent(tools=[smolagents_add_tool()], model=model,
+                                       verbosity_level=0).run(row["question"])
+
+
+async def forcing_agent(row, client):
+    """Forces a tool call; reports the server's refusal as its answer."""
+    import openai
+
+    try:
+        await client.chat.completions.create(model="scaffold", messages=[{"role": "user", "content": row["question"]}],
+                                             tools=[ADD_TOOL], tool_choice="required")
+    except openai.BadRequestError as exc:
+        await client.chat.completions.create(model="scaffold", messages=[{"role": "user", "content": "Hi"}])
+        return f"refused: {exc.body['message'] if isinstance(exc.body, dict) else exc}"
+    return "constrained"

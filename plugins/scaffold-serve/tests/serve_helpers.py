@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
+from collections.abc import Iterator
 from typing import Any
 
 from scaffold_core.sampling import SamplingParams
@@ -26,16 +29,72 @@ def last_message(prompt: str) -> str:
     return body[body.rfind("<|", 0, len(body) - len("<|end|>\n")):]
 
 
+def listed_tools(prompt: str) -> list[str]:
+    """The tools the hermes format described in the prompt's system message."""
+    found = re.search(r"<tools>\n(.*?)\n</tools>", prompt, re.S)
+    return re.findall(r'"name": "([^"]+)"', found.group(1)) if found else []
+
+
+def example_value(schema: Any) -> Any:
+    """A small value valid against a simple JSON Schema (what a scripted model answers in a typed output)."""
+    if not isinstance(schema, dict):
+        return 5
+    kind = schema.get("type")
+    if "const" in schema:
+        return schema["const"]
+    if "anyOf" in schema:
+        return example_value(schema["anyOf"][0])
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {k: example_value(v) for k, v in props.items() if k in (schema.get("required") or list(props))}
+    if kind == "array":
+        return [example_value(schema.get("items"))]
+    return {"integer": 5, "number": 5, "boolean": True, "null": None}.get(kind, "The answer is 5.")
+
+
+def call_text(name: str, arguments: Any) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+def forced_call(constraint: Any, last: str) -> str:
+    """A call a forced tool choice allows: ``add`` when the task asks to add, else the first other tool, its
+    arguments made from its schema (``answer``-like strings carry the observed result)."""
+    spec = json.loads(constraint.spec)["format"]["elements"][1]["json_schema"]
+    options = spec.get("anyOf", [spec])
+    tools = {o["properties"]["name"]["const"]: o["properties"]["arguments"] for o in options}
+    if "add" in tools and "Add 2 and 3" in last:
+        return call_text("add", {"a": 2, "b": 3})
+    name = next((n for n in tools if n != "add"), "add")
+    return call_text(name, example_value(tools[name]))
+
+
 def scripted_reply(prompt: str, request: Any) -> str:
-    """Calls ``add`` when asked to add; answers with the tool's result once it is back; else greets."""
+    """A scripted model for real clients. It calls ``add`` when asked to add (or a sub-agent tool that can), answers
+    with the tool's result once it is back, writes code for a code agent, obeys a forced tool choice or a JSON
+    schema; else greets."""
     last = last_message(prompt)
-    if "<tool_response>" in last:
-        value = last.split("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
-        return f"The answer is {value}."
-    if "Add 2 and 3" in last:
-        return 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    constraint = request.sampling.constraint
+    observed = re.search(r"(?:<tool_response>\n|Observation:\n?)(.*?)(?:\n</tool_response>|<\|end\|>|$)", last, re.S)
+    if constraint is not None and constraint.kind == "structural_tag":
+        if observed:
+            last = "The answer is 5."
+        return forced_call(constraint, last)
+    if constraint is not None:
+        return json.dumps(example_value(json.loads(constraint.spec)))
+    if observed:
+        value = observed.group(1).strip()
+        return value if value.startswith("The answer is") else f"The answer is {value}."
     if "HANG" in last:
         raise AssertionError("unreachable: the engine hangs on HANG before replying")
+    if "Add 2 and 3" in last:
+        if "<code>" in prompt and "final_answer" in prompt and not listed_tools(prompt):  # a code agent
+            return ('Thought: add them.\n<code>\nresult = add(a=2, b=3)\nfinal_answer(f"The answer is {result}.")'
+                    '\n</code>')
+        tools = listed_tools(prompt)
+        if "add" in tools or not tools:
+            return 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+        helper = tools[0]
+        return f'Asking {helper}.\n{call_text(helper, {"input": "Add 2 and 3."})}'
     return "Hello there."
 
 
@@ -139,3 +198,30 @@ def model_turns_kept(trajectory: Any) -> list[str]:
     """The text of each model turn of a trajectory (from its sampled ids)."""
     conv = trajectory.conv
     return [t.text for t in conv.turns]
+
+
+@contextlib.contextmanager
+def serving(engine: Any, **options: Any) -> Iterator[LiveServer]:
+    """A :class:`LiveServer` over ``engine`` for the block's duration (a module fixture's body)."""
+    server = LiveServer(engine, **options)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def smolagents_add_tool() -> Any:
+    """``add`` as a smolagents tool (smolagents reads the arguments' descriptions from the docstring)."""
+    import smolagents
+
+    @smolagents.tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first integer
+            b: the second integer
+        """
+        return a + b
+
+    return add

@@ -231,7 +231,8 @@ def test_a_key_is_required_beyond_loopback():
 
 @pytest.mark.parametrize("headers", [
     {}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY},
-    {"Authorization": f"Bearer {KEY}x"}, {"Authorization": f"Bearer {KEY[:-1]}"}, {"X-Api-Key": KEY},
+    {"Authorization": f"Bearer {KEY}x"}, {"Authorization": f"Bearer {KEY[:-1]}"}, {"X-Api-Key": "wrong"},
+    {"X-Api-Key": KEY, "Authorization": f"Bearer {KEY}"},
     {"Authorization": "Bearer"},
 ])
 def test_every_route_refuses_a_missing_or_wrong_key(keyed, headers):

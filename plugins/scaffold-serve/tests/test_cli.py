@@ -41,19 +41,33 @@ def test_beyond_loopback_without_a_key_is_refused_before_anything_loads(config, 
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
-def test_serve_records_sessions_and_writes_them(config, tmp_path):
-    out = tmp_path / "out"
+def start(config, out):
+    """``scaffold serve`` in a process of its own: (the process, its URL, its banner)."""
     proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "serve", str(config), "--port", "0",
                              "-o", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    url = line = None
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        found = re.search(r"at (http://\S+)/v1 ", line)
+        url = found.group(1) if found else None
+        if not line and proc.poll() is not None:
+            break
+    return proc, url, line
+
+
+def stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    proc.stderr.close()
+
+
+def test_serve_records_sessions_and_writes_them(config, tmp_path):
+    out = tmp_path / "out"
+    proc, url, _ = start(config, out)
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            found = re.search(r"at (http://\S+)/v1 ", line)
-            url = found.group(1) if found else None
-            assert line or proc.poll() is None, "scaffold serve exited"
-        assert url is not None
+        assert url is not None, "scaffold serve did not start"
         models = httpx.get(f"{url}/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["canned"]
         first, second = (httpx.post(f"{url}/sessions", timeout=10).json()["id"] for _ in range(2))
@@ -67,10 +81,7 @@ def test_serve_records_sessions_and_writes_them(config, tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        proc.stderr.close()
+        stop(proc)
     lines = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
     assert [line["id"] for line in lines] == [first, second]
     finished, open_one = lines
@@ -78,6 +89,31 @@ def test_serve_records_sessions_and_writes_them(config, tmp_path):
     sample = finished["samples"][0]
     assert sum(sample["loss_mask"]) == len(finished["calls_log"][0]["choices"][0]["output_ids"])
     assert open_one["verdict"]["reward"] is None and open_one["samples"] == []  # unscored: never 0
+
+
+def test_a_config_with_only_an_engine_serves_and_records_sessionless_calls(tmp_path):
+    """No task: the prompts and rewards are the clients'. Calls to the banner's /v1 land in the session it names;
+    routes that are not served say what is."""
+    config = tmp_path / "engine.yaml"
+    config.write_text(yaml.safe_dump({"engine": {"name": "benchmark_canned"}, "sampling": {"max_tokens": 64}}))
+    out = tmp_path / "out"
+    proc, url, banner = start(config, out)
+    try:
+        assert url is not None, "scaffold serve did not start"
+        assert "recorded into session 'default'" in banner
+        reply = httpx.post(f"{url}/v1/chat/completions", timeout=10, json={
+            "model": "scaffold", "messages": [{"role": "user", "content": "Hi"}], "stop": ["42"]})
+        assert reply.json()["choices"][0]["message"]["content"] == "Adding them gives "  # the stop string cut
+        assert httpx.post(f"{url}/sessions/default/reward", json={"reward": 0.5}, timeout=10).status_code == 200
+        missing = httpx.post(f"{url}/v1/completions", json={"model": "scaffold", "prompt": "Hi"}, timeout=10)
+        assert missing.status_code == 404 and "POST /v1/responses" in missing.json()["error"]["message"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        stop(proc)
+    (line,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert line["id"] == "default" and line["calls"] == 1 and line["verdict"]["reward"] == 0.5
+    assert line["samples"][0]["reward"] == 0.5
 
 
 def test_without_the_plugin_the_command_says_what_to_install(monkeypatch, capsys):

@@ -131,3 +131,29 @@ def test_the_example_runs_its_agent_on_the_canned_engine(tmp_path, monkeypatch):
     metrics = Rollout(config, output_dir=tmp_path / "run", plugins=plugins, progress=False).run()
     assert metrics["episodes"] == 2 and metrics["failed"] == 0 and metrics["agent_calls"] == 1.0
     assert (tmp_path / "run" / "trajectories").is_dir()
+
+
+def test_a_smolagents_agent_with_its_defaults_is_one_episode_per_row(pset, tmp_path, caplog):
+    """smolagents resends every step as rewritten text: each run splits into several samples, but an episode is still
+    one row, its runs count once each in pass@k and reward_mean, and the drift is reported (and warned about once)."""
+    pytest.importorskip("smolagents")
+    with caplog.at_level("WARNING", logger="scaffold_serve"):
+        metrics, episodes, _ = run(pset, tmp_path, agent("smolagents_agent", samples=2))
+    assert metrics["episodes"] == 2 and metrics["failed"] == 0 and len(episodes) == 2, metrics
+    assert metrics["samples"] == 6 and metrics["rollouts"] == 4  # "add": 2 runs x 2 samples; "hi": 2 runs x 1
+    assert metrics["pass@2"] == 0.5 and "pass@4" not in metrics and "pass@3" not in metrics
+    assert metrics["reward_mean"] == 0.5  # (1 + 1 + 0 + 0) / 4 runs, not 4/6 samples
+    assert episodes["add"]["metrics"]["drift"] == 1.0 and episodes["hi"]["metrics"]["drift"] == 0.0
+    assert metrics["drift"] == 0.5
+    warned = [r for r in caplog.records if "rewrote history" in r.getMessage()]
+    assert len(warned) == 1 and "Observation" in warned[0].getMessage()
+    assert episodes["add"]["prompt"].startswith("<|system|>") and "New task:\nAdd 2 and 3." in episodes["add"]["prompt"]
+
+
+def test_an_engine_that_cannot_constrain_answers_the_agent_a_400(pset, tmp_path):
+    """Under `scaffold run` the engine is the run's: one that cannot constrain refuses the forced call with a 400 the
+    agent can handle (never generated unconstrained), and the episode goes on."""
+    metrics, episodes, _ = run(pset, tmp_path, agent("forcing_agent"), engine={"name": "benchmark_canned"})
+    assert metrics["failed"] == 0, metrics
+    answer = episodes["add"]["final_answer"]
+    assert answer.startswith("refused: ") and "cannot constrain decoding" in answer and "benchmark_canned" in answer

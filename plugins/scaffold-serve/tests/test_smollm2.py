@@ -12,6 +12,7 @@ import asyncio
 import json
 
 import pytest
+from compat_matrix import found, measure, record
 from serve_helpers import ADD_TOOL, LiveServer
 
 from scaffold_core.sampling import SamplingParams
@@ -23,6 +24,8 @@ torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
 EXAMPLES = ((1, 2), (4, 6))
+ENGINE = "SmolLM2-135M"
+FORCED = "teacher-forced"
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,18 @@ def examples_openai() -> list[dict]:
     return out
 
 
+def examples_items() -> list[dict]:
+    """The two examples as the Agents SDK's input items (the Responses API's shape)."""
+    items: list[dict] = []
+    for i, (a, b) in enumerate(EXAMPLES):
+        items += [{"role": "user", "content": f"Add {a} and {b}."},
+                  {"type": "function_call", "call_id": f"call_ex{i}", "name": "add",
+                   "arguments": json.dumps({"a": a, "b": b})},
+                  {"type": "function_call_output", "call_id": f"call_ex{i}", "output": str(a + b)},
+                  {"role": "assistant", "content": f"The answer is {a + b}."}]
+    return items
+
+
 def check_trajectory(smol, sid, answer: str):
     """One trajectory, drift 0, a tool-call turn then the answer, the tool result masked, logprobs the model's."""
     session = smol.session(sid)
@@ -63,15 +78,39 @@ def check_trajectory(smol, sid, answer: str):
     check_teacher_forced(smol, record)
 
 
-def check_teacher_forced(smol, record):
+def check_teacher_forced(smol, record, constrained=()):
+    """Every model token's recorded logprob is the model's own, teacher-forced over the whole trajectory (|delta| <=
+    1e-3). ``constrained``: (start, length, constraint) of the turns decoded under a grammar, whose logprobs are
+    those of the distribution the grammar left (the grammar replayed over the recorded tokens)."""
+    from scaffold_core.engines.grammar import mask_logits
+    from scaffold_core.sampling import Constraint
+
     ids, mask, logprobs = record["input_ids"], record["loss_mask"], record["logprobs"]
     with torch.no_grad():
         logits = smol.engine.model(input_ids=torch.tensor([ids])).logits[0].float()
+    for start, length, spec in constrained:
+        grammar = smol.engine._grammars.row(Constraint(spec["kind"], spec["spec"], spec["reason"]))
+        for i in range(start, start + length):
+            mask_logits([grammar], logits[i - 1:i])
+            grammar.accept(ids[i])
     forced = torch.log_softmax(logits, dim=-1)
     positions = [i for i, m in enumerate(mask) if m]
     assert positions and positions[0] > 0
     deltas = [abs(forced[i - 1, ids[i]].item() - logprobs[i]) for i in positions]
     assert max(deltas) <= 1e-3, max(deltas)  # the model's own logprobs, so no placeholders
+
+
+def check_session_teacher_forced(smol, session):
+    """Every conversation of the session, its constrained turns under their grammars."""
+    for traj in session.trajectories:
+        record_ = traj.to_dict()
+        constrained = []
+        for call in session.calls:
+            for choice in call["choices"]:
+                at = found(record_["input_ids"], choice["output_ids"], record_["loss_mask"])
+                if call["constraint"] is not None and at >= 0:
+                    constrained.append((at, len(choice["output_ids"]), call["constraint"]))
+        check_teacher_forced(smol, record_, constrained)
 
 
 def test_openai_sdk_tool_conversation_is_token_faithful(smol):
@@ -88,6 +127,7 @@ def test_openai_sdk_tool_conversation_is_token_faithful(smol):
     second = client.chat.completions.create(model="scaffold", messages=messages, tools=[ADD_TOOL])
     assert second.choices[0].message.content == "The answer is 14."
     check_trajectory(smol, sid, "The answer is 14.")
+    record("openai", "chat completions, tools", ENGINE, False, measure(smol.session(sid), FORCED))
 
 
 def test_async_streaming_with_n_choices_samples_from_the_model(smol):
@@ -114,13 +154,7 @@ def test_async_streaming_with_n_choices_samples_from_the_model(smol):
 def test_openai_agents_sdk_tool_conversation_is_token_faithful(smol):
     from test_clients import run_agents_sdk
 
-    items: list[dict] = []
-    for i, (a, b) in enumerate(EXAMPLES):
-        items += [{"role": "user", "content": f"Add {a} and {b}."},
-                  {"type": "function_call", "call_id": f"call_ex{i}", "name": "add",
-                   "arguments": json.dumps({"a": a, "b": b})},
-                  {"type": "function_call_output", "call_id": f"call_ex{i}", "output": str(a + b)},
-                  {"role": "assistant", "content": f"The answer is {a + b}."}]
+    items = examples_items()
     sid = smol.open_session()
     question = [*items, {"role": "user", "content": "Add 7 and 8."}]
     result = run_agents_sdk(f"{smol.url}/sessions/{sid}/v1", "none", question)
@@ -181,3 +215,71 @@ def test_top_logprobs_are_the_models_most_likely_tokens(smol):
         likely = [t.logprob for t in token.top_logprobs]
         assert len(likely) == 3 and likely == sorted(likely, reverse=True)
         assert token.top_logprobs[0].token == token.token and abs(likely[0] - token.logprob) < 1e-6
+
+
+def test_agents_sdk_default_mode_is_token_faithful(smol):
+    """The Agents SDK as it comes (the Responses API), given only the server as its default client."""
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    items = examples_items()
+    sid = smol.open_session()
+    agents.set_default_openai_client(AsyncOpenAI(base_url=f"{smol.url}/sessions/{sid}/v1", api_key="none",
+                                                 max_retries=0), use_for_tracing=False)
+    agent = agents.Agent(name="adder", tools=[add], model="scaffold")
+    result = asyncio.run(agents.Runner.run(agent, [*items, {"role": "user", "content": "Add 7 and 8."}],
+                                           max_turns=4))
+    assert result.final_output == "The answer is 15."
+    check_trajectory(smol, sid, "The answer is 15.")
+    record("openai-agents", "default (responses), tools", ENGINE, False, measure(smol.session(sid), FORCED))
+
+
+def test_smolagents_forced_tool_calls_and_rewritten_history_are_token_faithful(smol):
+    """smolagents' ToolCallingAgent: every call forces a tool (decoded under the grammar: the calls parse, their
+    logprobs are those of the grammar's distribution) and every step comes back rewritten (an edit: a new sample
+    of the same run). Each conversation is still exactly what the model sampled."""
+    smolagents = pytest.importorskip("smolagents")
+    from serve_helpers import smolagents_add_tool
+
+    sid = smol.open_session()
+    model = smolagents.OpenAIServerModel(model_id="scaffold", api_base=f"{smol.url}/sessions/{sid}/v1",
+                                         api_key="none")
+    agent = smolagents.ToolCallingAgent(tools=[smolagents_add_tool()], model=model, verbosity_level=0, max_steps=2)
+    agent.run("Add 5 and 9.")
+    session = smol.session(sid)
+    forced = [c for c in session.calls if c["constraint"] is not None]
+    assert forced and all(ch["message"].get("tool_calls") for c in forced for ch in c["choices"])
+    assert session.drift_count >= 1 and len(session.trajectories) >= 2
+    check_session_teacher_forced(smol, session)
+    record("smolagents", "ToolCallingAgent (defaults)", ENGINE, False, measure(session, FORCED))
+
+
+def test_logprob_bytes_rebuild_partial_characters(smol):
+    """A character split over several tokens: each token's bytes are its own, and together they are the text."""
+    from scaffold_serve.token_bytes import token_bytes, token_text
+
+    tokenizer = smol.engine.tokenizer
+    text = "café 😀 naïve"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    pieces = [token_bytes(tokenizer, t) for t in ids]
+    assert b"".join(pieces) == text.encode()
+    partial = [p for p in pieces if token_text(p).startswith("bytes:")]
+    assert partial and all("\ufffd" not in token_text(p) for p in pieces)
+
+
+def test_streaming_sends_the_content_token_by_token(smol):
+    """The embedded engine hands each sampled token to the stream: the content arrives in pieces, as it is decoded,
+    and the pieces are exactly the recorded content."""
+    sid = smol.open_session()
+    stream = smol.client(sid).chat.completions.create(
+        model="scaffold", messages=[{"role": "user", "content": "Name three colors."}], max_tokens=12, stream=True)
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) >= 3, pieces
+    assert "".join(pieces) == smol.session(sid).calls[0]["choices"][0]["message"]["content"]

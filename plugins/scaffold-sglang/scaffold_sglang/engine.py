@@ -16,6 +16,7 @@ from typing import Any
 
 from scaffold_core.errors import EngineError
 from scaffold_core.remote.engine import RemoteEngine
+from scaffold_core.sampling import CONSTRAINT_KINDS
 
 from .launcher import SGLangLaunchOptions, SGLangServer, tokenizer_flag
 
@@ -34,6 +35,7 @@ class SGLangEngine(RemoteEngine):
     default address, ``http://127.0.0.1:30000``) to use running servers, or
     ``launch`` to start ``launch.count`` servers on this worker's ports. Requests are balanced by least
     in-flight requests; an episode sticks to one server. See the plugin README for every option.
+    A request's ``sampling.constraint`` goes to SGLang as its native grammar parameter (``protocol.py``).
     """
 
     server_name = "sglang"
@@ -42,6 +44,7 @@ class SGLangEngine(RemoteEngine):
     launch_options = SGLangLaunchOptions
     #: SGLang's own names are accepted by pause_generation too (``keep`` is ``retract``).
     extra_pause_modes = ("retract", "in_place")
+    constraints = frozenset(CONSTRAINT_KINDS)
 
     def __init__(
         self,

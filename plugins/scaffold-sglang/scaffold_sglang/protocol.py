@@ -70,7 +70,10 @@ def sampling_params(request: GenerationRequest, *, send_seed: bool = False,
     ``top_k`` are always sent too (``/generate`` ignores the model's
     generation config). The request's seed is sent as ``sampling_seed`` only
     when ``send_seed`` is set: SGLang honours it only with
-    ``--enable-deterministic-inference``, and there is no ``seed`` key.
+    ``--enable-deterministic-inference``, and there is no ``seed`` key. A
+    ``sampling.constraint`` is sent as SGLang's native parameter of the same
+    name (``json_schema``, ``regex``, ``ebnf`` or ``structural_tag``), which
+    its grammar backend (xgrammar by default) enforces.
     """
     sp = request.sampling
     params: dict[str, Any] = {
@@ -87,6 +90,8 @@ def sampling_params(request: GenerationRequest, *, send_seed: bool = False,
         params["sampling_seed"] = int(request.seed) & _MAX_SEED
     if extra:
         params.update(extra)
+    if sp.constraint is not None:
+        params[sp.constraint.kind] = sp.constraint.spec
     return params
 
 

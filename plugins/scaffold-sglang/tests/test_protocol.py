@@ -193,3 +193,20 @@ def test_batch_and_foreign_rid_responses_are_refused():
         parse_generate_response(one, expect_rid="b")
     with pytest.raises(ProtocolError, match="unknown finish_reason"):
         parse_generate_response({**one, "meta_info": {**one["meta_info"], "finish_reason": {"type": "eos"}}})
+
+
+def test_a_constraint_goes_out_as_sglangs_native_grammar_parameter():
+    """A forced tool call or JSON output (scaffold-serve) is enforced by SGLang's own grammar backend."""
+    from scaffold_core.sampling import Constraint
+    from scaffold_sglang.engine import SGLangEngine
+    from scaffold_sglang.protocol import BodyEncoder, generate_body
+
+    for kind in ("json_schema", "regex", "ebnf", "structural_tag"):
+        sampling = SamplingParams(max_tokens=8, constraint=Constraint(kind, '{"type": "object"}'))
+        request = GenerationRequest("r", [1, 2], sampling)
+        body = generate_body(request, "r")
+        assert body["sampling_params"][kind] == '{"type": "object"}'
+        assert json.loads(BodyEncoder().encode(request, "r"))["sampling_params"][kind] == '{"type": "object"}'
+        assert kind in SGLangEngine.constraints
+    plain = generate_body(GenerationRequest("r", [1], SamplingParams(max_tokens=8)), "r")["sampling_params"]
+    assert not {"json_schema", "regex", "ebnf", "structural_tag"} & set(plain)

@@ -244,7 +244,9 @@ def _outcome(episode: Any, played: Any, ctx: EpisodeContext, env_id: str, second
         verdict = verdict_of(trace)
         meta = {"session": session.id, "env": env_id, "trace": trace.id, "agent": _agent_name(trace),
                 "calls": session.counts["calls"]}
-        samples.append(trajectory.sample(trace.last_reply, verdict, ctx.sample_base + len(samples), meta))
+        # the conversations of one agent run (a client that rewrote its history splits it) are one rollout
+        samples.append(trajectory.sample(trace.last_reply, verdict, ctx.sample_base + len(samples), meta,
+                                         rollout=f"{ctx.sample_base}/{trace.id}"))
         if trace is final:
             chosen = len(samples) - 1
     if not samples:
