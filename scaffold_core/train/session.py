@@ -194,8 +194,9 @@ def _train(trainer: Any, config: Any, output_dir: Path, ledger: StepLedger, regi
     finally:
         reporter.close()
     summary.setdefault("steps", len(reporter.steps))
-    if ledger.steps_written or any(p.stat().st_size for p in ledger.ledger_files()):
-        metrics = ledger.finish(save_dataset=bool(getattr(config.output, "save_dataset", True)))
+    if ledger.steps_written or ledger.episodes():
+        metrics = ledger.finish(save_dataset=bool(getattr(config.output, "save_dataset", True)),
+                                save_parquet=bool(getattr(config.output, "save_parquet", False)))
         summary["rollouts_on_disk"] = {k: metrics.get(k) for k in ("episodes", "samples", "failed")}
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return summary
