@@ -15,6 +15,7 @@ orjson refuses (``NaN``, ``Infinity``, lone surrogates).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -126,12 +127,20 @@ def dumps_compact(value: Any) -> bytes:
     return one_line(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
+#: Twenty digits in a row: maybe an integer beyond 64 bits, which orjson reads as a float.
+_LONG_NUMBER = re.compile("[0-9]{20}")
+_LONG_NUMBER_BYTES = re.compile(b"[0-9]{20}")
+
+
 def loads(raw: bytes | str) -> Any:
-    """Parse one JSON document as ``json.loads`` does (orjson first; ``json`` for NaN, Infinity and the like).
+    """Parse one JSON document as ``json.loads`` does (orjson first; ``json`` for NaN, Infinity and the like,
+    and for integers beyond 64 bits).
 
     Raises ``json.JSONDecodeError`` when neither accepts it.
     """
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
+    if (_LONG_NUMBER_BYTES.search(raw) if isinstance(raw, bytes) else _LONG_NUMBER.search(raw)) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
