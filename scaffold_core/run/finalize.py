@@ -53,7 +53,7 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     apart = save_dataset and usable_cores() >= 2 and stored >= DATASET_PROCESS_EPISODES
     export_run(directory, paths, save_dataset=save_dataset, save_parquet=save_parquet, private=private,
                on_head=on_head, dataset_process=apart)
-    totals.skipped_rows.update(skipped_rows or {})
+    totals.skipped_rows = Counter(skipped_rows or {})
     metrics = totals.summary()
     for key in SESSION_KEYS:
         if key in live:
