@@ -191,7 +191,7 @@ def test_odd_records_from_plugins_still_make_a_page(tmp_path):
 def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_config, tmp_path, order):
     from scaffold_core.episode import EpisodeResult
     from scaffold_core.output import read_records
-    from scaffold_core.output.store import EpisodeStore, UPSERT
+    from scaffold_core.output.store import UPSERT, EpisodeStore
     from scaffold_core.report.episodes import scan
 
     config = dice_config(task={"name": "sums", "count": 30}, controller={"name": "native", "samples": 2})

@@ -170,8 +170,8 @@ def test_the_lock_is_released_on_every_exit_and_names_its_holder(tmp_path):
 
 #: Every name a run writes (files, folders, temp names of earlier versions), and how the run fails.
 LINKED_NAMES = ["episodes.db", "episodes.db-wal", "episodes.db-shm", "samples.jsonl", "failures.jsonl",
-                "metrics.json", "config.yaml", "trajectories", "trajectories.parquet", "config-history.jsonl", LOCK_FILE,
-                "episodes.rank-00000.db", "workers", "workers/rank-00000.log", "workers/rank-00000.json",
+                "metrics.json", "config.yaml", "trajectories", "trajectories.parquet", "config-history.jsonl",
+                LOCK_FILE, "episodes.rank-00000.db", "workers", "workers/rank-00000.log", "workers/rank-00000.json",
                 ".samples.jsonl.tmp", ".failures.jsonl.tmp", ".trajectories.tmp", ".metrics.json.tmp"]
 #: Names above that are folders.
 LINKED_FOLDERS = ("trajectories", "workers", ".trajectories.tmp")

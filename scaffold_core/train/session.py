@@ -4,7 +4,7 @@ Files in the run directory: ``config.yaml`` (the resolved config),
 ``train_metrics.jsonl`` (one line per optimizer step, appended as steps
 finish: what the run computed), ``train_timings.jsonl`` (the same steps'
 clock readings), ``train_summary.json`` (what the trainer returned, at the
-end), the rollouts of every step (``episodes.jsonl``, and at the end
+end), the rollouts of every step (the store ``episodes.db``, and at the end
 ``samples.jsonl``, ``failures.jsonl``, ``trajectories/`` and ``metrics.json``,
 as ``scaffold run`` writes them: :mod:`scaffold_core.train.step_ledger`), and
 whatever the trainer writes (its checkpoints).

@@ -15,7 +15,7 @@ from sglang_testkit import SERVER_COMMAND, ts
 import scaffold_sglang
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
-from scaffold_core.output import read_ledger
+from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, plugin_set
 
@@ -48,7 +48,7 @@ def run_rollout(out: Path, engine: dict, n: int, **rollout) -> dict:
 
 
 def ledger(out: Path) -> list[dict]:
-    return list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
+    return list(read_records(out))  # token arrays as lists, from the run's store
 
 
 def records(path: Path) -> list[dict]:
