@@ -11,7 +11,6 @@ overhead on the benchmark-only canned engine (no model).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time

@@ -296,7 +296,7 @@ def test_episodes_a_kill_lost_are_redone_on_resume_and_the_outputs_equal_a_clean
     assert json.loads((out / "metrics.json").read_text())["session"]["episodes"] == lost
 
 
-def test_a_kill_during_the_final_write_is_rebuilt_from_the_ledger_on_resume(test_plugins, tmp_path):
+def test_a_kill_during_the_final_write_is_rebuilt_from_the_store_on_resume(test_plugins, tmp_path):
     """What SIGKILL during the last writes of a resumed run leaves: old or half-written metrics, samples and
     failures, a half-saved dataset under a temp name, the old dataset gone. Resume trusts none of it."""
     config = write_config(tmp_path / "run.yaml")

@@ -204,7 +204,7 @@ def _runs(values: list[int]) -> list[int]:
 
 
 def episode_detail(record: dict[str, Any], vocab: Vocab) -> dict[str, Any]:
-    """One whole ledger record in the page's compact form (see the module's docstring)."""
+    """One whole episode record in the page's compact form (see the module's docstring)."""
     out: dict[str, Any] = {"id": record.get("episode_id"), "i": record.get("index"), "st": record.get("status"),
                            "p": record.get("prompt") or "", "ref": record.get("answer"),
                            "fa": record.get("final_answer"), "ar": record.get("answer_reward"),

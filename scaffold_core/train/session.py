@@ -33,7 +33,7 @@ from ..output.saved_config import CONFIG_FILE, check_resume_config, record_force
 from ..trainer import STEP_METRICS, TrainJob, TrainStep, is_timing
 from .step_ledger import StepLedger
 
-#: The files ``scaffold train`` itself writes (a fresh run removes them; the ledger's are the run output's).
+#: The files ``scaffold train`` itself writes (a fresh run removes them; the store's are the run output's).
 TRAIN_FILES = (METRICS_FILE, TIMINGS_FILE, SUMMARY_FILE)
 
 
