@@ -42,7 +42,7 @@ def encode_columns(row: Any, blob: bytearray) -> dict[str, list[list[Any]]]:
     TypeError when a column is not a list."""
     p = row.get("prompt_len")
     p = p if type(p) is int else 0
-    out = {}
+    out: dict[str, list[list[Any]]] = {}
     for name in TOKEN_COLUMNS:
         values = row.get(name)
         if values is None and name not in row:
@@ -154,7 +154,7 @@ def _layout(first: int, then: int, p: int, n: int) -> list[int]:
         if len(_LAYOUTS) >= 64:
             _LAYOUTS.clear()
         layout = _LAYOUTS[key] = [first] * p + [then] * (n - p)
-    return layout  # type: ignore[no-any-return]
+    return layout
 
 
 def _repeated(unit: bytes, count: int) -> bytes:
@@ -164,7 +164,7 @@ def _repeated(unit: bytes, count: int) -> bytes:
         if len(_LAYOUTS) >= 64:
             _LAYOUTS.clear()
         data = _LAYOUTS[key] = unit * count
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def _put(values: array[Any], dtype: str, n: int, blob: bytearray) -> list[Any]:
