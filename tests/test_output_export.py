@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from scaffold_core.config import load_config
 from scaffold_core.episode import EpisodeResult, Sample
 from scaffold_core.output import codec, read_records
 from scaffold_core.output.export import trajectory_features
-from scaffold_core.output.store import EpisodeStore, decode, entry, record_of, result_of
+from scaffold_core.output.store import EpisodeStore, record_of, result_of
 from scaffold_core.plugins.lifecycle import Hooks
 from scaffold_core.run.finalize import finalize_run_dir
 from scaffold_core.run.metrics import RunMetrics
@@ -38,20 +37,9 @@ def as_json(text: bytes | str):
     return json.loads(text, parse_constant=lambda name: f"<{name}>")
 
 
-@dataclass
-class Extra:
-    x: int = 1
-
-
 @dataclass(slots=True)
 class TurnSample(TrainingSample):
     turn_rewards: list[float] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class RenamedSample(TrainingSample):
-    def to_dict(self):
-        return {"ids": self.input_ids, "reward": self.reward}
 
 
 def training(cls=TrainingSample, **changes):
@@ -74,33 +62,6 @@ def result(eid="e", index=0, status="ok", trajectories=None, metadata=None, rewa
                          error=None if status == "ok" else "engine raised",
                          error_component=None if status == "ok" else "engine",
                          trajectories=[training()] if trajectories is None else trajectories)
-
-
-# -- a record's content ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", [
-    result(),
-    result(trajectories=[training(TurnSample, turn_rewards=[0.5, 1.0])]),
-    result(trajectories=[training(RenamedSample)]),
-    result(trajectories=[training(logprobs=[0.0, float("nan"), -math.inf])]),
-    result(reward=float("inf"), metrics={"maj@4": float("nan")}),
-    result(metadata={"big": 2 ** 70, "nested": {"k": [1, None, 2.5]}}),
-    result(metadata={3: "int key", "t": (1, 2)}),
-    result(status="failed", trajectories=[]),
-], ids=["plain", "subclass-fields", "own-to_dict", "nan-logprobs", "nan-reward-and-metric", "big-int",
-        "int-key-tuple", "failed"])
-def test_a_stored_record_has_the_content_json_would_write(case):
-    _, _, _, head, rows, blob = entry(case)
-    assert "\n" not in head and "\u2028" not in head
-    expected = json.dumps(record_of(case), ensure_ascii=False, separators=(",", ":"))
-    assert as_json(json.dumps(decode(head, rows, blob), allow_nan=True)) == as_json(expected)
-
-
-def test_values_json_cannot_write_still_fail_as_they_did():
-    case = result(metadata={"when": Extra()})
-    with pytest.raises(TypeError):
-        json.dumps(record_of(case))
-    with pytest.raises(TypeError):
-        entry(case)
 
 
 # -- the exported files are what the records give ------------------------------------------------------------

@@ -24,7 +24,7 @@ from scaffold_core.episode import EpisodeResult, Sample
 from scaffold_core.errors import RunDirError
 from scaffold_core.output import codec, migrations, read_records
 from scaffold_core.output.rundir import RunOutput
-from scaffold_core.output.store import EpisodeStore, StoreReader, entry, record_of
+from scaffold_core.output.store import EpisodeStore, StoreReader, decode, entry, record_of
 from scaffold_core.trajectory import TrainingSample
 from scaffold_core.verifier import Verdict
 
@@ -131,6 +131,52 @@ def test_the_documented_sql_and_numpy_reading_gives_the_columns(tmp_path):
     ids = np.frombuffer(blob, dtype=seg[0], count=seg[2], offset=seg[1])
     assert ids.tolist() == [70_000, 5, 6, 7, 8, 9, 10]
     assert columns["loss_mask"] == [["run", 0, 3], ["run", 1, 4]] and fields["reward"] == 1.0
+
+
+# -- a record's content ----------------------------------------------------------------------------------------
+def metadata_result(metadata=None, reward=1.0, metrics=None):
+    """An episode whose sample carries ``metadata`` (its verdict ``reward``) and whose record ``metrics``."""
+    res = result()
+    res.samples[0].metadata = metadata or {}
+    res.samples[0].verdict = Verdict(reward, "42", "42", "match")
+    res.metrics = metrics or {}
+    return res
+
+
+def as_json(text: bytes | str):
+    """Parsed with the standard library, NaN kept comparable (NaN != NaN)."""
+    return json.loads(text, parse_constant=lambda name: f"<{name}>")
+
+
+@dataclass
+class Extra:
+    x: int = 1
+
+
+@pytest.mark.parametrize("case", [
+    result(),
+    result(trajectories=[training(TurnSample, turn_rewards=[0.5, 1.0])]),
+    result(trajectories=[training(RenamedSample)]),
+    result(trajectories=[training(logprobs=[0.0, float("nan"), -math.inf])]),
+    metadata_result(reward=float("inf"), metrics={"maj@4": float("nan")}),
+    metadata_result({"big": 2 ** 70, "nested": {"k": [1, None, 2.5]}}),
+    metadata_result({3: "int key", "t": (1, 2)}),
+    result(status="failed", trajectories=[]),
+], ids=["plain", "subclass-fields", "own-to_dict", "nan-logprobs", "nan-reward-and-metric", "big-int",
+        "int-key-tuple", "failed"])
+def test_a_stored_record_has_the_content_json_would_write(case):
+    _, _, _, head, rows, blob = entry(case)
+    assert "\n" not in head and "\u2028" not in head
+    expected = json.dumps(record_of(case), ensure_ascii=False, separators=(",", ":"))
+    assert as_json(json.dumps(decode(head, rows, blob), allow_nan=True)) == as_json(expected)
+
+
+def test_values_json_cannot_write_still_fail_as_they_did():
+    case = metadata_result({"when": Extra()})
+    with pytest.raises(TypeError):
+        json.dumps(record_of(case))
+    with pytest.raises(TypeError):
+        entry(case)
 
 
 # -- a completed episode beats a failed one ------------------------------------------------------------------

@@ -23,8 +23,6 @@ import orjson
 
 #: Hand everything but plain JSON values to ``default`` (absent here), so that orjson raises TypeError on them.
 STRICT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
-Fragment = orjson.Fragment
-JSONDecodeError = json.JSONDecodeError  # orjson.JSONDecodeError is a subclass
 
 
 def all_finite(value: Any) -> bool:
@@ -81,13 +79,6 @@ def one_line(data: bytes) -> bytes:
         if raw in data:
             data = data.replace(raw, escaped)
     return data
-
-
-def fragment(value: Any) -> Fragment | None:
-    """``value`` encoded by orjson as a piece of a larger document (its line breaks are escaped with the
-    document's, by :func:`dumps_fast`), or None when only ``json`` writes it faithfully."""
-    data = _orjson(value)
-    return None if data is None else Fragment(data)
 
 
 def _orjson(value: Any) -> bytes | None:
