@@ -15,7 +15,6 @@ orjson refuses (``NaN``, ``Infinity``, lone surrogates).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -118,9 +117,10 @@ def dumps_compact(value: Any) -> bytes:
     return one_line(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
-#: Twenty digits in a row: maybe an integer beyond 64 bits, which orjson reads as a float.
-_LONG_NUMBER = re.compile("[0-9]{20}")
-_LONG_NUMBER_BYTES = re.compile(b"[0-9]{20}")
+#: Digits as zeros: twenty zeros in a row in a text so translated are twenty digits in a row in the text,
+#: maybe an integer beyond 64 bits, which orjson reads as a float.
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_TWENTY = b"0" * 20
 
 
 def loads(raw: bytes | str) -> Any:
@@ -129,7 +129,7 @@ def loads(raw: bytes | str) -> Any:
 
     Raises ``json.JSONDecodeError`` when neither accepts it.
     """
-    if (_LONG_NUMBER_BYTES.search(raw) if isinstance(raw, bytes) else _LONG_NUMBER.search(raw)) is None:
+    if _TWENTY not in (raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")).translate(_DIGITS):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from . import codec
 from .files import file_mode, fresh_dir, replace_dir, set_tree_modes
-from .store import count_episodes, ordered_rows
+from .store import RECORD, count_episodes, ordered_rows
 from .tokens import TOKEN_COLUMNS, column_values, token_count
 
 log = logging.getLogger("scaffold.output")
@@ -76,7 +76,7 @@ def export_run(directory: Path, paths: list[Path], *, save_dataset: bool = True,
                else None)
     try:
         for head_text, rows_text, blob, _, _, status, _ in ordered_rows(paths, columns=(
-                "head, rows, tokens" if dataset is not None else "head, NULL, NULL")):
+                RECORD if dataset is not None else "CAST(head AS BLOB), NULL, NULL")):
             head = codec.loads(head_text)
             if on_head is not None:
                 on_head(head)
@@ -114,7 +114,8 @@ def write_dataset(directory: Path, paths: list[Path], *, parquet: bool = False, 
     dataset = DatasetWriter(directory, parquet=parquet, private=private)
     try:
         for _ in range(2):
-            for rows_text, blob, *_ in ordered_rows(paths, columns="rows, tokens", where="WHERE status = 'ok'"):
+            for rows_text, blob, *_ in ordered_rows(paths, columns="CAST(rows AS BLOB), tokens",
+                                                    where="WHERE status = 'ok'"):
                 if rows_text:
                     dataset.add(codec.loads(rows_text), blob)
             if not dataset.stale:

@@ -150,7 +150,7 @@ class EpisodeReader:
     def heads(self) -> Iterator[dict[str, Any]]:
         """Every episode's record without ``trajectories``."""
         places, stores = array("q"), array("h")
-        for seq, head, *_, store in ordered_rows(self.paths, columns="seq, head"):
+        for seq, head, *_, store in ordered_rows(self.paths, columns="seq, CAST(head AS BLOB)"):
             places.append(seq)
             stores.append(store)
             yield codec.loads(head)

@@ -56,6 +56,8 @@ _ON_CONFLICT = """
         rows = excluded.rows, tokens = excluded.tokens
     WHERE excluded.status = 'ok' OR episodes.status != 'ok'"""
 UPSERT = f"INSERT INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) {_ON_CONFLICT}"
+#: The columns of a whole record, its JSON as bytes (read without decoding it to text first).
+RECORD = "CAST(head AS BLOB), CAST(rows AS BLOB), tokens"
 #: Seconds between checkpoints of a writer's WAL (see EpisodeStore).
 CHECKPOINT_S = 0.5
 #: How long a connection waits for another's lock (a reader checkpointing, a merge) before it fails.
@@ -192,7 +194,7 @@ def entry(result: EpisodeResult) -> tuple[Any, ...]:
             bytes(blob) if blob else None)
 
 
-def decode(head: str, rows: str | None, blob: bytes | None) -> dict[str, Any]:
+def decode(head: str | bytes, rows: str | bytes | None, blob: bytes | None) -> dict[str, Any]:
     """A whole record from its row: the head with its ``trajectories``, token arrays as lists."""
     record = codec.loads(head)
     sequences = []
@@ -285,7 +287,7 @@ class StoreReader:
         with store_errors(self.path):
             return int(self.db.execute("SELECT count(*) FROM episodes").fetchone()[0])
 
-    def rows(self, order: str = "idx, episode_id", where: str = "", columns: str = "head, rows, tokens"
+    def rows(self, order: str = "idx, episode_id", where: str = "", columns: str = RECORD
              ) -> Iterator[tuple[Any, ...]]:
         """Raw rows (``columns``, then ``idx``, ``episode_id`` and ``status``) in ``order``."""
         query = f"SELECT {columns}, idx, episode_id, status FROM episodes {where} ORDER BY {order}"
@@ -298,7 +300,7 @@ class StoreReader:
 
     def record(self, seq: int) -> dict[str, Any]:
         with store_errors(self.path):
-            row = self.db.execute("SELECT head, rows, tokens FROM episodes WHERE seq = ?", (seq,)).fetchone()
+            row = self.db.execute(f"SELECT {RECORD} FROM episodes WHERE seq = ?", (seq,)).fetchone()
         if row is None:
             raise RunDirError(f"{self.path}: episode row {seq} is gone (the store changed while it was read); "
                               "read it again", path=str(self.path))
@@ -314,7 +316,7 @@ class StoreReader:
         self.close()
 
 
-def ordered_rows(paths: list[Path], columns: str = "head, rows, tokens", where: str = ""
+def ordered_rows(paths: list[Path], columns: str = RECORD, where: str = ""
                  ) -> Iterator[tuple[Any, ...]]:
     """Every episode's row across the stores ``paths``, in ``(index, episode_id)`` order: (``columns``...,
     idx, episode_id, status, the number of its store in ``paths``). An episode in several stores (a run
