@@ -181,20 +181,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _failure_line(head: dict[str, Any]) -> bytes:
-    return codec.dumps_compact({k: head.get(k) for k in ("episode_id", "index", "error_component", "error",
-                                                          "attempts", "answer")}) + b"\n"
+    return _line({k: head.get(k) for k in ("episode_id", "index", "error_component", "error", "attempts", "answer")})
+
+
+def _line(value: dict[str, Any]) -> bytes:
+    """:func:`codec.dumps_compact` of a line and its end, without orjson's read-back of the JSON when no value
+    is a NaN or infinity (orjson writes those as null)."""
+    data = codec.dumps_finite(value) if codec.values_finite(value.values()) else None
+    return (data if data is not None else codec.dumps_compact(value)) + b"\n"
 
 
 def _sample_lines(head: dict[str, Any]) -> bytes:
     chosen = head.get("chosen")
     eid, prompt, answer = head["episode_id"], head["prompt"], head["answer"]
-    lines = [codec.dumps_compact({
+    lines = [_line({
         "episode_id": eid, "sample_index": s["sample_index"], "prompt": prompt, "response": s["response"],
         "answer": answer, "extracted": s["extracted"], "reward": s["reward"], "reason": s["reason"],
         "finish_reason": s["finish_reason"], "generated_tokens": s["generated_tokens"],
         "chosen": chosen == s["sample_index"] if chosen is not None else None,
         **({"turn_rewards": s["turn_rewards"]} if "turn_rewards" in s else {}),
-    }) + b"\n" for s in head["samples"]]
+    }) for s in head["samples"]]
     return b"".join(lines)
 
 

@@ -55,7 +55,9 @@ _ON_CONFLICT = """
     ON CONFLICT (episode_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, head = excluded.head,
         rows = excluded.rows, tokens = excluded.tokens
     WHERE excluded.status = 'ok' OR episodes.status != 'ok'"""
-UPSERT = f"INSERT INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) {_ON_CONFLICT}"
+#: (JSON given as UTF-8 bytes is kept as text: CAST reads the bytes as they are.)
+UPSERT = (f"INSERT INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, CAST(? AS TEXT), CAST(? AS TEXT), ?) "
+          f"{_ON_CONFLICT}")
 #: The columns of a whole record, its JSON as bytes (read without decoding it to text first).
 RECORD = "CAST(head AS BLOB), CAST(rows AS BLOB), tokens"
 #: Seconds between checkpoints of a writer's WAL (see EpisodeStore).
@@ -189,8 +191,8 @@ def entry(result: EpisodeResult) -> tuple[Any, ...]:
     text = None
     if rows:
         data = codec.dumps_finite(rows) if finite else None
-        text = (data if data is not None else codec.dumps_compact(rows)).decode()
-    return (result.episode_id, result.index, result.status, codec.dumps_compact(head_of(result)).decode(), text,
+        text = data if data is not None else codec.dumps_compact(rows)
+    return (result.episode_id, result.index, result.status, codec.dumps_compact(head_of(result)), text,
             bytes(blob) if blob else None)
 
 

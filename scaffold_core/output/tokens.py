@@ -22,13 +22,14 @@ the segments with numpy (:mod:`scaffold_core.output.export`).
 from __future__ import annotations
 
 import math
+import struct
 import sys
 from array import array
 from typing import Any
 
 #: The training sequence's columns encoded here.
 TOKEN_COLUMNS = ("input_ids", "loss_mask", "logprobs", "versions")
-#: array type code -> numpy dtype, per column, narrowest first.
+#: struct (and array) type code -> numpy dtype, per column, narrowest first.
 _INTS = {"input_ids": (("B", "|u1"), ("H", "<u2"), ("i", "<i4"), ("q", "<i8")),
          "loss_mask": (("b", "|i1"), ("i", "<i4"), ("q", "<i8")),
          "versions": (("i", "<i4"), ("q", "<i8"))}
@@ -76,7 +77,7 @@ def _ints(part: list[Any], name: str, blob: bytearray) -> list[Any]:
         return ["run", first, n]
     if name == "input_ids":
         try:
-            data = bytes(part)  # twice as fast as an array when every id fits a byte
+            data = bytearray(part)  # three times as fast as struct when every id fits a byte
         except ValueError:  # an id beyond a byte
             pass
         except TypeError:
@@ -87,11 +88,16 @@ def _ints(part: list[Any], name: str, blob: bytearray) -> list[Any]:
             return ["|u1", at, n]
     for code, dtype in _INTS[name]:
         try:
-            return _put(array(code, part), dtype, n, blob)
-        except OverflowError:
-            continue
-        except TypeError:
+            data = struct.pack(f"<{n}{code}", *part)  # faster than array(code, part), and little-endian
+        except struct.error as exc:
+            if "format requires" in str(exc) or "out of range" in str(exc):
+                continue  # a value beyond this dtype: the next one
+            break  # not an integer
+        except (TypeError, OverflowError):
             break
+        at = len(blob)
+        blob += data
+        return [dtype, at, n]
     return ["json", part]
 
 
@@ -112,24 +118,21 @@ def _int_runs(values: list[Any], p: int, n: int) -> list[list[Any]] | None:
 def _floats(values: list[Any], p: int, n: int, blob: bytearray) -> list[list[Any]]:
     """Logprobs: each part a run when its values are one value repeated bit for bit (a zero keeps its sign),
     else an array (<f4 when float32 holds every value exactly)."""
-    import numpy as np
-
     try:
-        wide = array("d", values)
-    except TypeError:
+        raw = struct.pack(f"<{n}d", *values)  # twice as fast as array("d", values)
+    except (struct.error, TypeError):
         return [["json", values]]
-    raw = wide.tobytes()
-    if not _LITTLE:
-        swapped = array("d", values)
-        swapped.byteswap()
-        raw = swapped.tobytes()
     out = []
     for start, end in ((0, p), (p, n)) if 0 < p < n else ((0, n),):
         k = end - start
         part = raw[8 * start:8 * end]
-        if part == _repeated(part[:8], k) and math.isfinite(wide[start]):
-            out.append(["run", wide[start], k])
-            continue
+        if part == _repeated(part[:8], k):
+            value = struct.unpack_from("<d", part)[0]
+            if math.isfinite(value):
+                out.append(["run", value, k])
+                continue
+        import numpy as np
+
         data = np.frombuffer(part, dtype="<f8")
         narrow = data.astype("<f4")
         at = len(blob)
@@ -165,14 +168,6 @@ def _repeated(unit: bytes, count: int) -> bytes:
             _LAYOUTS.clear()
         data = _LAYOUTS[key] = unit * count
     return data
-
-
-def _put(values: array[Any], dtype: str, n: int, blob: bytearray) -> list[Any]:
-    if not _LITTLE and values.itemsize > 1:
-        values.byteswap()
-    at = len(blob)
-    blob += values.tobytes()
-    return [dtype, at, n]
 
 
 def column_values(segments: list[list[Any]], blob: bytes) -> list[Any]:
