@@ -524,3 +524,15 @@ def test_after_a_failed_write_nothing_more_is_recorded(tmp_path, monkeypatch):
     finally:
         out.release()
     assert stored_count(tmp_path / "out") == 0
+
+
+def test_resuming_a_run_of_a_version_before_the_store_is_a_one_line_error(test_plugins, tmp_path):
+    config = write_config(tmp_path / "run.yaml")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "episodes.jsonl").write_text('{"episode_id": "arith-00000", "status": "ok"}\n')
+    code, _, err = scaffold("run", str(config), "-o", str(out), "--resume")
+    assert code == 1
+    line = error_line(err)
+    assert str(out) in line and "earlier scaffold version" in line and "-o" in line
+    assert (out / "episodes.jsonl").read_text().startswith('{"episode_id"')  # left as it was
