@@ -69,12 +69,15 @@ def export_run(directory: Path, paths: list[Path], *, save_dataset: bool = True,
     in order. ``dataset_process``: the dataset and the Parquet file are written by a process of their own
     (:func:`main`) while this one writes the rest (a machine with a core to spare); when that process fails,
     this one writes them after all."""
-    child = _DatasetProcess(directory, paths, save_parquet, private) if save_dataset and dataset_process else None
+    child: _DatasetProcess | None = None
+    dataset: DatasetWriter | None = None
     samples = _TempFile(directory, SAMPLES, private)
     failures = _TempFile(directory, FAILURES, private)
-    dataset = (DatasetWriter(directory, parquet=save_parquet, private=private) if save_dataset and child is None
-               else None)
     try:
+        if save_dataset and dataset_process:
+            child = _DatasetProcess(directory, paths, save_parquet, private)
+        elif save_dataset:
+            dataset = DatasetWriter(directory, parquet=save_parquet, private=private)
         for head_text, rows_text, blob, _, _, status, _ in ordered_rows(paths, columns=(
                 RECORD if dataset is not None else "CAST(head AS BLOB), NULL, NULL")):
             head = codec.loads(head_text)

@@ -77,14 +77,14 @@ def _ints(part: list[Any], name: str, blob: bytearray) -> list[Any]:
         return ["run", first, n]
     if name == "input_ids":
         try:
-            data = bytearray(part)  # three times as fast as struct when every id fits a byte
+            ids = bytearray(part)  # three times as fast as struct when every id fits a byte
         except ValueError:  # an id beyond a byte
             pass
         except TypeError:
             return ["json", part]
         else:
             at = len(blob)
-            blob += data
+            blob += ids
             return ["|u1", at, n]
     for code, dtype in _INTS[name]:
         try:
