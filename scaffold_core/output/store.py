@@ -188,12 +188,18 @@ def entry(result: EpisodeResult) -> tuple[Any, ...]:
         fields.update(dict.fromkeys(columns, 0))  # placeholders: the columns keep their place among the fields
         finite = finite and codec.values_finite(fields.values())
         rows.append([fields, columns])
-    text = None
-    if rows:
-        data = codec.dumps_finite(rows) if finite else None
-        text = data if data is not None else codec.dumps_compact(rows)
-    return (result.episode_id, result.index, result.status, codec.dumps_compact(head_of(result)), text,
-            bytes(blob) if blob else None)
+    return (result.episode_id, result.index, result.status, _dumps(head_of(result)),
+            _dumps(rows, finite) if rows else None, bytes(blob) if blob else None)
+
+
+def _dumps(value: Any, finite: bool | None = None) -> bytes:
+    """:func:`codec.dumps_compact` without orjson's read-back of the JSON (done when a null it wrote may be a
+    NaN) when ``value`` (a record's head: its top-level values walked here; else ``finite`` says) holds no NaN
+    or infinity."""
+    if finite is None:
+        finite = codec.values_finite(value.values())
+    data = codec.dumps_finite(value) if finite else None
+    return data if data is not None else codec.dumps_compact(value)
 
 
 def decode(head: str | bytes, rows: str | bytes | None, blob: bytes | None) -> dict[str, Any]:
