@@ -1,15 +1,16 @@
 """Do two checkouts of scaffold write the same run outputs? Runs small configs with each and compares content.
 
     python bench/compare_outputs.py --baseline /path/to/other/checkout     # e.g. a worktree of main
-    python bench/compare_outputs.py --compare DIR_A DIR_B                  # two existing output folders
+    python bench/compare_outputs.py --compare DIR_A DIR_B [--baseline CHECKOUT_OF_A]  # two output folders
 
 Each config runs with ``scaffold run`` on the benchmark_canned engine, once
 with the baseline checkout first on ``PYTHONPATH`` and once with this one
 (each in a folder of its own, so that the current directory's checkout does
-not shadow the baseline). Compared, in content: every ledger record as
-``scaffold_core.output.read_ledger`` gives it back (token arrays as lists,
-whether the line holds them as JSON or packed in the ledger's sidecar;
-ordered by episode id; ``wall_s`` left out, it is a clock reading),
+not shadow the baseline). Compared, in content: every episode's record as the
+checkout that wrote it reads it back (``scaffold_core.output.read_records``
+from the run's store; ``read_ledger`` over the ledgers of versions before it),
+token arrays as lists, ordered by episode id (``wall_s`` left out, it is a
+clock reading),
 ``samples.jsonl`` and ``failures.jsonl`` line by line, every row and the
 features of the ``trajectories`` dataset, and ``metrics.json`` without the
 session's clock readings (wall time, throughput, the output folder). Also
@@ -81,14 +82,32 @@ def run(config: dict[str, Any], out: Path, pythonpath: str | None, workers: int 
         raise SystemExit(f"scaffold run failed ({proc.returncode}) for {out}:\n{proc.stderr[-3000:]}")
 
 
-def ledger(out: Path) -> list[dict[str, Any]]:
+#: Prints a run's records as JSON, read by the checkout first on the path (a version with the run's store, or
+#: one with its ledger).
+READ_RECORDS = """
+import json, sys
+try:
+    from scaffold_core.output import read_records
+    records = list(read_records(sys.argv[1]))
+except ImportError:
     from scaffold_core.output import ledger_paths, read_ledger
+    records = [record for path in ledger_paths(sys.argv[1]) for record in read_ledger(path)]
+json.dump(records, sys.stdout, default=str)
+"""
 
-    records = []
-    for path in ledger_paths(out):
-        for record in read_ledger(path):
-            record.pop("wall_s", None)
-            records.append(record)
+
+def ledger(out: Path, pythonpath: str | None = None) -> list[dict[str, Any]]:
+    """Every record of the run in ``out``, as the checkout at ``pythonpath`` (default: this one) reads it."""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", READ_RECORDS, str(out)], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=out.parent)
+    if proc.returncode != 0:
+        raise SystemExit(f"reading the records of {out} failed:\n{proc.stderr[-3000:]}")
+    records = json.loads(proc.stdout)
+    for record in records:
+        record.pop("wall_s", None)
     return sorted(records, key=lambda r: (r["episode_id"], json.dumps(r, sort_keys=True, default=str)))
 
 
@@ -123,9 +142,11 @@ def metrics(out: Path) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k not in CLOCK_KEYS and k != "session"}
 
 
-def compare(a: Path, b: Path) -> list[str]:
+def compare(a: Path, b: Path, reader_a: str | None = None) -> list[str]:
+    """What differs between the runs in ``a`` and ``b`` (``reader_a``: the checkout that reads ``a``'s records)."""
     problems = []
-    for name, read in (("ledger records", ledger), ("samples.jsonl", lambda o: lines(o / "samples.jsonl")),
+    for name, read in (("records", lambda o: ledger(o, reader_a if o == a else None)),
+                       ("samples.jsonl", lambda o: lines(o / "samples.jsonl")),
                        ("failures.jsonl", lambda o: lines(o / "failures.jsonl")),
                        ("trajectories dataset", dataset), ("metrics.json", metrics)):
         left, right = read(a), read(b)
@@ -145,7 +166,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=1)
     args = p.parse_args()
     if args.compare:
-        problems = compare(Path(args.compare[0]), Path(args.compare[1]))
+        problems = compare(Path(args.compare[0]), Path(args.compare[1]), args.baseline)
     elif args.baseline:
         problems = []
         with tempfile.TemporaryDirectory(prefix="scaffold-compare-") as tmp:
@@ -153,12 +174,12 @@ def main() -> int:
                 base, new = Path(tmp) / f"{name}-baseline", Path(tmp) / f"{name}-this"
                 run(config, base, args.baseline, args.workers)
                 run(config, new, None, args.workers)
-                found = compare(base, new)
+                found = compare(base, new, args.baseline)
                 counts = {f: sum(1 for _ in (new / f).open()) for f in ("samples.jsonl", "failures.jsonl")}
                 features, rows = dataset(new)
                 records = len(ledger(new))
                 (base_total, base_data), (new_total, new_data) = sizes(base), sizes(new)
-                print(f"{name}: {records} ledger records, {counts['samples.jsonl']} samples, "
+                print(f"{name}: {records} records, {counts['samples.jsonl']} samples, "
                       f"{counts['failures.jsonl']} failures, "
                       f"{'a dataset that does not load (no rows)' if features == 'cannot load' else len(rows)}"
                       " dataset rows: "

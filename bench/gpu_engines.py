@@ -299,12 +299,12 @@ def train(step: Step, engine: str, python: str, policy: str, fake: bool) -> dict
 
 
 def token_versions(python: str, run_dir: Path) -> dict[str, Any]:
-    """The weight versions the run's generated tokens carry (read from its ledger in the engine's venv)."""
-    code = ("import json, sys; from scaffold_core.output import read_ledger; "
-            "v = [x for e in read_ledger(sys.argv[1]) for t in e['trajectories'] "
+    """The weight versions the run's generated tokens carry (read from its store in the engine's venv)."""
+    code = ("import json, sys; from scaffold_core.output import read_records; "
+            "v = [x for e in read_records(sys.argv[1]) for t in e['trajectories'] "
             "for x, m in zip(t['versions'], t['loss_mask']) if m]; "
             "print(json.dumps({'min': min(v), 'max': max(v), 'tokens': len(v)} if v else {'tokens': 0}))")
-    done = subprocess.run([python, "-c", code, str(run_dir / "episodes.jsonl")], capture_output=True, text=True)
+    done = subprocess.run([python, "-c", code, str(run_dir)], capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output"}
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -11,7 +11,6 @@ overhead on the benchmark-only canned engine (no model).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -75,7 +74,9 @@ def main() -> int:
         started = time.perf_counter()
         metrics = run(model, Path(tmp) / "model")
         wall = time.perf_counter() - started
-        records = [json.loads(line) for line in (Path(tmp) / "model" / "episodes.jsonl").read_text().splitlines()]
+        from scaffold_core.output import read_records
+
+        records = list(read_records(Path(tmp) / "model"))
         kinds: dict[str, int] = {}
         for record in records:
             for sample in record["samples"]:

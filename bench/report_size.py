@@ -5,7 +5,7 @@
 
 Builds a synthetic eval run directory through the real writers: each problem is an EpisodeResult of the
 ``repeat`` controller's shape (one branch per answer, its answer recorded on its samples), turned into
-training rows by the built-in ``single_turn`` maker, appended to the ledger by ``RunOutput``; the end of the
+training rows by the built-in ``single_turn`` maker, recorded in the run's store by ``RunOutput``; the end of the
 run is ``finalize_run_dir`` and ``eval.json`` comes from ``compute_eval``, as ``scaffold eval`` does. Sizes are
 GSM8K's with a small model: few-shot prompts of about 420 tokens, answers of 60 to 360 tokens over a
 49,152-token vocabulary with a logprob per token, about a third right. Then it times ``build_report`` with the
@@ -123,8 +123,8 @@ def main() -> int:
     try:
         started = time.perf_counter()
         write_run(directory, args.problems, args.answers)
-        ledger_mb = (directory / "episodes.jsonl").stat().st_size / 1e6
-        print(f"run directory: {args.problems:,} problems x {args.answers} answers, ledger {ledger_mb:,.0f} MB, "
+        store_mb = (directory / "episodes.db").stat().st_size / 1e6
+        print(f"run directory: {args.problems:,} problems x {args.answers} answers, store {store_mb:,.0f} MB, "
               f"written in {time.perf_counter() - started:.1f} s")
         tokenizer = real_tokenizer() if args.tokenizer == "real" else None
         source = "SmolLM2's tokenizer" if tokenizer is not None else "a synthetic tokenizer"

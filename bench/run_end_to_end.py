@@ -12,7 +12,7 @@ user's first run does) on the ``arithmetic`` task of
 with ``SCAFFOLD_EXTRA_PLUGINS``), the native controller, the exact_match
 verifier and the byte tokenizer, with a long system prompt and a long canned
 response so that each sample is about 1,000 tokens. Everything a user's run
-does is included: start-up, the ledger, ``samples.jsonl``,
+does is included: start-up, the store, ``samples.jsonl``,
 ``failures.jsonl``, the trajectories dataset and ``metrics.json``. Peak RSS
 is the child's own (``wait4``), launcher and worker processes included (the
 largest of them).
@@ -24,8 +24,8 @@ machine the speed changes from minute to minute); the ratio of the command's
 episodes/s to it says how close the whole command comes to its runtime
 (goal: within 2x, i.e. ratio >= 0.5). With ``--repeat`` the median ratio is
 reported with the lowest and highest, the noise of the machine. Bytes:
-everything the run writes per episode (ledger, its token sidecar, samples,
-failures, dataset, metrics), and its ratio to the trajectories dataset alone
+everything the run writes per episode (its store, samples, failures, dataset,
+metrics, report), and its ratio to the trajectories dataset alone
 (goal: <= 1.5).
 """
 

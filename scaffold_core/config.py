@@ -105,6 +105,8 @@ class OutputConfig(BaseModel):
     dir: str = Field("runs/{task}-{time}", description="a directory path")
     overwrite: bool = Field(False, description="true to replace an existing run's files")
     save_dataset: bool = Field(True, description="write the trajectories as a Hugging Face dataset")
+    save_parquet: bool = Field(False, description="also write the trajectories as one Parquet file, "
+                                                  "trajectories.parquet (with save_dataset)")
     private: bool = Field(True, description="true: files the run creates are 0600 and its folders 0700; "
                                             "false: the umask decides")
 

@@ -19,12 +19,12 @@ What else ``scaffold train`` hands a trainer:
 
 * ``job.ledger``: a :class:`~scaffold_core.train.step_ledger.StepLedger`;
   the trainer writes each step's rollouts to it (``write_step``), so the run
-  directory keeps them in the ledger and dataset form of ``scaffold run``.
+  directory keeps them in the store and dataset form of ``scaffold run``.
 * ``job.resume``: continue the run in ``output_dir`` from its last
   checkpoint. The trainer saves ``job.checkpoint_state()`` with every
   checkpoint, and before its first new step calls ``job.rewind(step, state)``
   with the checkpoint's step and that state (``0, None`` when it starts
-  over): the metrics and the ledger are cut back to that step, so a step run
+  over): the metrics and the store are cut back to that step, so a step run
   again is recorded once.
 
 Metrics whose name ends in ``_s`` are clock readings (seconds): they go to

@@ -58,7 +58,7 @@ class Verdict:
     its canonical form (``"18"`` for ``18.00``): answers with equal keys are
     the same answer, which is what ``majority_vote`` counts (:attr:`vote_key`).
     ``reason`` says why, in a few words. ``metrics`` (optional) holds the parts of the reward by name
-    (a rubric's reward functions): kept with the sample in episodes.jsonl and averaged over the run in
+    (a rubric's reward functions): kept with the sample in the run's store (episodes.db) and averaged over the run in
     metrics.json.
 
     ``scored`` is ``False`` only for a verdict made by :meth:`unscored`: the

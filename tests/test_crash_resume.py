@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,16 +26,15 @@ def start_run(site: Path, config: Path, out: Path, *extra: str) -> subprocess.Po
 
 
 def ledger_ids(out: Path) -> list[str]:
-    ledger = out / "episodes.jsonl"
-    if not ledger.exists():
+    """The episodes the run's store holds (read while the run writes it, as any SQLite client can)."""
+    store = out / "episodes.db"
+    if not store.exists():
         return []
-    ids = []
-    for line in ledger.read_text().splitlines():
+    with contextlib.closing(sqlite3.connect(store)) as db:
         try:
-            ids.append(json.loads(line)["episode_id"])
-        except json.JSONDecodeError:
-            pass
-    return ids
+            return [eid for (eid,) in db.execute("SELECT episode_id FROM episodes")]
+        except sqlite3.OperationalError:  # the run has not made its table yet
+            return []
 
 
 def wait_for_episodes(out: Path, n: int, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -81,6 +82,7 @@ def test_sigkill_midway_then_resume_equals_a_clean_run(fixture_site, tmp_path):
     assert resumed_samples == clean_samples
     metrics = json.loads((killed / "metrics.json").read_text())
     assert metrics["completed"] == 40 and metrics["resumed_episodes"] == len(done_before)
+    assert metrics["session"]["episodes"] == 40 - len(done_before), "a completed episode ran again"
 
 
 def test_sigint_finishes_in_flight_episodes_flushes_and_exits_nonzero(fixture_site, tmp_path):

@@ -52,10 +52,10 @@ def test_resume_reuses_the_answers_and_computes_other_ks(eval_dir, dice_plugins,
 
     out = tmp_path / "again"
     shutil.copytree(eval_dir, out)
-    before = (out / "episodes.jsonl").read_bytes()
+    before = (out / "episodes.db").read_bytes()
     result = run_eval(dice_config(), [1, 3], output_dir=out, resume=True, plugins=dice_plugins,
                       progress=False)
-    assert (out / "episodes.jsonl").read_bytes() == before  # nothing ran again
+    assert (out / "episodes.db").read_bytes() == before  # nothing ran again
     assert result.metrics["resumed_episodes"] == 12
     figures = json.loads((out / "eval.json").read_text())
     assert figures["k"] == [1, 3] and figures["answers_per_problem"] == 4  # the run's 4 answers are kept
@@ -84,7 +84,7 @@ def test_a_controller_with_several_unnamed_answers_is_refused_before_anything_ru
     config = dice_config(controller={"name": "native", "samples": 4})
     with pytest.raises(ConfigError, match="native.*samples=4 names no single answer"):
         run_eval(config, [1, 2], output_dir=tmp_path / "x", plugins=dice_plugins, progress=False)
-    assert not (tmp_path / "x" / "episodes.jsonl").exists()
+    assert not (tmp_path / "x" / "episodes.db").exists()
 
 
 def test_best_of_n_by_logprob_and_by_another_verifier(eval_dir, dice_plugins):

@@ -102,7 +102,9 @@ def registered_run(tmp_path: Path) -> tuple[dict, Path]:
 
 
 def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    from scaffold_core.output import read_records
+
+    return list(read_records(out))
 
 
 def test_hook_register_tasks(tmp_path):

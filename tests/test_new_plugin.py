@@ -12,7 +12,7 @@ import pytest
 
 from scaffold_core.cli import main
 from scaffold_core.cli.new_plugin import KIND_TEMPLATES, NewPluginError, PluginNames, create_plugin, plan_files
-from scaffold_core.output import read_ledger
+from scaffold_core.output import read_records
 
 KINDS = list(KIND_TEMPLATES)
 REPO = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_generated_plugins_install_list_run_and_pass_their_tests(fresh_venv):
     out = work / "run"
     venv.run(["scaffold", "run", config, "-o", out, "--no-progress"], timeout=300)
     metrics = json.loads((out / "metrics.json").read_text())
-    episodes = list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
+    episodes = list(read_records(out))  # token arrays as lists, from the run's store
     assert metrics["failed"] == 0 and len(episodes) == 4
     by_id = {e["episode_id"]: e for e in episodes}
     # The engine echoed each question after its prefix; the verifier took the last number of the echo;
@@ -240,7 +240,7 @@ def test_generated_plugins_install_list_run_and_pass_their_tests(fresh_venv):
     out = work / "run-canned"
     config = write_config(work / "canned.yaml", "{name: benchmark_canned, response: The answer is 15}")
     venv.run(["scaffold", "run", config, "-o", out, "--no-progress"], timeout=300)
-    episodes = {e["episode_id"]: e for e in read_ledger(out / "episodes.jsonl")}
+    episodes = {e["episode_id"]: e for e in read_records(out)}
     assert [s["reward"] for s in episodes["add-2"]["samples"]] == [1.0] and episodes["add-2"]["chosen"] == 0
     assert [s["reward"] for s in episodes["mul-1"]["samples"]] == [0.0, 0.0]
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 
 from scaffold_core.config import load_config
 from scaffold_core.launch import run_workers
-from scaffold_core.launch.ray import _fetch_ledger, local_ranks
+from scaffold_core.launch.ray import _fetch_store, local_ranks
 
 ROWS = [{"id": f"r{i}", "question": f"question {i}", "answer": "42" if i % 2 else "no"} for i in range(6)]
 
@@ -30,10 +32,10 @@ def test_local_ranks_follow_the_nodes():
     assert local_ranks(["a", "b", "a", "a", "b"]) == [(0, 3), (0, 2), (1, 3), (2, 3), (1, 2)]
 
 
-def test_an_unshared_ledger_is_copied_from_the_actor(tmp_path):
+def test_an_unshared_store_is_copied_from_the_actor(tmp_path):
     remote = tmp_path / "node-b"
     remote.mkdir()
-    (remote / "episodes.rank-00001.jsonl").write_bytes(b'{"a": 1}\n' * 1000)
+    (remote / "episodes.rank-00001.db").write_bytes(b'{"a": 1}\n' * 1000)
     local = tmp_path / "driver"
     local.mkdir()
 
@@ -50,8 +52,8 @@ def test_an_unshared_ledger_is_copied_from_the_actor(tmp_path):
                     fh.seek(offset)
                     return fh.read(min(size, 777))  # several chunks
 
-    path = remote / "episodes.rank-00001.jsonl"
-    _fetch_ledger(FakeRay, FakeActor, str(path), path.stat().st_size, local)
+    path = remote / "episodes.rank-00001.db"
+    _fetch_store(FakeRay, FakeActor, str(path), path.stat().st_size, local)
     assert (local / path.name).read_bytes() == path.read_bytes()
 
 
@@ -73,17 +75,16 @@ def test_ray_launcher_runs_the_config_on_2_actors(test_plugins, tmp_path):
     out = Path(tmp_path / "ray")
     ids = sorted(json.loads(line)["episode_id"] for line in (out / "samples.jsonl").read_text().splitlines())
     assert ids == sorted(r["id"] for r in ROWS)
-    for rank in (0, 1):
-        ledger = out / f"episodes.rank-{rank:05d}.jsonl"
-        indices = [json.loads(line)["index"] for line in ledger.read_text().splitlines()]
-        assert sorted(indices) == list(range(rank, 6, 2))
+    with contextlib.closing(sqlite3.connect(out / "episodes.db")) as db:  # the actors' stores, merged in rank order
+        indices = [i for (i,) in db.execute("SELECT idx FROM episodes ORDER BY seq")]
+    assert sorted(indices[:3]) == [0, 2, 4] and sorted(indices[3:]) == [1, 3, 5]
 
 
 def test_a_failed_actor_is_reported_by_rank_and_shard(tmp_path):
     from scaffold_core.launch import merge_live
     from scaffold_core.launch.ray import _collect
 
-    (tmp_path / "episodes.rank-00000.jsonl").write_bytes(b"")
+    (tmp_path / "episodes.rank-00000.db").write_bytes(b"")
 
     class ActorDied(Exception):
         pass
@@ -98,7 +99,7 @@ def test_a_failed_actor_is_reported_by_rank_and_shard(tmp_path):
             if ref == "rank-1":
                 raise ActorDied("The actor died unexpectedly before finishing this task (worker exit code 3)")
             return {"live": {"episodes": 3, "completed": 3, "failed": 0, "generated_tokens": 9, "wall_s": 1.0},
-                    "ledger": str(tmp_path / "episodes.rank-00000.jsonl"), "size": 0}
+                    "store": str(tmp_path / "episodes.rank-00000.db"), "size": 0}
 
     results = _collect(FakeRay, {0: "rank-0", 1: "rank-1"}, [None, None], tmp_path, 2, None)
     live = merge_live(results)

@@ -11,6 +11,7 @@ from scaffold_core import Verdict, hookimpl
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.config import load_config
 from scaffold_core.errors import InvalidVerdictError
+from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, plugin_set
 from scaffold_core.verifier import check_verdict, reference_answers, reward_range_of
@@ -62,7 +63,7 @@ def run(plugins, tmp_path, **sections):
             "sampling": {"max_tokens": 8}, **sections}
     config = load_config(data=data, registry=plugins.registry)
     metrics = Rollout(config, output_dir=tmp_path / "out", plugins=plugins, progress=False).run()
-    episodes = [json.loads(line) for line in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]
+    episodes = list(read_records(tmp_path / "out"))
     return metrics, {e["episode_id"]: e for e in episodes}
 
 

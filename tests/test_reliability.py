@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from scaffold_core.config import SECTIONS, load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.output import safe_child
+from scaffold_core.output.store import count_episodes
 
 # Runs `scaffold run` in-process, then reports whether torch was ever imported (i.e. a model loaded).
 RUN_AND_REPORT = """
@@ -84,8 +85,7 @@ def test_sigterm_stops_gracefully_like_ctrl_c(tmp_path):
                             start_new_session=True)
     try:
         for _ in range(300):
-            ledger = out / "episodes.jsonl"
-            if ledger.exists() and ledger.read_text().count("\n") >= 2:
+            if count_episodes(out / "episodes.db") >= 2:
                 break
             assert proc.poll() is None, proc.communicate()
             __import__("time").sleep(0.05)

@@ -187,22 +187,31 @@ def test_odd_records_from_plugins_still_make_a_page(tmp_path):
     assert [c["n"] for c in detail["tc"]] == [5]
 
 
-@pytest.mark.parametrize("ledger", ["reversed", "with a superseded record"])
-def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_config, tmp_path, ledger):
+@pytest.mark.parametrize("order", ["reversed", "with a superseded record"])
+def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_config, tmp_path, order):
+    from scaffold_core.episode import EpisodeResult
+    from scaffold_core.output import read_records
+    from scaffold_core.output.store import UPSERT, EpisodeStore
     from scaffold_core.report.episodes import scan
 
     config = dice_config(task={"name": "sums", "count": 30}, controller={"name": "native", "samples": 2})
     Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
-    path = tmp_path / "run" / "episodes.jsonl"
-    lines = path.read_bytes().splitlines(keepends=True)
-    if ledger == "reversed":  # the order workers may finish in: the browser still numbers episodes by index
-        path.write_bytes(b"".join(reversed(lines)))
-    else:  # an earlier failed attempt of episode 3 before its completed one: only the latter counts
-        failed = json.loads(lines[3])
-        failed.update(status="failed", error="engine raised", error_component="engine", samples=[],
-                      trajectories=[])
-        failed.pop("tokens", None)
-        path.write_bytes(b"".join(lines[:3]) + json.dumps(failed).encode() + b"\n" + b"".join(lines[3:]))
+    records = list(read_records(tmp_path / "run"))
+    (tmp_path / "run" / "episodes.db").unlink()
+    store = EpisodeStore(tmp_path / "run" / "episodes.db")
+    try:
+        if order == "reversed":  # the order workers may finish in: the browser still numbers episodes by index
+            rows = [(r["episode_id"], r["index"], r["status"], json.dumps({k: v for k, v in r.items()
+                                                                          if k != "trajectories"}), None, None)
+                    for r in reversed(records)]
+            store.db.executemany(UPSERT, rows)
+        else:  # an earlier failed attempt of episode 3 after its completed one: only the latter counts
+            store.db.executemany(UPSERT, [(r["episode_id"], r["index"], r["status"], json.dumps(r), None, None)
+                                          for r in records])
+            store.put([EpisodeResult(records[3]["episode_id"], 3, "failed", error="engine raised",
+                                     error_component="engine")])
+    finally:
+        store.close()
     report = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry)
     with EpisodeReader(tmp_path / "run") as reader:
         expected = scan(reader.heads())
@@ -212,33 +221,34 @@ def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_
     assert [e["i"] for e in report.episodes] == list(range(30))
 
 
-def _tallied_run(dice_plugins, dice_config, directory, controller, resume=False):
-    """A run whose report tally is given each record as it is appended (as `scaffold run` does)."""
-    from scaffold_core.report.tally import RunTally
+def _counted_run(dice_plugins, dice_config, directory, controller, resume=False):
+    """A run whose report counts are taken as its files are exported (as `scaffold run` does)."""
+    from scaffold_core.report.episodes import Stats
 
     config = dice_config(task={"name": "sums", "count": 30}, controller=controller,
                          rollout={"max_failed_fraction": 1.0})
     rollout = Rollout(config, output_dir=directory, plugins=dice_plugins, progress=False, resume=resume)
     rollout.components.engine.fail = lambda prompt: "11 +" in prompt or "17 +" in prompt
-    tally = RunTally(rollout.output.ledger_path)
-    rollout.output.on_append = tally.add
-    rollout.run()
-    return tally
+    stats = Stats()
+    rollout.run(on_head=lambda head: stats.add(stats.episodes, head))
+    return stats
+
+
+def _refuse_heads(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the report read every episode again: the run's counts were not used")
+        yield
+
+    monkeypatch.setattr(EpisodeReader, "heads", refuse)
 
 
 @pytest.mark.parametrize("controller", [{"name": "native", "samples": 2},
                                         {"name": "repeat", "n": 3, "controller": {"name": "native"}}])
-def test_the_report_counted_as_the_run_went_is_the_one_its_ledger_gives(dice_plugins, dice_config, tmp_path,
-                                                                        monkeypatch, controller):
-    from scaffold_core.output.ledger_index import LedgerIndex
-
-    tally = _tallied_run(dice_plugins, dice_config, tmp_path / "run", controller)
-
-    def refuse(*args):
-        raise AssertionError("the report read the ledger again: the run's tally was not used")
-
-    monkeypatch.setattr(LedgerIndex, "_scan", refuse)
-    counted = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, tally=tally)
+def test_the_report_counted_as_the_run_exported_is_the_one_its_store_gives(dice_plugins, dice_config, tmp_path,
+                                                                           monkeypatch, controller):
+    stats = _counted_run(dice_plugins, dice_config, tmp_path / "run", controller)
+    _refuse_heads(monkeypatch)
+    counted = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, stats=stats)
     monkeypatch.undo()
     read = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry)
     assert read.stats.failed == 2 and read.stats.episodes == 30 and read.stats.solved  # failures, scored answers
@@ -246,39 +256,25 @@ def test_the_report_counted_as_the_run_went_is_the_one_its_ledger_gives(dice_plu
     assert counted.episodes == read.episodes and counted.vocab == read.vocab
 
 
-def test_a_tally_that_does_not_describe_the_ledger_is_not_used(dice_plugins, dice_config, tmp_path):
-    native = {"name": "native", "samples": 2}
-    tally = _tallied_run(dice_plugins, dice_config, tmp_path / "run", native)
-    ledger = tmp_path / "run" / "episodes.jsonl"
-    lines = ledger.read_bytes().splitlines(keepends=True)
-    extra = json.loads(lines[0])
-    extra.update(episode_id="appended-later", index=99)
-    with ledger.open("ab") as fh:  # another session appended a line after the run
-        fh.write(json.dumps(extra).encode() + b"\n")
-    assert not tally.covers(tmp_path / "run")
-    report = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, tally=tally)
-    assert report.stats.episodes == 31  # the ledger's, not the tally's 30
+def test_counts_that_do_not_describe_the_store_are_not_used(dice_plugins, dice_config, tmp_path):
+    from scaffold_core.episode import EpisodeResult
+    from scaffold_core.output.store import EpisodeStore
 
-    # a resumed session's tally saw only its own episodes, appended after the first session's
-    ledger.write_bytes(b"".join(lines[:10]))
-    (tmp_path / "run" / "metrics.json").unlink()
-    resumed = _tallied_run(dice_plugins, dice_config, tmp_path / "run", native, resume=True)
-    assert not resumed.covers(tmp_path / "run")
-    report = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, tally=resumed)
-    assert report.stats.episodes == 30
+    stats = _counted_run(dice_plugins, dice_config, tmp_path / "run", {"name": "native", "samples": 2})
+    store = EpisodeStore(tmp_path / "run" / "episodes.db")
+    try:  # another session recorded an episode after the run
+        store.put([EpisodeResult("appended-later", 99, "failed", error="engine raised", error_component="engine")])
+    finally:
+        store.close()
+    report = read_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry, stats=stats)
+    assert report.stats.episodes == 31  # the store's, not the run's 30
 
 
 def test_scaffold_run_reports_from_what_it_counted(test_plugins, tmp_path, monkeypatch, capsys):
-    from scaffold_core.output.ledger_index import LedgerIndex
-
     config = tmp_path / "run.yaml"
     config.write_text("task: {name: arithmetic, count: 12}\nengine: {name: benchmark_canned, response: '#### 4'}\n"
                       "rollout: {progress: false}\n")
-
-    def refuse(*args):
-        raise AssertionError("the report read the ledger again")
-
-    monkeypatch.setattr(LedgerIndex, "_scan", refuse)
+    _refuse_heads(monkeypatch)
     assert main(["run", str(config), "-o", str(tmp_path / "run")]) == 0
     assert "WARNING" not in capsys.readouterr().err
     assert "All 12 episodes." in (tmp_path / "run" / "report.html").read_text()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 
 import datasets
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
+from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, plugin_set
 
@@ -102,14 +105,13 @@ def test_existing_output_dir_is_never_clobbered(plugins, tmp_path):
 
 def test_resume_redoes_no_completed_episode(plugins, tmp_path):
     _, out = run(plugins, tmp_path, BASE)
-    ledger = out / "episodes.jsonl"
-    lines = ledger.read_text().splitlines(keepends=True)
-    # Simulate a kill after 3 episodes, mid-write of the 4th.
-    ledger.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    # Simulate a kill after 3 episodes (the 4th's step not written).
+    with contextlib.closing(sqlite3.connect(out / "episodes.db")) as db:
+        db.execute("DELETE FROM episodes WHERE seq > 3")
+        db.commit()
     metrics, _ = run(plugins, tmp_path, BASE, resume=True)
     assert metrics["resumed_episodes"] == 3 and metrics["session"]["episodes"] == 3
-    records = [json.loads(line) for line in ledger.read_text().splitlines()]
-    ids = [r["episode_id"] for r in records]
+    ids = [r["episode_id"] for r in read_records(out)]
     assert sorted(ids) == sorted(f"n{i}" for i in range(6)) and len(ids) == len(set(ids))
     assert metrics["completed"] == 6
     assert len((out / "samples.jsonl").read_text().splitlines()) == 6
@@ -124,9 +126,9 @@ def test_rows_a_task_generates_are_counted_then_run_without_being_held(plugins, 
     assert metrics["accuracy"] == pytest.approx(33 / 50)
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["episode_id"] for s in samples] == [f"s{i}" for i in range(50)]
-    ledger = out / "episodes.jsonl"
-    kept = ledger.read_text().splitlines(keepends=True)[:20]
-    ledger.write_text("".join(kept))
+    with contextlib.closing(sqlite3.connect(out / "episodes.db")) as db:  # killed after 20 episodes
+        db.execute("DELETE FROM episodes WHERE seq > 20")
+        db.commit()
     metrics, _ = run(plugins, tmp_path, text, resume=True)
     assert metrics["resumed_episodes"] == 20 and metrics["session"]["episodes"] == 30
     assert metrics["completed"] == 50
@@ -224,7 +226,7 @@ def test_run_starts_and_closes_the_controller_and_keeps_extra_trajectory_columns
     assert ClosingController.events == ["start", "close"]
     ds = datasets.load_from_disk(str(out / "trajectories"))
     assert ds[0]["turn_rewards"] == [0.0, 1.0] and ds[0]["turn_ends"][0] == 3 and ds[0]["note"] == "x"
-    assert "blob" not in ds.column_names  # not a column type: kept in episodes.jsonl only
+    assert "blob" not in ds.column_names  # not a column type: kept in the store only
     ClosingController.events = []
     with pytest.raises(RuntimeError, match="could not start the tool server"):
         run(plugins, tmp_path, BASE + "controller: {name: closing, fail_start: true}\n", out="failed")

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 
 from scaffold_core import cli
 from scaffold_core.errors import RunDirError
-from scaffold_core.output import ledger_paths
+from scaffold_core.output import read_records
 from scaffold_core.output.files import atomic_writer, open_append
 from scaffold_core.output.lock import LOCK_FILE, RunLock
 from scaffold_core.plugins import set_plugins
@@ -61,15 +62,23 @@ def error_line(stderr: str) -> str:
 
 
 def ok_records(directory: Path) -> Counter[str]:
-    """How many completed records each episode has in the ledgers (valid lines only)."""
-    from scaffold_core.output import read_ledger
-
+    """How many completed records each episode has in the run's stores."""
     counts: Counter[str] = Counter()
-    for path in ledger_paths(directory):
-        for record in read_ledger(path):
-            if record["status"] == "ok":
-                counts[record["episode_id"]] += 1
+    for record in read_records(directory, ordered=False):
+        if record["status"] == "ok":
+            counts[record["episode_id"]] += 1
     return counts
+
+
+def stored_count(directory: Path) -> int:
+    """The episodes in the run's store (read while a run writes it)."""
+    if not (directory / "episodes.db").exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(directory / "episodes.db")) as db:
+        try:
+            return db.execute("SELECT count(*) FROM episodes").fetchone()[0]
+        except sqlite3.OperationalError:  # no table yet
+            return 0
 
 
 def sample_ids(directory: Path) -> list[str]:
@@ -87,7 +96,7 @@ def test_resume_refuses_a_changed_config_naming_the_changed_keys(test_plugins, t
     out = tmp_path / "out"
     assert scaffold("run", str(config), "-o", str(out))[0] == 0
     saved = (out / "config.yaml").read_bytes()
-    ledger = (out / "episodes.jsonl").read_bytes()
+    ledger = (out / "episodes.db").read_bytes()
 
     code, _, err = scaffold("run", str(config), "-o", str(out), "--resume",
                             "--set", "sampling.temperature=0.5", "--set", "task.count=8")
@@ -95,7 +104,7 @@ def test_resume_refuses_a_changed_config_naming_the_changed_keys(test_plugins, t
     line = error_line(err)
     assert "sampling.temperature: 1.0 -> 0.5" in line and "task.count: 6 -> 8" in line
     assert "--force-config" in line and f"scaffold run {out / 'config.yaml'} -o {out} --resume" in line
-    assert (out / "config.yaml").read_bytes() == saved and (out / "episodes.jsonl").read_bytes() == ledger
+    assert (out / "config.yaml").read_bytes() == saved and (out / "episodes.db").read_bytes() == ledger
 
     # How the run executes may change: workers, timeouts, concurrency, progress, output-only options.
     code, _, err = scaffold("run", str(config), "-o", str(out), "--resume", "--no-progress",
@@ -128,7 +137,7 @@ def test_a_second_run_on_a_directory_in_use_is_refused_naming_pid_and_host(test_
                              start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not ((out / "episodes.jsonl").exists() and (out / "episodes.jsonl").read_bytes().count(b"\n") >= 2):
+        while stored_count(out) < 2:
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.05)
         for extra in (["--resume"], []):  # a resume while it runs, or a second run on the same directory
@@ -160,12 +169,12 @@ def test_the_lock_is_released_on_every_exit_and_names_its_holder(tmp_path):
 # -- writes that cannot escape the output directory ------------------------------------------------
 
 #: Every name a run writes (files, folders, temp names of earlier versions), and how the run fails.
-LINKED_NAMES = ["episodes.jsonl", "episodes.tokens.bin", "samples.jsonl", "failures.jsonl", "metrics.json",
-                "config.yaml", "trajectories", "config-history.jsonl", LOCK_FILE, "episodes.rank-00000.jsonl",
-                "episodes.rank-00000.tokens.bin", "workers", "workers/rank-00000.log", "workers/rank-00000.json",
-                ".samples.jsonl.tmp", ".failures.jsonl.tmp", ".trajectories.tmp", ".metrics.json.tmp", ".derived.tmp"]
+LINKED_NAMES = ["episodes.db", "episodes.db-wal", "episodes.db-shm", "samples.jsonl", "failures.jsonl",
+                "metrics.json", "config.yaml", "trajectories", "trajectories.parquet", "config-history.jsonl",
+                LOCK_FILE, "episodes.rank-00000.db", "workers", "workers/rank-00000.log", "workers/rank-00000.json",
+                ".samples.jsonl.tmp", ".failures.jsonl.tmp", ".trajectories.tmp", ".metrics.json.tmp"]
 #: Names above that are folders.
-LINKED_FOLDERS = ("trajectories", "workers", ".trajectories.tmp", ".derived.tmp")
+LINKED_FOLDERS = ("trajectories", "workers", ".trajectories.tmp")
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -231,7 +240,7 @@ def test_files_a_run_writes_are_private_unless_configured(test_plugins, tmp_path
     finally:
         os.umask(old)
     private = modes(tmp_path / "private")
-    assert {"episodes.jsonl", "episodes.tokens.bin", "samples.jsonl", "failures.jsonl", "metrics.json", "config.yaml",
+    assert {"episodes.db", "samples.jsonl", "failures.jsonl", "metrics.json", "config.yaml",
             "trajectories", "trajectories/state.json"} <= set(private)
     for name, mode in private.items():
         is_dir = (tmp_path / "private" / name).is_dir()
@@ -242,22 +251,6 @@ def test_files_a_run_writes_are_private_unless_configured(test_plugins, tmp_path
 
 
 # -- damaged files on resume -----------------------------------------------------------------------
-
-
-def test_garbage_lines_in_the_ledger_are_skipped_by_line_and_their_episodes_run_again(test_plugins, tmp_path):
-    config = write_config(tmp_path / "run.yaml")
-    out = tmp_path / "out"
-    assert scaffold("run", str(config), "-o", str(out))[0] == 0
-    ledger = out / "episodes.jsonl"
-    lines = ledger.read_bytes().splitlines(keepends=True)
-    # lines 2-5: a record with a byte that is not UTF-8, not JSON, JSON but no record, a record without an id
-    ledger.write_bytes(lines[0] + lines[1].replace(b'"status"', b'"st\xffatus"') + b"{not json\n" + b"[1, 2]\n"
-                       + b'{"status": "ok"}\n' + b"".join(lines[2:]))
-    code, _, err = scaffold("run", str(config), "-o", str(out), "--resume")
-    assert code == 0, err
-    assert f"{ledger}: lines 2, 3, 4, 5 are not episode records" in err
-    assert ok_records(out) == Counter(EXPECTED)  # the damaged episode ran again; none twice, none lost
-    assert sample_ids(out) == EXPECTED
 
 
 @pytest.mark.parametrize("damage", ["binary", "truncated", "not a mapping", "empty"])
@@ -280,26 +273,17 @@ def test_a_damaged_saved_config_is_a_one_line_error_naming_it(test_plugins, tmp_
     assert sample_ids(out) == EXPECTED
 
 
-@pytest.mark.parametrize("kill", ["between a blob and its line", "mid-blob", "blobs damaged"])
-def test_token_blobs_a_kill_or_damage_left_are_redone_on_resume(test_plugins, tmp_path, kill):
-    """SIGKILL after an episode's token blob was appended but before its line (or in the middle of the blob),
-    or blobs damaged later: no finished episode is lost, none is done twice, the outputs equal a clean run's."""
+@pytest.mark.parametrize("lost", [1, 3])
+def test_episodes_a_kill_lost_are_redone_on_resume_and_the_outputs_equal_a_clean_runs(test_plugins, tmp_path, lost):
+    """What SIGKILL leaves: the steps written before it (the last episodes are missing) and no exported file.
+    No finished episode is lost, none is done twice, the outputs equal a clean run's."""
     config = write_config(tmp_path / "run.yaml")
     clean, out = tmp_path / "clean", tmp_path / "out"
     assert scaffold("run", str(config), "-o", str(clean))[0] == 0
     shutil.copytree(clean, out)
-    ledger, sidecar = out / "episodes.jsonl", out / "episodes.tokens.bin"
-    lines = ledger.read_bytes().splitlines(keepends=True)
-    blobs = sidecar.read_bytes()
-    last = json.loads(lines[-1])["tokens"]
-    if kill == "between a blob and its line":
-        ledger.write_bytes(b"".join(lines[:-1]))  # the last blob is in the sidecar, its line is not
-    elif kill == "mid-blob":
-        ledger.write_bytes(b"".join(lines[:-1]))
-        sidecar.write_bytes(blobs[:last[0] + last[1] // 2])
-    else:
-        first = json.loads(lines[0])["tokens"]
-        sidecar.write_bytes(blobs[:first[0]] + b"\0" * first[1] + blobs[first[0] + first[1]:last[0]])
+    with contextlib.closing(sqlite3.connect(out / "episodes.db")) as db:
+        db.execute("DELETE FROM episodes WHERE seq > (SELECT max(seq) FROM episodes) - ?", (lost,))
+        db.commit()
     (out / "samples.jsonl").unlink()
     code, _, err = scaffold("run", str(config), "-o", str(out), "--resume")
     assert code == 0, err
@@ -309,11 +293,10 @@ def test_token_blobs_a_kill_or_damage_left_are_redone_on_resume(test_plugins, tm
 
     assert datasets.load_from_disk(str(out / "trajectories")).to_list() == \
         datasets.load_from_disk(str(clean / "trajectories")).to_list()
-    redone = json.loads((out / "metrics.json").read_text())["session"]["episodes"]
-    assert redone == (2 if kill == "blobs damaged" else 1)
+    assert json.loads((out / "metrics.json").read_text())["session"]["episodes"] == lost
 
 
-def test_a_kill_during_the_final_write_is_rebuilt_from_the_ledger_on_resume(test_plugins, tmp_path):
+def test_a_kill_during_the_final_write_is_rebuilt_from_the_store_on_resume(test_plugins, tmp_path):
     """What SIGKILL during the last writes of a resumed run leaves: old or half-written metrics, samples and
     failures, a half-saved dataset under a temp name, the old dataset gone. Resume trusts none of it."""
     config = write_config(tmp_path / "run.yaml")
@@ -365,7 +348,7 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_that_refuses_the_correcte
     left = tmp_path / "left"
     left.mkdir()
     (left / "config.yaml").write_text("task: {name: gsm8k}\n")
-    for name in ("episodes.rank-00000.jsonl", "samples.jsonl", "failures.jsonl"):
+    for name in ("episodes.rank-00000.db", "samples.jsonl", "failures.jsonl"):
         (left / name).write_text("")
     (left / "workers").mkdir()
     (left / "workers" / "rank-00000.log").write_text("error: 1 dataset rows are unusable\n")
@@ -377,7 +360,7 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_that_refuses_the_correcte
 # -- property: any damage to a run directory, then --resume ------------------------------------------
 
 #: Files of a finished run (a killed one: only some of them) that the fuzz test damages.
-DAMAGEABLE = ["episodes.jsonl", "episodes.tokens.bin", "config.yaml", "metrics.json", "samples.jsonl",
+DAMAGEABLE = ["episodes.db", "config.yaml", "metrics.json", "samples.jsonl",
               "failures.jsonl", "trajectories", "trajectories/state.json", "trajectories/dataset_info.json",
               "trajectories/data-00000-of-00001.arrow", LOCK_FILE]
 damage = st.tuples(st.sampled_from(DAMAGEABLE),
@@ -445,8 +428,9 @@ def test_any_damage_then_resume_completes_like_a_clean_run_or_is_a_one_line_erro
         shutil.copytree(root / "clean", out)
         (outside / "dir").mkdir(parents=True)
         (outside / "file").write_text("precious\n")
-        ledger = (out / "episodes.jsonl").read_bytes()
-        (out / "episodes.jsonl").write_bytes(ledger[: cut % (len(ledger) + 1)])  # killed after some episodes
+        with contextlib.closing(sqlite3.connect(out / "episodes.db")) as db:  # killed after some episodes
+            db.execute("DELETE FROM episodes WHERE seq > ?", (cut % (COUNT + 1),))
+            db.commit()
         for name, kind, number, junk in damages:
             apply_damage(out, outside, name, kind, number, junk)
         before = snapshot(outside)
@@ -464,80 +448,74 @@ def test_any_damage_then_resume_completes_like_a_clean_run_or_is_a_one_line_erro
         shutil.rmtree(work)
 
 
-# -- appends: one write per step of the event loop, and a write that fails ----------------------------
+# -- records: one transaction per step of the event loop, and a write that fails ---------------------------
 
 
-def test_episodes_finishing_together_are_written_together_blobs_first(test_plugins, tmp_path, monkeypatch):
-    """A run writes the episodes that finish in one step of its event loop with one write to the sidecar, then
-    one to the ledger: fewer writes than episodes, never a line before its blob, and every episode once."""
-    from scaffold_core.output import rundir
+def test_episodes_finishing_together_are_written_together(test_plugins, tmp_path, monkeypatch):
+    """A run records the episodes that finish in one step of its event loop in one transaction: fewer
+    transactions than episodes, and every episode once."""
+    from scaffold_core.output.store import EpisodeStore
 
-    writes: list[tuple[str, int]] = []
-    real = rundir.write_all
+    batches: list[int] = []
+    real = EpisodeStore._write
 
-    def spy(fd, data):
-        writes.append((os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1], len(data)))
-        real(fd, data)
+    def spy(self, rows):
+        batches.append(len(rows))
+        real(self, rows)
 
-    monkeypatch.setattr(rundir, "write_all", spy)
+    monkeypatch.setattr(EpisodeStore, "_write", spy)
     config = write_config(tmp_path / "run.yaml", count=40, concurrency=8)
     assert scaffold("run", str(config), "-o", str(tmp_path / "out"))[0] == 0
     assert ok_records(tmp_path / "out") == Counter(f"arith-{i:05d}" for i in range(40))
-    names = [name for name, _ in writes]
-    assert names[0] == "episodes.tokens.bin" and names.count("episodes.jsonl") < 40
-    for before, after in zip(names, names[1:]):
-        assert not (before == after == "episodes.tokens.bin"), "blobs written twice without their lines"
-    ledger = tmp_path / "out" / "episodes.jsonl"
-    assert sum(n for name, n in writes if name == "episodes.jsonl") == ledger.stat().st_size
+    assert sum(batches) == 40 and len(batches) < 40
 
 
-def test_a_ledger_write_that_fails_stops_the_run_with_one_error_and_resume_completes_it(test_plugins, tmp_path,
-                                                                                        monkeypatch):
-    """A full disk under the ledger: the run stops with a one-line error naming the ledger, the cause and the
+def test_a_store_write_that_fails_stops_the_run_with_one_error_and_resume_completes_it(test_plugins, tmp_path,
+                                                                                      monkeypatch):
+    """A full disk under the store: the run stops with a one-line error naming the store, the cause and the
     fix; what was written reads back, and --resume then runs every episode exactly once."""
-    import errno
+    from scaffold_core.output.store import EpisodeStore
 
-    from scaffold_core.output import rundir
-
-    real = rundir.write_all
+    real = EpisodeStore._write
     calls = [0]
 
-    def full_disk(fd, data):
+    def full_disk(self, rows):
         calls[0] += 1
         if calls[0] == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(fd, data)
+            raise sqlite3.OperationalError("database or disk is full")
+        real(self, rows)
 
-    monkeypatch.setattr(rundir, "write_all", full_disk)
+    monkeypatch.setattr(EpisodeStore, "_write", full_disk)
     config = write_config(tmp_path / "run.yaml", count=40, concurrency=8)
     out = tmp_path / "out"
     code, _, err = scaffold("run", str(config), "-o", str(out))
     assert code != 0
     line = error_line(err)
-    assert str(out / "episodes.jsonl") in line and "No space left on device" in line and "--resume" in line
+    assert str(out / "episodes.db") in line and "database or disk is full" in line and "--resume" in line
     before = ok_records(out)
     assert 0 < sum(before.values()) < 40 and set(before.values()) == {1}
-    monkeypatch.setattr(rundir, "write_all", real)
+    monkeypatch.setattr(EpisodeStore, "_write", real)
     code, _, err = scaffold("run", str(config), "-o", str(out), "--resume")
     assert code == 0, err
     assert ok_records(out) == Counter(f"arith-{i:05d}" for i in range(40))
     assert len(sample_ids(out)) == 40
 
 
-def test_after_a_failed_write_nothing_more_is_appended(tmp_path, monkeypatch):
+def test_after_a_failed_write_nothing_more_is_recorded(tmp_path, monkeypatch):
     from scaffold_core.episode import EpisodeResult
     from scaffold_core.output import rundir
+    from scaffold_core.output.store import EpisodeStore
 
     out = rundir.RunOutput(tmp_path / "out")
     try:
         out.deferred = True
         out.append(EpisodeResult("e0", 0, "failed", error="engine raised", error_component="engine"))
-        assert (tmp_path / "out" / "episodes.jsonl").stat().st_size == 0  # held until the flush
+        assert stored_count(tmp_path / "out") == 0  # held until the flush
 
-        def broken(fd, data):
+        def broken(self, rows):
             raise OSError(5, "Input/output error")
 
-        monkeypatch.setattr(rundir, "write_all", broken)
+        monkeypatch.setattr(EpisodeStore, "_write", broken)
         with pytest.raises(OSError):
             out.flush()
         with pytest.raises(RunDirError, match="an earlier write failed .*Input/output error.*--resume"):
@@ -545,4 +523,16 @@ def test_after_a_failed_write_nothing_more_is_appended(tmp_path, monkeypatch):
         out.close()
     finally:
         out.release()
-    assert (tmp_path / "out" / "episodes.jsonl").stat().st_size == 0
+    assert stored_count(tmp_path / "out") == 0
+
+
+def test_resuming_a_run_of_a_version_before_the_store_is_a_one_line_error(test_plugins, tmp_path):
+    config = write_config(tmp_path / "run.yaml")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "episodes.jsonl").write_text('{"episode_id": "arith-00000", "status": "ok"}\n')
+    code, _, err = scaffold("run", str(config), "-o", str(out), "--resume")
+    assert code == 1
+    line = error_line(err)
+    assert str(out) in line and "earlier scaffold version" in line and "-o" in line
+    assert (out / "episodes.jsonl").read_text().startswith('{"episode_id"')  # left as it was

@@ -110,14 +110,14 @@ def test_every_step_goes_to_the_ledger_with_its_step_version_and_use_and_rewinds
     assert (tmp_path / "run" / "samples.jsonl").is_file() and (tmp_path / "run" / "metrics.json").is_file()
 
 
-def test_rewinding_to_a_ledger_longer_than_the_file_is_refused(tmp_path):
+def test_rewinding_to_a_store_longer_than_the_file_is_refused(tmp_path):
     from scaffold_core.errors import RunDirError
 
     ledger = StepLedger(tmp_path / "run")
     try:
         ledger.write_step(step([1], "none", 0), weight_version=0)
-        with pytest.raises(RunDirError, match="shorter than the 999999 the checkpoint recorded"):
-            ledger.rewind({"ledger_bytes": {"episodes.jsonl": 999999}})
+        with pytest.raises(RunDirError, match="before the row 999999 the checkpoint recorded"):
+            ledger.rewind({"store_rows": 999999})
     finally:
         ledger.close()
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -33,6 +35,22 @@ def canned(tmp_path: Path, name: str = "out", **rollout) -> dict:
         "rollout": {"progress": False, **rollout},
         "output": {"dir": str(tmp_path / name), "save_dataset": False},
     }
+
+
+def stored(path: Path, query: str = "SELECT count(*) FROM episodes") -> list[tuple]:
+    """Rows of a store (read while a worker writes it); none when it has no table yet."""
+    if not path.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        try:
+            return db.execute(query).fetchall()
+        except sqlite3.OperationalError:
+            return []
+
+
+def stored_count(path: Path) -> int:
+    rows = stored(path)
+    return rows[0][0] if rows else 0
 
 
 def samples(directory: Path) -> list[dict]:
@@ -64,11 +82,11 @@ def test_two_workers_give_the_same_episodes_and_metrics_as_one(test_plugins, tmp
     assert two["accuracy"] == pytest.approx(4 / 7)
     assert two["workers"]["count"] == 2 and "worker_failures" not in two
     assert sum(w["episodes"] for w in two["workers"]["per_worker"]) == 7
-    # Each rank ran its shard (index % 2 == rank) into its own ledger.
-    for rank in (0, 1):
-        ledger = tmp_path / "two" / f"episodes.rank-{rank:05d}.jsonl"
-        indices = [json.loads(line)["index"] for line in ledger.read_text().splitlines()]
-        assert indices and all(i % 2 == rank for i in indices)
+    # Each rank ran its shard (index % 2 == rank) into its own store, merged in rank order at the end.
+    assert not list((tmp_path / "two").glob("episodes.rank-*"))
+    indices = [i for (i,) in stored(tmp_path / "two" / "episodes.db", "SELECT idx FROM episodes ORDER BY seq")]
+    shards = [w["episodes"] for w in two["workers"]["per_worker"]]
+    assert [i % 2 for i in indices] == [0] * shards[0] + [1] * shards[1]
     assert json.loads((tmp_path / "two" / "metrics.json").read_text())["episodes"] == 7
     assert not processes_mentioning(str(tmp_path))
 
@@ -81,11 +99,11 @@ def test_cli_run_workers_2(test_plugins, tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["episodes"] == 7 and metrics["workers"]["count"] == 2
     assert yaml.safe_load((out / "config.yaml").read_text())["rollout"]["workers"] == 2
-    # A second run into the same directory is refused; --overwrite removes every rank ledger.
-    with pytest.raises(ConfigError, match="already holds a run.*episodes.rank-00001.jsonl"):
+    # A second run into the same directory is refused; --overwrite replaces it.
+    with pytest.raises(ConfigError, match=r"already holds a run \(episodes\.db, samples\.jsonl"):
         run_workers(load_config(config, ["rollout.workers=2"]), output_dir=out)
     assert cli.main(["run", str(config), "--workers", "1", "-o", str(out), "--overwrite", "--no-progress"]) == 0
-    assert not (out / "episodes.rank-00001.jsonl").exists()
+    assert stored_count(out / "episodes.db") == 7 and not list(out.glob("episodes.rank-*"))
     assert len(samples(out)) == 7
 
 
@@ -95,7 +113,7 @@ def test_a_failed_worker_is_reported_by_rank_and_shard_and_resume_finishes(test_
     metrics = run_workers(load_config(data=data))
     failure, = metrics["worker_failures"]
     assert failure["rank"] == 1 and failure["exit_code"] == 3
-    assert "index % 2 == 1" in failure["shard"] and "episodes.rank-00001.jsonl" in failure["shard"]
+    assert "index % 2 == 1" in failure["shard"] and "episodes.rank-00001.db" in failure["shard"]
     assert "rank 1 crashing" in failure["log_tail"]
     assert "worker rank 1 failed" in capsys.readouterr().err
     # The other worker's episodes are kept.
@@ -165,10 +183,10 @@ def worker_pid(out: Path, rank: int) -> int:
 def test_a_worker_killed_midway_is_reported_and_resume_completes_every_episode_once(test_plugins, tmp_path):
     proc, out = start_slow_two_worker_run(tmp_path, 40, 0.1, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)
-    ledger = out / "episodes.rank-00001.jsonl"
+    store = out / "episodes.rank-00001.db"
     try:
         deadline = time.monotonic() + 60
-        while not (ledger.exists() and ledger.read_text().count("\n") >= 3):
+        while stored_count(store) < 3:
             assert time.monotonic() < deadline and proc.poll() is None, "rank 1 made no progress"
             time.sleep(0.05)
         os.kill(worker_pid(out, 1), signal.SIGKILL)
@@ -180,17 +198,17 @@ def test_a_worker_killed_midway_is_reported_and_resume_completes_every_episode_o
     assert proc.returncode == ExitCode.ERROR, stderr[-2000:]
     failure, = json.loads(stdout[stdout.index("{"):])["worker_failures"]
     assert failure["rank"] == 1 and failure["exit_code"] == -signal.SIGKILL
-    assert "episodes.rank-00001.jsonl" in failure["shard"]
+    assert "episodes.rank-00001.db" in failure["shard"]
     kept = {s["episode_id"] for s in samples(out)}
     assert 20 + 3 <= len(kept) < 40  # rank 0 finished its shard; rank 1's finished episodes are kept
     resume, out = start_slow_two_worker_run(tmp_path, 40, 0.1, "--resume", stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True)
     stdout, stderr = resume.communicate(timeout=120)
     assert resume.returncode == 0, stderr[-2000:]
-    ids = [json.loads(line)["episode_id"] for path in sorted(out.glob("episodes.rank-*.jsonl"))
-           for line in path.read_text().splitlines()]
-    assert len(ids) == len(set(ids)) == 40  # every episode exactly once across both sessions
-    assert kept <= set(ids) and json.loads((out / "metrics.json").read_text())["completed"] == 40
+    ids = [eid for (eid,) in stored(out / "episodes.db", "SELECT episode_id FROM episodes")]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(ids) == len(set(ids)) == 40 and metrics["completed"] == 40
+    assert kept <= set(ids) and metrics["session"]["episodes"] == 40 - len(kept)  # every episode exactly once
 
 
 def interrupt_two_worker_run(tmp_path: Path, sig: int) -> tuple[subprocess.Popen, str, str, Path]:
@@ -199,8 +217,8 @@ def interrupt_two_worker_run(tmp_path: Path, sig: int) -> tuple[subprocess.Popen
     proc, out = start_slow_two_worker_run(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        ledgers = [out / f"episodes.rank-{r:05d}.jsonl" for r in (0, 1)]
-        while time.monotonic() < deadline and not all(p.exists() and p.stat().st_size for p in ledgers):
+        stores = [out / f"episodes.rank-{r:05d}.db" for r in (0, 1)]
+        while time.monotonic() < deadline and not all(stored_count(p) for p in stores):
             time.sleep(0.2)
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)
@@ -251,7 +269,7 @@ def test_the_worker_entry_point_runs_under_torchrun(test_plugins, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["episodes"] == 7 and metrics["workers"]["launcher"] == "torchrun"
     assert sorted(s["episode_id"] for s in samples(out)) == sorted(r["id"] for r in ROWS)
-    assert (out / "episodes.rank-00001.jsonl").exists()
+    assert stored_count(out / "episodes.db") == 7 and not list(out.glob("episodes.rank-*"))  # the ranks' stores, merged
 
 
 @pytest.mark.model

@@ -260,7 +260,7 @@ def _messages(value: Any) -> list[dict[str, str]] | None:
 
 
 def json_value(value: Any) -> Any:
-    """``value`` if it is JSON (references are written to episodes.jsonl), else its text."""
+    """``value`` if it is JSON (references are written to the run's store as JSON), else its text."""
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):

@@ -10,6 +10,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
@@ -186,6 +187,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _count_head(stats: Any, head: dict[str, Any]) -> None:
+    stats.add(stats.episodes, head)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ..config import load_config
 
@@ -209,12 +214,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         rollout = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress,
                           force_config=args.force_config)
         print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
-        if not args.no_report:  # the report counts the episodes as they are appended, not from the ledger after
-            from ..report.tally import RunTally
+        on_head = None
+        if not args.no_report:  # the report's counts, taken as the run's files are exported
+            from ..report.episodes import Stats
 
-            report_options["tally"] = RunTally(rollout.output.ledger_path)
-            rollout.output.on_append = report_options["tally"].add
-        metrics = rollout.run()
+            stats = report_options["stats"] = Stats()
+            on_head = partial(_count_head, stats)
+        metrics = rollout.run(on_head)
         if getattr(rollout.components.engine, "tokenizer", None) is not None:
             report_options["tokenizer"] = rollout.components.engine.tokenizer
     print_summary(metrics)

@@ -3,8 +3,8 @@
 The configured controller is wrapped in the built-in ``repeat`` controller
 (``n = max(k)`` independent runs per problem, see
 :mod:`scaffold_core.builtins.repeat`) and the run is an ordinary run: the same
-output directory, ledger, resume and workers. At the end the figures are
-computed from the ledger (:mod:`.figures`) and written to ``eval.json`` with
+output directory, store, resume and workers. At the end the figures are
+computed from the store (:mod:`.figures`) and written to ``eval.json`` with
 the config and the versions that produced them.
 
 ``--resume`` continues a run in the same directory, or reuses a finished one:

@@ -5,11 +5,11 @@
 torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). Worker ``r`` runs
 the rows with ``index % N == r`` on its own engine and appends them to its
-own ledger ``episodes.rank-0000r.jsonl`` in the shared output directory; its
+own store ``episodes.rank-0000r.db`` in the shared output directory; its
 log is ``workers/rank-0000r.log`` and its live metrics
 ``workers/rank-0000r.json``. When every worker has ended, the launcher merges
-the ledgers into ``samples.jsonl``, ``failures.jsonl``, ``trajectories/`` and
-``metrics.json`` exactly as a one-process run would.
+the stores into ``episodes.db`` and exports ``samples.jsonl``, ``failures.jsonl``,
+``trajectories/`` and ``metrics.json`` exactly as a one-process run would.
 
 A worker that fails (non-zero exit, no result, or past
 ``rollout.worker_timeout``) is reported in ``metrics["worker_failures"]`` by
@@ -40,9 +40,11 @@ from ..config import Config
 from ..distributed.env import DistEnv, usable_cores
 from ..distributed.net import loopback_host
 from ..distributed.ports import control_port_range, reserve_port
-from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..errors import ScaffoldError
+from ..output import RunOutput, expand_output_dir, rank_store_name
 from ..output.files import make_dir, open_append
 from ..output.redact import Redactor, copy_redacted, secret_values
+from ..output.store import count_episodes
 from ..run.summary import ExitCode, report_failures
 from .results import (
     PARENT_ENV,
@@ -146,7 +148,7 @@ class LocalLauncher:
     def wait(self) -> None:
         """Wait for every worker, bounded by rollout.worker_timeout; Ctrl-C stops them cleanly."""
         deadline = time.monotonic() + self.config.rollout.worker_timeout
-        bar = _LedgerProgress(self.dir, self.workers, self.progress)
+        bar = _StoreProgress(self.dir, self.workers, self.progress)
         kill_at: float | None = None
         try:
             while len(self.ended) < len(self.procs):
@@ -287,12 +289,12 @@ def _restore_signals(previous: dict[int, Any] | None) -> None:
         signal.signal(sig, handler)
 
 
-class _LedgerProgress:
-    """A progress bar over every worker's ledger (counts finished episodes by their lines)."""
+class _StoreProgress:
+    """A progress bar over every worker's store (counts the episodes recorded in them)."""
 
     def __init__(self, directory: Path, workers: int, enabled: bool | None):
-        self.paths = [directory / rank_ledger_name(r) for r in range(workers)]
-        self.offsets = {p: (p.stat().st_size if p.exists() else 0) for p in self.paths}
+        self.paths = [directory / rank_store_name(r) for r in range(workers)]
+        self.seen = {p: self._count(p) for p in self.paths}
         self.bar = None
         self.last = 0.0
         if enabled is False:
@@ -302,6 +304,13 @@ class _LedgerProgress:
         self.bar = tqdm(total=None, unit="ep", desc=f"episodes ({workers} workers)",
                         disable=None if enabled is None else False, dynamic_ncols=True, mininterval=0.5)
 
+    @staticmethod
+    def _count(path: Path) -> int:
+        try:
+            return count_episodes(path)
+        except ScaffoldError:  # not readable now (a worker creating it): counted at the next update
+            return 0
+
     def update(self) -> None:
         now = time.monotonic()
         if self.bar is None or now - self.last < 0.5:
@@ -309,15 +318,9 @@ class _LedgerProgress:
         self.last = now
         new = 0
         for path in self.paths:
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(self.offsets[path])
-                    data = fh.read()
-            except OSError:
-                continue
-            cut = data.rfind(b"\n") + 1
-            new += data[:cut].count(b"\n")
-            self.offsets[path] += cut
+            count = self._count(path)
+            new += max(0, count - self.seen[path])
+            self.seen[path] = max(count, self.seen[path])
         if new:
             self.bar.update(new)
 

@@ -10,13 +10,13 @@ address as ``MASTER_ADDR`` and a port from its control range as
 node; ``SCAFFOLD_*`` variables of the driver are passed to the actors.
 
 The output directory should be on a file system every node shares. When an
-actor's ledger (and its token sidecar) is not visible from the driver, the
-driver copies it from the actor after the run, so nothing is lost either
-way; the derived files are then derived from the ledgers. A failed actor is
+actor's store (``episodes.rank-NNNNN.db``, closed when its shard ends) is not
+visible from the driver, the driver copies it from the actor after the run, so
+nothing is lost either way. A failed actor is
 reported by rank and shard like a failed worker process; every wait is
 bounded (``rollout.ray_startup_timeout`` for placing the actors,
 ``rollout.worker_timeout`` for the run); actors still running then, or at
-Ctrl-C, are killed, and their ledgers keep what they finished. ``ray`` is an optional extra:
+Ctrl-C, are killed, and their stores keep what they finished. ``ray`` is an optional extra:
 ``pip install "scaffold-core[ray]"``.
 """
 
@@ -33,9 +33,8 @@ from ..distributed.env import DistEnv
 from ..distributed.net import host_ip
 from ..distributed.ports import control_port_range, reserve_port
 from ..errors import ScaffoldError, require_module
-from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..output import RunOutput, expand_output_dir, rank_store_name
 from ..output.files import atomic_writer
-from ..output.tokens import tokens_path
 from ..run.summary import ExitCode, report_failures
 from .results import WorkerResult, finalize_run
 from .worker import run_shard
@@ -69,18 +68,16 @@ class RayWorker:
 
     def run(self, config_data: dict[str, Any], output_dir: str, resume: bool,
             dist_env: dict[str, Any]) -> dict[str, Any]:
-        """Run this rank's shard; returns its live metrics and where its ledger is."""
+        """Run this rank's shard; returns its live metrics and where its store is."""
         env = DistEnv(**dist_env, launched=True)
         os.environ.update(env.to_env())
         config = load_config(data=config_data)
         live = run_shard(config, Path(output_dir), env, resume=resume, progress=False)
-        ledger = Path(output_dir) / rank_ledger_name(env.rank)
-        tokens = tokens_path(ledger)
-        return {"live": live, "ledger": str(ledger), "size": ledger.stat().st_size if ledger.exists() else 0,
-                "tokens": str(tokens), "tokens_size": tokens.stat().st_size if tokens.exists() else 0}
+        store = Path(output_dir) / rank_store_name(env.rank)
+        return {"live": live, "store": str(store), "size": store.stat().st_size if store.exists() else 0}
 
     def read_chunk(self, path: str, offset: int, size: int) -> bytes:
-        """Part of a file on this actor's node (the driver copies unshared ledgers with it)."""
+        """Part of a file on this actor's node (the driver copies unshared stores with it)."""
         with open(path, "rb") as fh:
             fh.seek(offset)
             return fh.read(size)
@@ -174,7 +171,7 @@ def _run_ray(ray: Any, config: Config, output: RunOutput, began: float, progress
 def _wait(ray: Any, refs: dict[int, Any], timeout_s: float) -> str | None:
     """Wait for every actor's run, bounded by ``timeout_s``; returns "SIGINT" on Ctrl-C.
 
-    Actors still running afterwards are killed by the caller; their ledgers keep what finished.
+    Actors still running afterwards are killed by the caller; their stores keep what finished.
     """
     deadline = time.monotonic() + timeout_s
     pending = list(refs.values())
@@ -202,21 +199,18 @@ def _collect(ray: Any, refs: dict[int, Any], actors: list[Any], directory: Path,
             results.append(WorkerResult(rank, world, None, None, f"{type(exc).__name__}", log_tail=text[-4000:]))
             continue
         try:
-            if out.get("tokens"):  # the token arrays first: a ledger line is never without them
-                _fetch_ledger(ray, actors[rank], out["tokens"], int(out["tokens_size"]), directory)
-            _fetch_ledger(ray, actors[rank], out["ledger"], int(out["size"]), directory)
+            _fetch_store(ray, actors[rank], out["store"], int(out["size"]), directory)
         except Exception as exc:
             results.append(WorkerResult(rank, world, out["live"], None,
-                                        f"could not copy its ledger from its node: {type(exc).__name__}: {exc}"))
+                                        f"could not copy its store from its node: {type(exc).__name__}: {exc}"))
             continue
         code = ExitCode.INTERRUPTED if out["live"].get("interrupted") else ExitCode.OK
         results.append(WorkerResult(rank, world, out["live"], code, None))
     return results
 
 
-def _fetch_ledger(ray: Any, actor: Any, path: str, size: int, directory: Path) -> None:
-    """Copy an actor's ledger (or its token sidecar) to the driver when the driver cannot see it (no shared
-    file system)."""
+def _fetch_store(ray: Any, actor: Any, path: str, size: int, directory: Path) -> None:
+    """Copy an actor's store to the driver when the driver cannot see it (no shared file system)."""
     local = directory / Path(path).name
     if local.exists() and local.stat().st_size >= size:
         return

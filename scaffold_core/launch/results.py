@@ -1,11 +1,10 @@
 """How workers end and what their launcher makes of it: results, logs, merged metrics.
 
 Every launcher (local processes, Ray actors, torchrun) ends the same way:
-each worker leaves a :class:`WorkerResult` (its live metrics and the folder
-of the derived files it wrote as it ran, or why it failed), the launcher
-merges them with :func:`merge_live`, and :func:`finalize_run` joins the
-workers' derived files (or derives them from every ledger when they do not
-cover the ledgers) and writes the run's metrics.
+each worker leaves a :class:`WorkerResult` (its live metrics, or why it
+failed), the launcher merges them with :func:`merge_live`, and
+:func:`finalize_run` merges the workers' stores, exports the run's files
+and writes its metrics.
 """
 
 from __future__ import annotations
@@ -18,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ScaffoldError
-from ..output import atomic_write_text, ledger_paths, rank_ledger_name
+from ..output import atomic_write_text, rank_store_name
 from ..output.files import open_nofollow
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
 from ..run.finalize import finalize_run_dir
+from ..run.metrics import RunMetrics
 
 WORKERS_DIR = "workers"
 #: Where a launched worker writes its result (set by the launcher).
@@ -64,7 +64,7 @@ class WorkerResult:
 
     @property
     def shard(self) -> str:
-        return f"rows with index % {self.world_size} == {self.rank} (ledger {rank_ledger_name(self.rank)})"
+        return f"rows with index % {self.world_size} == {self.rank} (store {rank_store_name(self.rank)})"
 
     def failure(self) -> dict[str, Any]:
         return {"rank": self.rank, "shard": self.shard, "exit_code": self.exit_code, "error": self.error,
@@ -154,29 +154,17 @@ def merged_skipped_rows(results: list[WorkerResult]) -> dict[str, int]:
 def finalize_run(config: Any, output_dir: Path, results: list[WorkerResult], *,
                  extra_live: dict[str, Any] | None = None, launcher: str = "local",
                  launcher_wall_s: float | None = None) -> dict[str, Any]:
-    """Merge every ledger of ``output_dir`` into the run's derived files and metrics.json; returns the metrics."""
+    """Merge the workers' stores of ``output_dir``, export the run's files and metrics.json; returns the metrics."""
     live = merge_live(results)
     live.update(extra_live or {})
     live["workers"]["launcher"] = launcher
     if launcher_wall_s is not None:  # start-up (model loading) included
         live["workers"]["launcher_wall_s"] = round(launcher_wall_s, 3)
+    states = [r.live.get("totals") for r in results if r.live is not None]
+    sessions = (RunMetrics.from_states(states)  # type: ignore[arg-type]
+                if all(r.ok for r in results) and all(isinstance(s, dict) for s in states) else None)
     return finalize_run_dir(Path(output_dir), live, hooks=Hooks(get_plugins().pm),
-                            save_dataset=config.output.save_dataset, ledgers=ledger_paths(output_dir),
-                            skipped_rows=merged_skipped_rows(results), private=config.output.private,
-                            parts=worker_parts(Path(output_dir), results))
+                            save_dataset=config.output.save_dataset, save_parquet=config.output.save_parquet,
+                            skipped_rows=merged_skipped_rows(results),
+                            private=config.output.private, sessions=sessions)
 
-
-def worker_parts(output_dir: Path, results: list[WorkerResult]) -> list[Path] | None:
-    """The folders of the derived files the workers wrote as they ran, when every worker finished and left
-    one in the output directory (else None: the files are derived from the ledgers)."""
-    parts = []
-    root = output_dir.resolve()
-    for r in results:
-        text = (r.live or {}).get("part") if r.ok else None
-        if not isinstance(text, str):
-            return None
-        path = Path(text)
-        if path.is_symlink() or path.parent.resolve() != root or not path.is_dir():
-            return None
-        parts.append(path)
-    return parts or None

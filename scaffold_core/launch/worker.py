@@ -37,7 +37,7 @@ from ..config import load_config
 from ..distributed.env import DistEnv
 from ..distributed.groups import all_gather_objects, broadcast_object, init_process_group
 from ..errors import ScaffoldError
-from ..output import RunOutput, expand_output_dir, rank_ledger_name
+from ..output import RunOutput, expand_output_dir, rank_store_name
 from ..run.arguments import add_run_arguments
 from ..run.rollout import Rollout
 from ..run.summary import ExitCode, exit_code_for, print_summary, report_failures
@@ -64,7 +64,7 @@ def die_with_parent() -> None:
     nobody holds. A watcher thread notices the launcher is gone (the worker was re-parented) and kills
     the worker's own process group with SIGKILL: the worker and the children it started in its group.
     Servers started in their own groups watch the worker in turn (the SGLang launcher's parent-death
-    signal). Finished episodes are already in the ledger; ``--resume`` redoes those in flight.
+    signal). Finished episodes are already in the store; ``--resume`` redoes those in flight.
     """
     parent = os.environ.get(PARENT_ENV)
     if not parent or not parent.isdigit():
@@ -92,8 +92,8 @@ def _stop_now() -> None:
 
 
 def run_shard(config: Any, output_dir: Path, env: Any, *, resume: bool, progress: bool | None) -> dict[str, Any]:
-    """Run this rank's rows into its own ledger; returns its live metrics (no merge)."""
-    rollout = Rollout(config, output_dir=output_dir, resume=resume, dist=env, ledger_name=rank_ledger_name(env.rank),
+    """Run this rank's rows into its own store; returns its live metrics (no merge)."""
+    rollout = Rollout(config, output_dir=output_dir, resume=resume, dist=env, store_name=rank_store_name(env.rank),
                       finalize=False, prepared=True, progress=progress)
     live = rollout.run()
     live["skipped_rows"] = dict(rollout.metrics.skipped_rows)

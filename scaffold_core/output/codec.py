@@ -22,8 +22,6 @@ import orjson
 
 #: Hand everything but plain JSON values to ``default`` (absent here), so that orjson raises TypeError on them.
 STRICT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
-Fragment = orjson.Fragment
-JSONDecodeError = json.JSONDecodeError  # orjson.JSONDecodeError is a subclass
 
 
 def all_finite(value: Any) -> bool:
@@ -82,13 +80,6 @@ def one_line(data: bytes) -> bytes:
     return data
 
 
-def fragment(value: Any) -> Fragment | None:
-    """``value`` encoded by orjson as a piece of a larger document (its line breaks are escaped with the
-    document's, by :func:`dumps_fast`), or None when only ``json`` writes it faithfully."""
-    data = _orjson(value)
-    return None if data is None else Fragment(data)
-
-
 def _orjson(value: Any) -> bytes | None:
     try:
         data = orjson.dumps(value, option=STRICT)
@@ -126,12 +117,21 @@ def dumps_compact(value: Any) -> bytes:
     return one_line(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
+#: Digits as zeros: twenty zeros in a row in a text so translated are twenty digits in a row in the text,
+#: maybe an integer beyond 64 bits, which orjson reads as a float.
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_TWENTY = b"0" * 20
+
+
 def loads(raw: bytes | str) -> Any:
-    """Parse one JSON document as ``json.loads`` does (orjson first; ``json`` for NaN, Infinity and the like).
+    """Parse one JSON document as ``json.loads`` does (orjson first; ``json`` for NaN, Infinity and the like,
+    and for integers beyond 64 bits).
 
     Raises ``json.JSONDecodeError`` when neither accepts it.
     """
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
+    if _TWENTY not in (raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")).translate(_DIGITS):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)

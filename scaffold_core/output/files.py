@@ -73,55 +73,6 @@ def open_nofollow(path: Path | str, flags: int, mode: int = PRIVATE_FILE_MODE) -
         raise
 
 
-def libc_function(name: str, argtypes: list[str], restype: str, *, hold_gil: bool = False) -> Any:
-    """The C library's function ``name`` with ctypes' types named (``"c_int"``, ...), errno kept; None where
-    ctypes cannot load it (not Linux, no such function). ``hold_gil``: called without releasing the GIL."""
-    try:
-        import ctypes
-
-        call = getattr(ctypes.PyDLL(None, use_errno=True) if hold_gil else ctypes.CDLL(None, use_errno=True), name)
-        call.argtypes = [getattr(ctypes, t) for t in argtypes]
-        call.restype = getattr(ctypes, restype)
-    except (ImportError, OSError, AttributeError):
-        return None
-    return call
-
-
-def _libc_write() -> Any:
-    """libc's ``write`` called with the GIL held (``ctypes.PyDLL``), or None where ctypes cannot load it."""
-    return libc_function("write", ["c_int", "c_char_p", "c_size_t"], "c_ssize_t", hold_gil=True)
-
-
-_WRITE: Any = None
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to ``fd`` (an append descriptor), keeping the GIL.
-
-    ``os.write`` releases the GIL, and a run's other threads (a verifier's pool) take it each time: two
-    thread switches per write, a fifth of the cost of persisting an episode. A ledger append takes a few
-    microseconds, so holding the GIL costs nothing; where ctypes is unavailable ``os.write`` is used.
-    """
-    global _WRITE
-    if _WRITE is None:
-        _WRITE = _libc_write() or False
-    if type(data) is not bytes:
-        data = bytes(data)
-    while data:
-        if _WRITE:
-            done = _WRITE(fd, data, len(data))
-            if done < 0:
-                import ctypes
-
-                code = ctypes.get_errno()
-                if code == errno.EINTR:
-                    continue
-                raise OSError(code, os.strerror(code))
-        else:
-            done = os.write(fd, data)
-        data = data[done:]
-
-
 def open_append(path: Path | str, *, private: bool = True) -> int:
     """A write-only append descriptor of ``path`` (created if missing), never through a link."""
     return open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, file_mode(private))

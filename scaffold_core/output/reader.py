@@ -2,32 +2,32 @@
 
 ``scaffold eval`` and ``scaffold report`` read episodes, metrics, the saved
 config, evaluation figures and training steps through these functions only,
-never by parsing the files themselves, so a change in how the ledger is
-encoded on disk is made here and in :mod:`.ledger` alone.
+never by parsing the files themselves, so a change in how the store is
+kept on disk is made here and in :mod:`.store` alone.
 
 * :func:`run_kind`: ``"eval"``, ``"train"`` or ``"run"``, from the files present;
 * :func:`read_json` / :func:`read_config`: ``metrics.json``, ``eval.json``,
   ``train_summary.json`` and the saved ``config.yaml``;
 * :func:`read_train_steps`: the per-step lines of ``train_metrics.jsonl``;
-* :class:`EpisodeReader`: every episode's latest record, as light heads
-  (no token lists) in ``(index, episode_id)`` order, and whole records by
-  position, in bounded memory (a :class:`~.ledger_index.LedgerIndex`).
+* :class:`EpisodeReader`: every episode's record, as light heads (no
+  training sequences) in ``(index, episode_id)`` order, and whole records by
+  position, in bounded memory (read from the run's store, :mod:`.store`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import RunDirError
 from . import codec
 from .files import open_nofollow
-from .ledger import latest_records, ledger_paths
-from .ledger_index import LedgerChanged, LedgerIndex
 from .saved_config import CONFIG_FILE
+from .store import STORE, StoreReader, ordered_rows, store_paths
 
 #: ``scaffold eval``'s figures, next to the run's own files.
 EVAL_FILE = "eval.json"
@@ -52,7 +52,7 @@ def _read_bytes(path: Path) -> bytes | None:
 
 
 def run_kind(directory: str | Path) -> str:
-    """``"eval"`` (an ``eval.json``), ``"train"`` (training steps or summary) or ``"run"`` (an episode ledger).
+    """``"eval"`` (an ``eval.json``), ``"train"`` (training steps or summary) or ``"run"`` (an episode store).
 
     Raises RunDirError naming the directory when it holds none of them.
     """
@@ -64,9 +64,9 @@ def run_kind(directory: str | Path) -> str:
         return "eval"
     if os.path.lexists(root / TRAIN_METRICS) or os.path.lexists(root / TRAIN_SUMMARY):
         return "train"
-    if ledger_paths(root) or os.path.lexists(root / METRICS_FILE):
+    if store_paths(root) or os.path.lexists(root / METRICS_FILE):
         return "run"
-    raise RunDirError(f"{root}: not a run directory (no episodes.jsonl, {EVAL_FILE} or {TRAIN_METRICS}); give the "
+    raise RunDirError(f"{root}: not a run directory (no {STORE}, {EVAL_FILE} or {TRAIN_METRICS}); give the "
                       "folder a `scaffold run`, `eval` or `train` wrote (its -o DIR)", path=str(root))
 
 
@@ -126,71 +126,60 @@ def _step_lines(path: Path) -> list[dict[str, Any]]:
 
 
 class EpisodeReader:
-    """Every episode's latest record in a run directory, in ``(index, episode_id)`` order.
+    """Every episode's record in a run directory, in ``(index, episode_id)`` order.
 
     :meth:`heads` streams the records without their ``trajectories`` (cheap:
-    the token lists are not parsed); :meth:`record` reads one whole record by
-    its position in that order. Memory stays small however long the run: the
-    records are located, not loaded. Use as a context manager (it holds the
-    ledgers open).
+    the training sequences are not read); :meth:`record` reads one whole
+    record by its position in that order. Memory stays small however long the
+    run: a few bytes per episode. Use as a context manager.
     """
 
-    def __init__(self, directory: str | Path, on_head: Callable[[dict[str, Any]], None] | None = None, *,
-                 index: LedgerIndex | None = None):
-        """``on_head``: given every ledger line's record without its trajectories, in ledger order, as the
-        ledgers are indexed (see :meth:`line_order`). ``index``: the directory's ledgers indexed already
-        (completed; by the run that wrote them, see :class:`~.ledger_index.LedgerIndex`'s ``scan``): they are
-        not read again, and ``on_head`` is not called."""
+    def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        self._index: LedgerIndex | None = index if index is not None else LedgerIndex(ledger_paths(self.directory),
-                                                                                      on_head)
-        self._records: list[dict[str, Any]] | None = None
-        if not self._index.exact:  # a ledger the index cannot describe: every record in memory
-            self._in_memory()
-
-    def _in_memory(self) -> None:
-        if self._index is not None:
-            self._index.close()
-            self._index = None
-        records = latest_records(ledger_paths(self.directory))
-        self._records = sorted(records.values(), key=lambda r: (r.get("index", 0), r["episode_id"]))
+        self.paths = store_paths(self.directory)
+        self._places: array[int] | None = None  # per position: the episode's row in its store
+        self._stores: array[int] | None = None  # per position: the number of that store in ``paths``
+        self._readers: dict[int, StoreReader] = {}
 
     def __len__(self) -> int:
-        return len(self._records) if self._records is not None else len(self._index or ())
+        if self._places is None:
+            self._locate()
+        assert self._places is not None
+        return len(self._places)
 
     def heads(self) -> Iterator[dict[str, Any]]:
         """Every episode's record without ``trajectories``."""
-        done = 0
-        if self._index is not None:
-            try:
-                for head in self._index.heads():
-                    yield head
-                    done += 1
-                return
-            except LedgerChanged:  # the ledger changed under us: read it whole, from where this stopped
-                self._in_memory()
-        for record in (self._records or [])[done:]:
-            yield {k: v for k, v in record.items() if k != "trajectories"}
+        places, stores = array("q"), array("h")
+        for seq, head, *_, store in ordered_rows(self.paths, columns="seq, CAST(head AS BLOB)"):
+            places.append(seq)
+            stores.append(store)
+            yield codec.loads(head)
+        self._places, self._stores = places, stores
 
-    def line_order(self) -> list[int] | None:
-        """The heads ``on_head`` was given, as :meth:`heads` orders them: position by position, the number of
-        the head (0 for the first given) that is the episode's record; None when that is not so (an episode
-        with several records, a ledger read whole instead), and the heads must be read with :meth:`heads`."""
-        return self._index.line_order() if self._index is not None else None
+    def _locate(self) -> None:
+        """Where each episode's row is, in order, without reading the records (the store's index only)."""
+        places, stores = array("q"), array("h")
+        for seq, *_, store in ordered_rows(self.paths, columns="seq"):
+            places.append(seq)
+            stores.append(store)
+        self._places, self._stores = places, stores
 
     def record(self, position: int) -> dict[str, Any]:
         """The whole record (trajectories included) of the episode at ``position`` in :meth:`heads`' order."""
-        if self._index is not None:
-            try:
-                return self._index.record(position)
-            except LedgerChanged:
-                self._in_memory()
-        assert self._records is not None
-        return self._records[position]
+        if self._places is None:
+            self._locate()
+        assert self._places is not None and self._stores is not None
+        return self._reader(self._stores[position]).record(self._places[position])
+
+    def _reader(self, number: int) -> StoreReader:
+        if number not in self._readers:
+            self._readers[number] = StoreReader(self.paths[number])
+        return self._readers[number]
 
     def close(self) -> None:
-        if self._index is not None:
-            self._index.close()
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
 
     def __enter__(self) -> EpisodeReader:
         return self

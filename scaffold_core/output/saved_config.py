@@ -32,7 +32,7 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
     "rollout.episode_timeout", "rollout.shutdown_timeout", "rollout.worker_timeout", "rollout.progress",
     "rollout.bad_rows", "rollout.max_failed_fraction",
     "verifier.timeout", "verifier.workers",
-    "output.dir", "output.overwrite", "output.save_dataset", "output.private",
+    "output.dir", "output.overwrite", "output.save_dataset", "output.save_parquet", "output.private",
     "trainer.rollout_timeout", "trainer.report_to",
 )
 ABSENT = "(absent)"

@@ -1,174 +1,162 @@
-"""Token arrays packed in binary: how the ledger keeps each training sequence's ``input_ids``, ``loss_mask``,
-``logprobs`` and ``versions``.
+"""The run store's encoding of a training sequence's token columns: exact values in a few bytes per token.
 
-An episode's arrays are one *blob* appended to the ledger's sidecar file
-(``episodes.tokens.bin`` next to ``episodes.jsonl``; ``episodes.rank-NNNNN.tokens.bin``
-next to a worker's ledger) just before its ledger line; the line names the
-blob, ``"tokens": [offset, length, crc32]``, and each training sequence in its
-``trajectories`` gives, per column, the segments its values are made of:
+Each of ``input_ids``, ``loss_mask``, ``logprobs`` and ``versions`` is cut at
+the sequence's ``prompt_len`` into its prompt part and the rest, and each part
+is one *segment*, described in the sequence's JSON (see
+:mod:`scaffold_core.output.store`):
 
-* ``{"fill": v, "n": k}``: ``k`` copies of ``v`` (a prompt's loss mask 0, version -1, logprob 0.0);
-* ``{"dtype": "<u2", "at": b, "n": k}``: ``k`` values of that numpy dtype at byte ``b`` of the blob.
+* ``["run", value, n]``: ``n`` copies of ``value`` (a prompt's loss mask 0,
+  version -1, logprob 0.0; a generated part's one weight version);
+* ``[dtype, at, n]``: ``n`` values of that numpy dtype (``|u1``, ``<u2``,
+  ``<i4``, ``<i8``, ``|i1``, ``<f4``, ``<f8``) at byte ``at`` of the episode's
+  ``tokens`` blob; integers in the narrowest that holds them, logprobs as
+  ``<f4`` when float32 holds every one bit for bit, else ``<f8``;
+* ``["json", values]``: values that are not numbers a dtype holds exactly
+  (integers beyond 64 bits, ``None``), kept as they are.
 
-The values are the given ones exactly: integers in the narrowest of
-``|u1 <u2 <i4 <i8`` (ids; ``|i1 <i4 <i8`` for masks and versions) that
-holds them, logprobs as ``<f4`` when float32 holds every one exactly, else
-``<f8``. A sequence whose values do not pack (not numbers, beyond 64 bits)
-is written the way ledgers were before, as JSON lists in the line.
-
-Read them with :func:`scaffold_core.output.read_ledger` (lists, as the
-trajectory maker made them), or with numpy from the segments:
-``numpy.frombuffer(blob, dtype=seg["dtype"], count=seg["n"], offset=seg["at"])``.
-A blob that is missing, short or whose CRC-32 differs makes its line "not a
-record": its episode runs again on ``--resume``.
+:func:`column_values` gives a column back as the list the trajectory maker
+made (floats as floats, bit for bit: a zero keeps its sign); the exports read
+the segments with numpy (:mod:`scaffold_core.output.export`).
 """
 
 from __future__ import annotations
 
-import os
+import math
 import struct
-import zlib
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+import sys
+from array import array
 from typing import Any
 
-from .files import open_nofollow
-
-#: The training sequence's columns kept in the blob.
+#: The training sequence's columns encoded here.
 TOKEN_COLUMNS = ("input_ids", "loss_mask", "logprobs", "versions")
-#: The key of a ledger line that names its blob.
-TOKENS_KEY = "tokens"
-#: Sidecar of ``episodes.jsonl``: ``episodes.tokens.bin``.
-TOKENS_SUFFIX = ".tokens.bin"
-
-#: (struct code, numpy dtype) to try in order, narrowest first, per column.
-_INT_IDS = (("B", "|u1"), ("H", "<u2"), ("i", "<i4"), ("q", "<i8"))
-_INT_SMALL = (("b", "|i1"), ("i", "<i4"), ("q", "<i8"))
-_INT_WIDE = (("i", "<i4"), ("q", "<i8"))
-_FORMATS = {"input_ids": _INT_IDS, "loss_mask": _INT_SMALL, "versions": _INT_WIDE}
-#: numpy dtype -> (struct code, item size).
-CODES = {"|u1": ("B", 1), "<u2": ("H", 2), "<i4": ("i", 4), "<i8": ("q", 8), "|i1": ("b", 1), "<f4": ("f", 4),
-         "<f8": ("d", 8)}
+#: struct (and array) type code -> numpy dtype, per column, narrowest first.
+_INTS = {"input_ids": (("B", "|u1"), ("H", "<u2"), ("i", "<i4"), ("q", "<i8")),
+         "loss_mask": (("b", "|i1"), ("i", "<i4"), ("q", "<i8")),
+         "versions": (("i", "<i4"), ("q", "<i8"))}
+#: numpy dtype -> array type code.
+CODES = {"|u1": "B", "<u2": "H", "<i4": "i", "<i8": "q", "|i1": "b", "<f4": "f", "<f8": "d"}
+_LITTLE = sys.byteorder == "little"
 
 
-class PackError(ValueError):
-    """Values that do not pack exactly (not numbers, or integers beyond 64 bits)."""
-
-
-class BadTokens(ValueError):
-    """A ledger line's blob is missing, short or damaged."""
-
-
-def tokens_name(ledger_name: str) -> str:
-    """The sidecar of a ledger: ``episodes.jsonl`` -> ``episodes.tokens.bin``."""
-    stem = ledger_name[:-len(".jsonl")] if ledger_name.endswith(".jsonl") else ledger_name
-    return stem + TOKENS_SUFFIX
-
-
-def tokens_path(ledger: Path) -> Path:
-    return ledger.with_name(tokens_name(ledger.name))
-
-
-# -- packing -----------------------------------------------------------------------------------------
-def _pack_ints(values: Sequence[Any], formats: tuple[tuple[str, str], ...]) -> tuple[bytes, str, str]:
-    n = len(values)
-    for code, dtype in formats:
-        try:
-            return struct.pack(f"<{n}{code}", *values), code, dtype
-        except struct.error as exc:
-            if "format requires" not in str(exc) and "out of range" not in str(exc):
-                raise PackError(str(exc)) from None
-        except (TypeError, OverflowError) as exc:
-            raise PackError(str(exc)) from None
-    raise PackError("an integer beyond 64 bits")
-
-
-def _pack_floats(values: Sequence[Any]) -> tuple[bytes, str, str]:
-    try:
-        return struct.pack(f"<{len(values)}d", *values), "d", "<f8"
-    except (struct.error, TypeError, OverflowError) as exc:
-        raise PackError(str(exc)) from None
-
-
-def _narrow_floats(raw: bytes) -> tuple[bytes, str]:
-    """``raw`` (<f8) as <f4 when float32 holds every value bit for bit, else as it is."""
-    import numpy as np
-
-    wide = np.frombuffer(raw, dtype="<f8")
-    narrow = wide.astype("<f4")
-    if narrow.astype("<f8").tobytes() == raw:
-        return narrow.tobytes(), "<f4"
-    return raw, "<f8"
-
-
-def _column(values: Sequence[Any], name: str, prompt_len: int, pieces: list[bytes], at: int
-            ) -> tuple[list[dict[str, Any]], int]:
-    """Segments of one column (appending array bytes to ``pieces`` from blob offset ``at``); the next offset.
-
-    The prompt's part and the rest (split at ``prompt_len``) are each a fill when one value repeats;
-    ``input_ids`` is always an array."""
-    n = len(values)
-    if n == 0:
-        return [], at
-    if type(values) is not list:
-        values = list(values)
-    if name == "input_ids":
-        raw, dtype = _pack_ids(values)
-        pieces.append(raw)
-        return [{"dtype": dtype, "at": at, "n": n}], at + len(raw)
-    if name == "logprobs":
-        return _float_column(values, prompt_len, pieces, at)
-    cuts = [(0, prompt_len), (prompt_len, n)] if 0 < prompt_len < n else [(0, n)]
-    if _int_runs(values, n, prompt_len):
-        return [{"fill": values[start], "n": end - start} for start, end in cuts], at
-    segments: list[dict[str, Any]] = []
-    for start, end in cuts:
-        part = values if end - start == n else values[start:end]
-        first = part[0]
-        if type(first) is int and part.count(first) == len(part):
-            segments.append({"fill": first, "n": end - start})
+def encode_columns(row: Any, blob: bytearray) -> dict[str, list[list[Any]]]:
+    """The segments of each token column ``row`` (a mapping) has, appending their arrays to ``blob``.
+    TypeError when a column is not a list."""
+    p = row.get("prompt_len")
+    p = p if type(p) is int else 0
+    out: dict[str, list[list[Any]]] = {}
+    for name in TOKEN_COLUMNS:
+        values = row.get(name)
+        if values is None and name not in row:
             continue
-        raw, _, dtype = _pack_ints(part, _FORMATS[name])
-        segments.append({"dtype": dtype, "at": at, "n": end - start})
-        pieces.append(raw)
-        at += len(raw)
-    return segments, at
+        if not isinstance(values, (list, tuple)):
+            raise TypeError(f"training sequence field {name} is a {type(values).__name__}, not a list")
+        if type(values) is not list:
+            values = list(values)
+        n = len(values)
+        if not n:
+            out[name] = []
+        elif name == "input_ids":
+            out[name] = [_ints(values, name, blob)]
+        elif name == "logprobs":
+            out[name] = _floats(values, p, n, blob)
+        else:
+            out[name] = _int_runs(values, p, n) or [_ints(part, name, blob) for part in _parts(values, p, n)]
+    return out
 
 
-def _pack_ids(values: list[Any]) -> tuple[bytes, str]:
-    try:
-        return bytearray(values), "|u1"  # type: ignore[return-value]  # bytearray(list) is twice as fast as bytes
-    except ValueError:  # a value beyond a byte
-        raw, _, dtype = _pack_ints(values, _INT_IDS[1:])
-        return raw, dtype
-    except TypeError as exc:
-        raise PackError(str(exc)) from None
+def _parts(values: list[Any], p: int, n: int) -> list[list[Any]]:
+    return [values[:p], values[p:]] if 0 < p < n else [values]
 
 
-def _int_runs(values: list[Any], n: int, prompt_len: int) -> bool:
-    """Whether the prompt's part and the rest are each one integer repeated (the common layout: a loss
-    mask of 0s then 1s, versions of -1s then one version): one comparison with that layout."""
+def _ints(part: list[Any], name: str, blob: bytearray) -> list[Any]:
+    """One segment of integers: a run when one value repeats (not for ids), else an array of the narrowest
+    dtype that holds them, else (not integers of 64 bits) JSON."""
+    n = len(part)
+    first = part[0]
+    if name != "input_ids" and type(first) is int and part.count(first) == n:
+        return ["run", first, n]
+    if name == "input_ids":
+        try:
+            ids = bytearray(part)  # three times as fast as struct when every id fits a byte
+        except ValueError:  # an id beyond a byte
+            pass
+        except TypeError:
+            return ["json", part]
+        else:
+            at = len(blob)
+            blob += ids
+            return ["|u1", at, n]
+    for code, dtype in _INTS[name]:
+        try:
+            data = struct.pack(f"<{n}{code}", *part)  # faster than array(code, part), and little-endian
+        except struct.error as exc:
+            if "format requires" in str(exc) or "out of range" in str(exc):
+                continue  # a value beyond this dtype: the next one
+            break  # not an integer
+        except (TypeError, OverflowError):
+            break
+        at = len(blob)
+        blob += data
+        return [dtype, at, n]
+    return ["json", part]
+
+
+def _int_runs(values: list[Any], p: int, n: int) -> list[list[Any]] | None:
+    """The common layout of a loss mask or versions (the prompt's part one integer repeated, the rest
+    another) as two runs, found with one comparison in C; None for any other layout."""
     first = values[0]
     if type(first) is not int:
-        return False
-    if not 0 < prompt_len < n:
-        return values == _layout(first, first, n, n)
-    then = values[prompt_len]
-    return type(then) is int and values == _layout(first, then, prompt_len, n)
+        return None
+    if not 0 < p < n:
+        return [["run", first, n]] if values == _layout(first, first, n, n) else None
+    then = values[p]
+    if type(then) is int and values == _layout(first, then, p, n):
+        return [["run", first, p], ["run", then, n - p]]
+    return None
 
 
-#: Recent layouts (``[a] * p + [b] * (n - p)`` lists, repeated values as bytes): samples of one prompt, and
-#: runs of one task, share them.
+def _floats(values: list[Any], p: int, n: int, blob: bytearray) -> list[list[Any]]:
+    """Logprobs: each part a run when its values are one value repeated bit for bit (a zero keeps its sign),
+    else an array (<f4 when float32 holds every value exactly)."""
+    try:
+        raw = struct.pack(f"<{n}d", *values)  # twice as fast as array("d", values)
+    except (struct.error, TypeError):
+        return [["json", values]]
+    out = []
+    for start, end in ((0, p), (p, n)) if 0 < p < n else ((0, n),):
+        k = end - start
+        part = raw[8 * start:8 * end]
+        if part == _repeated(part[:8], k):
+            value = struct.unpack_from("<d", part)[0]
+            if math.isfinite(value):
+                out.append(["run", value, k])
+                continue
+        import numpy as np
+
+        data = np.frombuffer(part, dtype="<f8")
+        narrow = data.astype("<f4")
+        at = len(blob)
+        if (narrow == data).all():  # NaN never compares equal: kept as <f8, exactly
+            blob += narrow.tobytes()
+            out.append(["<f4", at, k])
+        else:
+            blob += part
+            out.append(["<f8", at, k])
+    return out
+
+
+#: Recent layouts (``[a] * p + [b] * (n - p)`` lists, and repeated bytes): samples of one prompt, and runs of
+#: one task, share them.
 _LAYOUTS: dict[tuple[Any, ...], Any] = {}
 
 
-def _layout(first: Any, then: Any, prompt_len: int, n: int) -> Any:
-    key = (first, then, prompt_len, n)
+def _layout(first: int, then: int, p: int, n: int) -> list[int]:
+    key = (first, then, p, n)
     layout = _LAYOUTS.get(key)
     if layout is None:
         if len(_LAYOUTS) >= 64:
             _LAYOUTS.clear()
-        layout = _LAYOUTS[key] = [first] * prompt_len + [then] * (n - prompt_len)
+        layout = _LAYOUTS[key] = [first] * p + [then] * (n - p)
     return layout
 
 
@@ -182,162 +170,24 @@ def _repeated(unit: bytes, count: int) -> bytes:
     return data
 
 
-def _float_column(values: list[Any], prompt_len: int, pieces: list[bytes], at: int
-                  ) -> tuple[list[dict[str, Any]], int]:
-    """Logprobs: packed as <f8 once; a part whose bytes are one value repeated (bit for bit: a zero keeps its
-    sign) is a fill, any other part is packed (as <f4 when float32 holds it exactly)."""
-    n = len(values)
-    raw = _pack_floats(values)[0]
-    cuts = [(0, prompt_len), (prompt_len, n)] if 0 < prompt_len < n else [(0, n)]
-    segments: list[dict[str, Any]] = []
-    for start, end in cuts:
-        part = raw if end - start == n else raw[8 * start:8 * end]
-        unit = part[:8]
-        if part == _repeated(unit, end - start):
-            first = values[start]
-            segments.append({"fill": first if type(first) is float else struct.unpack("<d", unit)[0],
-                             "n": end - start})
-            continue
-        data, dtype = _narrow_floats(part)
-        segments.append({"dtype": dtype, "at": at, "n": end - start})
-        pieces.append(data)
-        at += len(data)
-    return segments, at
-
-
-def pack_row(columns: Mapping[str, Sequence[Any]], prompt_len: Any, pieces: list[bytes], at: int
-             ) -> tuple[dict[str, list[dict[str, Any]]], int]:
-    """Segments of the token columns a training sequence has (of :data:`TOKEN_COLUMNS`), appending their
-    bytes to ``pieces`` from blob offset ``at``; the next offset. Raises PackError for values that do not pack."""
-    p = prompt_len if type(prompt_len) is int else 0
-    specs = {}
-    for name in TOKEN_COLUMNS:
-        if name not in columns:
-            continue
-        values = columns[name]
-        if not isinstance(values, (list, tuple)):
-            raise PackError(f"{name} is a {type(values).__name__}, not a list")
-        specs[name], at = _column(values, name, p, pieces, at)
-    return specs, at
-
-
-# -- reading -----------------------------------------------------------------------------------------
-def is_packed(record: Mapping[str, Any]) -> bool:
-    """Whether a ledger record's token columns are in a blob (else they are JSON lists in the line)."""
-    return TOKENS_KEY in record
-
-
-def blob_ref(record: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(offset, length, crc32) of a packed record's blob; BadTokens when the reference is malformed."""
-    ref = record.get(TOKENS_KEY)
-    if (not isinstance(ref, list) or len(ref) != 3 or not all(type(v) is int and v >= 0 for v in ref)):
-        raise BadTokens(f"malformed {TOKENS_KEY!r} reference {ref!r}")
-    return ref[0], ref[1], ref[2]
-
-
-def check_rows(rows: Any, size: int) -> None:
-    """BadTokens unless every segment of every packed column of ``rows`` is well formed and lies in a blob
-    of ``size`` bytes."""
-    if not isinstance(rows, list):
-        raise BadTokens("trajectories must be a list")
-    for row in rows:
-        if not isinstance(row, dict):
-            raise BadTokens(f"a trajectory must be an object, got {type(row).__name__}")
-        for name in TOKEN_COLUMNS:
-            segments = row.get(name)
-            if segments is None:
-                continue
-            if not isinstance(segments, list):
-                raise BadTokens(f"{name}: segments must be a list, got {type(segments).__name__}")
-            for seg in segments:
-                _check(seg, size)
-
-
-def _check(seg: Any, size: int) -> None:
-    if not isinstance(seg, dict) or type(seg.get("n")) is not int or seg["n"] < 0:
-        raise BadTokens(f"malformed segment {seg!r}")
-    if "fill" in seg:
-        if type(seg["fill"]) not in (int, float):
-            raise BadTokens(f"malformed segment {seg!r}")
-        return
-    code = CODES.get(seg.get("dtype"))  # type: ignore[arg-type]
-    at = seg.get("at")
-    if code is None or type(at) is not int or at < 0 or at + seg["n"] * code[1] > size:
-        raise BadTokens(f"segment {seg!r} is malformed or lies outside its blob of {size} bytes")
-
-
-def segment_values(segments: Any, blob: bytes) -> list[Any]:
-    """The values of one column from its segments (BadTokens when they do not fit the blob)."""
+def column_values(segments: list[list[Any]], blob: bytes) -> list[Any]:
+    """A column's values as a list (the values the trajectory maker gave, ints as ints, floats as floats)."""
     out: list[Any] = []
-    if not isinstance(segments, list):
-        raise BadTokens(f"segments must be a list, got {type(segments).__name__}")
     for seg in segments:
-        try:
-            n = seg["n"]
-            if "fill" in seg:
-                out += [seg["fill"]] * n
-                continue
-            code, width = CODES[seg["dtype"]]
-            at = seg["at"]
-            if at < 0 or n < 0 or at + n * width > len(blob):
-                raise BadTokens(f"segment {seg!r} lies outside its blob of {len(blob)} bytes")
-            out += struct.unpack_from(f"<{n}{code}", blob, at)
-        except (KeyError, TypeError, struct.error) as exc:
-            raise BadTokens(f"malformed segment {seg!r} ({exc})") from None
+        kind = seg[0]
+        if kind == "run":
+            out += [seg[1]] * seg[2]
+        elif kind == "json":
+            out += seg[1]
+        else:
+            values = array(CODES[kind])
+            values.frombytes(blob[seg[1]:seg[1] + seg[2] * values.itemsize])
+            if not _LITTLE and values.itemsize > 1:
+                values.byteswap()
+            out += values.tolist()
     return out
 
 
-def unpack_rows(rows: list[Any], blob: bytes) -> list[dict[str, Any]]:
-    """The training sequences of a packed record with their token columns as lists."""
-    out = []
-    for row in rows:
-        if not isinstance(row, dict):
-            raise BadTokens(f"a trajectory must be an object, got {type(row).__name__}")
-        full = dict(row)
-        for name in TOKEN_COLUMNS:
-            if name in full:
-                full[name] = segment_values(full[name], blob)
-        out.append(full)
-    return out
-
-
-class TokenFile:
-    """Reads blobs from one sidecar by position (``os.pread``; never through a link). A missing sidecar
-    reads as empty: every blob it should hold is missing."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._fd: int | None = None
-        self._size = -1
-
-    def _open(self) -> int | None:
-        if self._fd is None and self._size < 0:
-            if os.path.lexists(self.path):
-                self._fd = open_nofollow(self.path, os.O_RDONLY)
-            self._size = 0
-        return self._fd
-
-    def blob(self, record: Mapping[str, Any]) -> bytes:
-        """The checked blob of a packed record; BadTokens when it is missing, short or damaged, or when a
-        segment of the record's rows is malformed or lies outside it (:func:`check_rows`)."""
-        offset, length, crc = blob_ref(record)
-        fd = self._open()
-        raw = os.pread(fd, length, offset) if fd is not None and length else b""
-        if len(raw) != length:
-            raise BadTokens(f"{self.path} ends before the {length} bytes at {offset}")
-        if zlib.crc32(raw) != crc:
-            raise BadTokens(f"the {length} bytes at {offset} of {self.path} are damaged (CRC-32 differs)")
-        check_rows(record.get("trajectories"), len(raw))
-        return raw
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd = None
-        self._size = -1
-
-    def __enter__(self) -> TokenFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def token_count(segments: list[list[Any]]) -> int:
+    """The number of values of an encoded column."""
+    return sum(seg[2] if seg[0] != "json" else len(seg[1]) for seg in segments)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..output.files import atomic_write_text
-from ..output.ledger import ledger_paths
 from ..output.reader import (
     EVAL_FILE,
     METRICS_FILE,
@@ -25,19 +24,20 @@ from ..output.reader import (
     read_train_steps,
     run_kind,
 )
+from ..output.store import store_paths
 from .contents import Report
 from .episodes import DETAIL_BYTES, MAX_EPISODES, Stats, Vocab, choose, episode_detail, scan
 from .page import render
-from .tally import RunTally
 from .tokens import token_texts, tokenizer_for_run
 
 _NO_TOKENIZER = object()
 
 
 def read_report(directory: str | Path, *, tokenizer: Any = _NO_TOKENIZER, registry: Any = None,
-                max_episodes: int = MAX_EPISODES, budget: int = DETAIL_BYTES, tally: RunTally | None = None) -> Report:
+                max_episodes: int = MAX_EPISODES, budget: int = DETAIL_BYTES, stats: Stats | None = None) -> Report:
     """Read what the report shows from ``directory`` (``tokenizer``: the run's, when the caller has it;
-    ``tally``: what the run that just wrote it counted, used when it describes the ledger exactly)."""
+    ``stats``: every episode's head counted already, in order, by the run that wrote the directory as it
+    exported its files; used when it counted as many episodes as the store holds)."""
     root = Path(directory)
     report = Report(directory=root, kind=run_kind(root))
     saved = read_config(root)
@@ -48,8 +48,8 @@ def read_report(directory: str | Path, *, tokenizer: Any = _NO_TOKENIZER, regist
     report.train_summary = read_json(root, TRAIN_SUMMARY)
     report.steps = read_train_steps(root)
     _versions(report, registry)
-    if ledger_paths(root):
-        _read_episodes(report, tokenizer, registry, max_episodes, budget, tally)
+    if store_paths(root):
+        _read_episodes(report, tokenizer, registry, max_episodes, budget, stats)
     return report
 
 
@@ -64,24 +64,9 @@ def _versions(report: Report, registry: Any) -> None:
 
 
 def _read_episodes(report: Report, tokenizer: Any, registry: Any, max_episodes: int, budget: int,
-                   tally: RunTally | None = None) -> None:
-    counted = Stats()  # every head, counted once as the ledgers are indexed, in ledger order
-
-    def count(head: dict[str, Any]) -> None:
-        counted.add(counted.episodes, head)
-
-    taken = tally.take(report.directory) if tally is not None else None
-    if taken is not None:  # counted and indexed as the run went
-        counted, index = taken
-        reader = EpisodeReader(report.directory, index=index)
-    else:
-        reader = EpisodeReader(report.directory, on_head=count)
-    with reader:
-        order = reader.line_order()
-        if order is not None and len(order) == counted.episodes:
-            report.stats = counted.renumbered(order)
-        else:  # an episode with several records: count the ones that stand, in order
-            report.stats = scan(reader.heads())
+                   stats: Stats | None = None) -> None:
+    with EpisodeReader(report.directory) as reader:
+        report.stats = stats if stats is not None and stats.episodes == len(reader) else scan(reader.heads())
         chosen = choose(report.stats.strata, max_episodes, budget)
         vocab = Vocab()
         report.episodes = [episode_detail(reader.record(position), vocab) for position in chosen]
@@ -97,20 +82,19 @@ def _read_episodes(report: Report, tokenizer: Any, registry: Any, max_episodes: 
 
 def build_report(directory: str | Path, *, output: str | Path | None = None, tokenizer: Any = _NO_TOKENIZER,
                  registry: Any = None, max_episodes: int = MAX_EPISODES, budget: int = DETAIL_BYTES,
-                 private: bool | None = None, tally: RunTally | None = None) -> Path:
+                 private: bool | None = None, stats: Stats | None = None) -> Path:
     """Write ``report.html`` (or ``output``) for the run in ``directory``; returns its path.
 
     ``tokenizer``: the engine's tokenizer when the caller has it (the end of a run); otherwise one is found
     from the saved config (see :mod:`.tokens`). ``private``: the file's mode (default: the run's
-    ``output.private``, else true). ``tally``: what the run that wrote ``directory`` counted as it went
-    (see :mod:`.tally`).
+    ``output.private``, else true). ``stats``: see :func:`read_report`.
     """
     if registry is None:
         from ..plugins import get_registry
 
         registry = get_registry()
     report = read_report(directory, tokenizer=tokenizer, registry=registry, max_episodes=max_episodes,
-                         budget=budget, tally=tally)
+                         budget=budget, stats=stats)
     html = render(report)
     target = Path(output) if output is not None else report.directory / REPORT_FILE
     if private is None:
@@ -120,13 +104,13 @@ def build_report(directory: str | Path, *, output: str | Path | None = None, tok
 
 
 def report_at_end(directory: str | Path, *, tokenizer: Any = _NO_TOKENIZER, registry: Any = None,
-                  tally: RunTally | None = None) -> Path | None:
+                  stats: Stats | None = None) -> Path | None:
     """The report at the end of ``scaffold run``/``eval``/``train``: its path, or None with a warning when it
-    could not be written (the run's own files are complete either way). ``tally``: see :func:`build_report`."""
+    could not be written (the run's own files are complete either way). ``stats``: see :func:`read_report`."""
     import sys
 
     try:
-        path = build_report(directory, tokenizer=tokenizer, registry=registry, tally=tally)
+        path = build_report(directory, tokenizer=tokenizer, registry=registry, stats=stats)
     except Exception as exc:
         print(f"scaffold: WARNING: the report could not be written ({type(exc).__name__}: {exc}); write it later "
               f"with: scaffold report {directory}", file=sys.stderr)

@@ -13,7 +13,6 @@ loss mask and versions as runs.
 from __future__ import annotations
 
 import math
-import operator
 import random
 from array import array
 from collections import Counter
@@ -68,15 +67,6 @@ class Strata:
     def __eq__(self, other: object) -> bool:
         return list(self) == list(other) if isinstance(other, (Strata, list)) else NotImplemented
 
-    def renumbered(self, order: list[int]) -> Strata:
-        """The same strata with positions ``0..n-1``, the episode at position ``i`` being the one this held at
-        position ``order[i]``."""
-        out = Strata()
-        out.positions = array("q", range(len(order)))
-        out.kinds = array("b", map(self.kinds.__getitem__, order))
-        out.sizes = array("q", map(self.sizes.__getitem__, order))
-        return out
-
 
 @dataclass
 class Stats:
@@ -129,14 +119,6 @@ class Stats:
             self.solved[(correct, scored)] += 1
         kind = "unscored" if not scored else "none" if not correct else "all" if correct == scored else "some"
         self.strata.add(position, kind, size)
-
-    def renumbered(self, order: list[int]) -> Stats:
-        """These statistics, counted with every episode's position its place in another order: ``order``
-        gives, position by position, the position it was counted at (a permutation of them all)."""
-        if len(order) == len(self.strata) and all(map(operator.eq, order, range(len(order)))):
-            return self  # the same order (checked in C)
-        self.strata = self.strata.renumbered(order)
-        return self
 
 
 def scan(heads: Any) -> Stats:
@@ -222,7 +204,7 @@ def _runs(values: list[int]) -> list[int]:
 
 
 def episode_detail(record: dict[str, Any], vocab: Vocab) -> dict[str, Any]:
-    """One whole ledger record in the page's compact form (see the module's docstring)."""
+    """One whole episode record in the page's compact form (see the module's docstring)."""
     out: dict[str, Any] = {"id": record.get("episode_id"), "i": record.get("index"), "st": record.get("status"),
                            "p": record.get("prompt") or "", "ref": record.get("answer"),
                            "fa": record.get("final_answer"), "ar": record.get("answer_reward"),

@@ -348,7 +348,7 @@ def _is_number(value: Any) -> bool:
 def trajectories_section(report: Report) -> str:
     stats = report.stats
     if stats is None:
-        note = ("This run directory has no episode ledger (a training run keeps its rollouts in the trainer); "
+        note = ("This run directory has no episode store (a training run keeps its rollouts in the trainer); "
                 "there are no trajectories to browse.") if report.kind == "train" else "No episodes were recorded."
         return f'<section id="trajectories"><h2>Trajectories</h2><p class="note">{note}</p></section>'
     shown = len(report.episodes)

@@ -4,6 +4,6 @@
 ``rollout`` (one process's share of a run: components, rows, output),
 ``metrics`` (run metrics), ``verifier_pool`` / ``verifier_processes``
 (verifiers off the event loop, bounded), ``finalize`` (derived files and
-metrics from the ledgers), ``summary`` (what the user is told, exit codes)
+metrics from the store), ``summary`` (what the user is told, exit codes)
 and ``score`` (``scaffold score``). Import from the submodules.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -18,8 +19,7 @@ from ..distributed.ports import rank_slice
 from ..engine import RunInfo
 from ..episode import EpisodeContext, EpisodeResult
 from ..errors import DataError, RunDirError
-from ..output import LEDGER, RunOutput, expand_output_dir
-from ..output.follower import spare_cores
+from ..output import STORE, RunOutput, expand_output_dir
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
 from ..task import episode_context, episode_id_of
@@ -32,11 +32,6 @@ from .verifier_pool import VerifierPool
 log = logging.getLogger("scaffold.rollout")
 
 
-#: Episodes a session runs from which a follower writes its derived files: the child takes 0.2-0.3 s to
-#: start (a fresh interpreter), about what writing the files of 5,000 episodes in the run's process costs.
-FOLLOW_MIN_EPISODES = 5_000
-
-
 def shard(index: int, rank: int, world_size: int) -> bool:
     return index % world_size == rank
 
@@ -46,10 +41,10 @@ class Rollout:
 
     def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
                  dist: DistEnv | None = None, progress: bool | None = None, registry: Any = None,
-                 plugins: Any = None, ledger_name: str = LEDGER, finalize: bool = True, prepared: bool = False,
+                 plugins: Any = None, store_name: str = STORE, finalize: bool = True, prepared: bool = False,
                  force_config: bool = False):
         """``dist``: this process's place among the run's workers (one process when omitted).
-        ``prepared``: a launcher already prepared the output directory; only the own ledger is opened.
+        ``prepared``: a launcher already prepared the output directory; only the own store is opened.
         Otherwise this rollout holds the directory's lock from here until :meth:`run` returns (or
         :meth:`release`), and a ``resume`` with a config other than the saved one is refused unless
         ``force_config``."""
@@ -61,7 +56,7 @@ class Rollout:
         # Both of these validate before any model loads.
         self.components = Components.from_config(config, self.registry)
         self.limits = Limits.from_config(config)
-        self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, ledger_name=ledger_name,
+        self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, store_name=store_name,
                                 prepared=prepared, config=config, force_config=force_config)
         self.progress = config.rollout.progress if progress is None else progress
         self.finalize_outputs = finalize
@@ -69,10 +64,8 @@ class Rollout:
         self.hooks = Hooks(self.plugins.pm)
         self.interrupted: str | None = None
         self.runtime: Runtime | None = None
-        self._write_error: BaseException | None = None  # a deferred ledger write that failed (see _result_sink)
-        self._drain: Callable[[], None] = lambda: None  # appends the episodes finished but not yet written
-        #: The folder of the derived files this session wrote as it ran (see scaffold_core.output.live).
-        self.part: Path | None = None
+        self._write_error: BaseException | None = None  # a deferred store write that failed (see _result_sink)
+        self._drain: Callable[[], None] = lambda: None  # records the episodes finished but not yet written
 
     @property
     def rank(self) -> int:
@@ -134,9 +127,6 @@ class Rollout:
                 try:
                     self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
                     self.output.open()
-                    if not done:  # a fresh session: its derived files are written as its episodes finish
-                        self.output.start_live(cfg.output.save_dataset, first=self.rank, step=self.world_size,
-                                               follow=self._follow(todo))
                     on_result = self._result_sink(bar)
                     with _signals(self):
                         await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
@@ -150,14 +140,6 @@ class Rollout:
         finally:
             self.output.close()  # a run that stopped before its components started
         return self._summary()
-
-    def _follow(self, todo: int) -> bool:
-        """Whether a process of its own writes the derived files as the run goes (:mod:`.output.follower`):
-        when the run writes its dataset (the bulk of that work; without it, reading the ledger back costs
-        the child about what it takes off the run), has :data:`FOLLOW_MIN_EPISODES` to run, and each
-        process of the run on this host has a second core."""
-        return (bool(self.config.output.save_dataset) and todo >= FOLLOW_MIN_EPISODES
-                and spare_cores(self.dist.local_world_size))
 
     def _run_info(self) -> RunInfo:
         """Where the engine runs: output dir, rank and this worker's port slice."""
@@ -173,11 +155,10 @@ class Rollout:
                        engine_name=bare_name(self.config.engine.name), limits=self.limits)
 
     def _result_sink(self, bar: Any) -> Callable[[EpisodeResult], None]:
-        """Count each finished episode and move the progress bar; persist it at the end of the event loop's step.
+        """Count each finished episode and move the progress bar; record it at the end of the event loop's step.
 
-        The episodes that finish in one step of the event loop are appended together at its end, then
-        written with one ``write`` per file instead of one per episode (measured, a tenth of the cost of
-        persisting an episode): the first schedules the flush, which runs once the step's callbacks have.
+        The episodes that finish in one step of the event loop are recorded together at its end, in one
+        transaction of the store: the first schedules the flush, which runs once the step's callbacks have.
         A flush that fails stops the run, and the error is raised when the runtime returns; the run's end
         (or its stop) flushes what is left (:attr:`_drain`)."""
         last = [0.0]
@@ -219,12 +200,12 @@ class Rollout:
 
     def _raise_write_error(self) -> None:
         exc = self._write_error
-        if not isinstance(exc, OSError):
+        if not isinstance(exc, (OSError, sqlite3.Error)):
             raise exc  # type: ignore[misc]  # an interrupt, or a bug: as it is
-        raise RunDirError(f"writing the ledger {self.output.ledger_path} failed ({type(exc).__name__}: {exc}): the "
-                          "run stopped, and the episodes that write held are not in it. Fix its cause (a full "
-                          "disk, a file system gone), then --resume the run: they run again",
-                          path=str(self.output.ledger_path)) from exc
+        raise RunDirError(f"writing the episode store {self.output.store_path} failed ({type(exc).__name__}: "
+                          f"{exc}): the run stopped, and the episodes that write held are not in it. Fix its cause "
+                          "(a full disk, a file system gone), then --resume the run: they run again",
+                          path=str(self.output.store_path)) from exc
 
     def _pre_failed(self, items: Iterator[Any], on_result: Any) -> Iterator[EpisodeContext]:
         """Report episodes that failed before running (bad prompt) and pass the rest on."""
@@ -250,24 +231,25 @@ class Rollout:
             summary["interrupted"] = self.interrupted
         return summary
 
-    def finalize(self, live: dict[str, Any], ledgers: list[Path] | None = None) -> dict[str, Any]:
-        """Put samples, failures, dataset and metrics in place (from this session's part, or the ledger(s));
-        returns metrics."""
+    def finalize(self, live: dict[str, Any], on_head: Callable[[dict[str, Any]], None] | None = None
+                 ) -> dict[str, Any]:
+        """Export samples, failures, the dataset and metrics from the store; returns metrics (``on_head``: see
+        :func:`~.finalize.finalize_run_dir`)."""
         return finalize_run_dir(self.dir, live, hooks=self.hooks, save_dataset=self.config.output.save_dataset,
-                                ledgers=ledgers, skipped_rows=self.metrics.skipped_rows,
-                                private=self.config.output.private, parts=[self.part] if self.part else None)
+                                save_parquet=self.config.output.save_parquet,
+                                skipped_rows=self.metrics.skipped_rows, private=self.config.output.private,
+                                sessions=self.metrics, on_head=on_head)
 
-    def run(self) -> dict[str, Any]:
+    def run(self, on_head: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Run every episode, then (unless a launcher finalizes) export the run's files; returns metrics (a
+        worker's: its live metrics, with its totals under ``totals``)."""
         try:
             live = asyncio.run(self.run_async())
-            self.part = self.output.finish_live(self.metrics.state())
             if not self.finalize_outputs:
-                if self.part is not None:
-                    live["part"] = str(self.part)
+                live["totals"] = self.metrics.state()
                 return live
-            return self.finalize(live)
+            return self.finalize(live, on_head)
         finally:
-            self.output.drop_live()
             self.release()
 
     def release(self) -> None:

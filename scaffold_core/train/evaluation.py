@@ -12,7 +12,7 @@ calls :func:`evaluate` between steps. It reports, with the step's metrics:
 
 Group ids name the step (``eval<step>/<row id>``), so the seeds of an
 evaluation are the same in every run; its episodes do not count in the
-rollouts' statistics and are not written to the ledger.
+rollouts' statistics and are not written to the store.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Files in the run directory: ``config.yaml`` (the resolved config),
 ``train_metrics.jsonl`` (one line per optimizer step, appended as steps
 finish: what the run computed), ``train_timings.jsonl`` (the same steps'
 clock readings), ``train_summary.json`` (what the trainer returned, at the
-end), the rollouts of every step (``episodes.jsonl``, and at the end
+end), the rollouts of every step (the store ``episodes.db``, and at the end
 ``samples.jsonl``, ``failures.jsonl``, ``trajectories/`` and ``metrics.json``,
 as ``scaffold run`` writes them: :mod:`scaffold_core.train.step_ledger`), and
 whatever the trainer writes (its checkpoints).
@@ -33,7 +33,7 @@ from ..output.saved_config import CONFIG_FILE, check_resume_config, record_force
 from ..trainer import STEP_METRICS, TrainJob, TrainStep, is_timing
 from .step_ledger import StepLedger
 
-#: The files ``scaffold train`` itself writes (a fresh run removes them; the ledger's are the run output's).
+#: The files ``scaffold train`` itself writes (a fresh run removes them; the store's are the run output's).
 TRAIN_FILES = (METRICS_FILE, TIMINGS_FILE, SUMMARY_FILE)
 
 
@@ -194,8 +194,9 @@ def _train(trainer: Any, config: Any, output_dir: Path, ledger: StepLedger, regi
     finally:
         reporter.close()
     summary.setdefault("steps", len(reporter.steps))
-    if ledger.steps_written or any(p.stat().st_size for p in ledger.ledger_files()):
-        metrics = ledger.finish(save_dataset=bool(getattr(config.output, "save_dataset", True)))
+    if ledger.steps_written or ledger.episodes():
+        metrics = ledger.finish(save_dataset=bool(getattr(config.output, "save_dataset", True)),
+                                save_parquet=bool(getattr(config.output, "save_parquet", False)))
         summary["rollouts_on_disk"] = {k: metrics.get(k) for k in ("episodes", "samples", "failed")}
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return summary

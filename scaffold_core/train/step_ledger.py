@@ -1,10 +1,11 @@
-"""A training run's rollouts on disk, step by step, in the ledger and dataset form of ``scaffold run``.
+"""A training run's rollouts on disk, step by step, in the store and dataset form of ``scaffold run``.
 
 ``scaffold train`` gives every trainer a :class:`StepLedger` (``job.ledger``).
 After each step the trainer calls :meth:`StepLedger.write_step`: every
-episode of the step, completed or failed, goes to ``episodes.jsonl`` with one
-append, written by :class:`~scaffold_core.output.rundir.RunOutput` as
-``scaffold run`` writes it (so nothing of a step stays in memory after it).
+episode of the step, completed or failed, goes to the run's store
+(``episodes.db``) in one transaction, written by
+:class:`~scaffold_core.output.rundir.RunOutput` as ``scaffold run`` writes it
+(so nothing of a step stays in memory after it).
 Each training sequence is a :class:`TrainedSample`: the usual fields (prompt
 and completion ids, loss mask, behaviour logprobs, per-token versions,
 reward, the advantage the trainer used) plus the ``step``, the
@@ -15,15 +16,15 @@ from a group), and the prompt and completion text. At the end
 ``trajectories/`` (a ``datasets`` dataset with those columns) and
 ``metrics.json`` exactly as ``scaffold run`` does.
 
-Resuming: :meth:`StepLedger.state` is what a checkpoint keeps (the size of
-each ledger file); :meth:`StepLedger.rewind` cuts the ledger back to it, so
-the steps after the checkpoint, run again, are recorded once.
+Resuming: :meth:`StepLedger.state` is what a checkpoint keeps (how many
+episodes the store holds); :meth:`StepLedger.rewind` deletes the episodes
+recorded after it, so the steps after the checkpoint, run again, are recorded
+once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +32,12 @@ from typing import Any
 
 from ..episode import EpisodeResult
 from ..errors import RunDirError
-from ..output.files import open_nofollow
-from ..output.ledger import LEDGER
 from ..output.rundir import RunOutput
+from ..output.store import EpisodeStore
 from ..trajectory import TrainingSample
 from .filtering import StepGroups
 from .prompt_groups import RolloutGroup
 
-#: Files of the ledger: ``episodes.jsonl`` and any file beside it whose name starts the same way.
-LEDGER_PREFIX = LEDGER.split(".", 1)[0] + "."
 _BASE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSample))
 
 
@@ -55,10 +53,10 @@ class TrainedSample(TrainingSample):
 
 
 class StepLedger:
-    """The rollouts of every step of a training run, appended to the run directory's ledger.
+    """The rollouts of every step of a training run, recorded in the run directory's store.
 
     Owns the directory's :class:`RunOutput` (its lock is held until :meth:`close`): ``resume`` continues
-    the ledger there, ``overwrite`` replaces an earlier run's files.
+    the store there, ``overwrite`` replaces an earlier run's files.
     """
 
     def __init__(self, directory: str | Path, *, resume: bool = False, overwrite: bool = False,
@@ -99,43 +97,51 @@ class StepLedger:
         return written
 
     # -- resuming ---------------------------------------------------------------------------------
-    def ledger_files(self) -> list[Path]:
-        """The ledger and the files kept beside it (``episodes.*``), plain files only."""
-        return sorted(p for p in self.dir.glob(LEDGER_PREFIX + "*") if p.is_file() and not p.is_symlink())
+    def _store(self) -> EpisodeStore:
+        self.output.flush()
+        self.output.open()
+        assert self.output.store is not None
+        return self.output.store
+
+    def episodes(self) -> int:
+        """How many episodes the store holds (0 when there is none yet)."""
+        if self.output.store is None and not self.output.store_path.exists():
+            return 0
+        return self._store().count()
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps to rewind the ledger to this point: the size of each ledger file."""
-        return {"ledger_bytes": {p.name: os.lstat(p).st_size for p in self.ledger_files()}}
+        """What a checkpoint keeps to rewind the store to this point: its last episode row."""
+        if self.episodes() == 0:
+            return {"store_rows": 0}
+        last = self._store().db.execute("SELECT max(seq) FROM episodes").fetchone()[0]
+        return {"store_rows": int(last or 0)}
 
     def rewind(self, state: dict[str, Any] | None) -> None:
-        """Cut the ledger back to ``state`` (from :meth:`state`; ``None``: to empty), before anything new is
-        written. A file shorter than recorded means the ledger is not the one the checkpoint saw: refused."""
-        sizes = dict((state or {}).get("ledger_bytes") or {})
-        self.output.close()
-        for path in self.ledger_files():
-            keep = int(sizes.get(path.name, 0))
-            size = os.lstat(path).st_size
-            if size < keep:
-                raise RunDirError(f"{path}: {size} bytes, shorter than the {keep} the checkpoint recorded; the "
-                                  "ledger is not the one this run wrote: resume from an earlier checkpoint, or "
-                                  "start again with --overwrite", path=str(path))
-            if size > keep:
-                fd = open_nofollow(path, os.O_WRONLY)
-                try:
-                    os.ftruncate(fd, keep)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+        """Delete the episodes recorded after ``state`` (from :meth:`state`; ``None``: every episode), before
+        anything new is written. A store that holds less than the checkpoint recorded is not the one it saw:
+        refused."""
+        keep = int((state or {}).get("store_rows") or 0)
+        if keep == 0 and self.episodes() == 0:
+            return
+        store = self._store()
+        last = int(store.db.execute("SELECT coalesce(max(seq), 0) FROM episodes").fetchone()[0])
+        if last < keep:
+            raise RunDirError(f"{store.path}: its last episode is row {last}, before the row {keep} the checkpoint "
+                              "recorded; the store is not the one this run wrote: resume from an earlier "
+                              "checkpoint, or start again with --overwrite", path=str(store.path))
+        if last > keep:
+            store.db.execute("DELETE FROM episodes WHERE seq > ?", (keep,))
 
     # -- the end ------------------------------------------------------------------------------------
-    def finish(self, *, save_dataset: bool = True) -> dict[str, Any]:
-        """Close the ledger and derive samples, failures, the trajectories dataset and ``metrics.json``
-        from it (as at the end of ``scaffold run``); returns those metrics."""
+    def finish(self, *, save_dataset: bool = True, save_parquet: bool = False) -> dict[str, Any]:
+        """Close the store and export samples, failures, the trajectories dataset and ``metrics.json`` from
+        it (as at the end of ``scaffold run``); returns those metrics."""
         from ..plugins.lifecycle import Hooks
         from ..run.finalize import finalize_run_dir
 
         self.output.close()
-        return finalize_run_dir(self.dir, {}, hooks=Hooks(None), save_dataset=save_dataset, private=self.private)
+        return finalize_run_dir(self.dir, {}, hooks=Hooks(None), save_dataset=save_dataset,
+                                save_parquet=save_parquet, private=self.private)
 
     def close(self) -> None:
         """Close the ledger and release the directory's lock (safe twice)."""

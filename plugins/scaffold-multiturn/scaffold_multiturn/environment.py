@@ -111,7 +111,7 @@ def check_step(step: Any, name: str) -> EnvStep:
     except (TypeError, ValueError) as exc:
         raise EnvironmentFailure(
             f"environment {name!r} returned info that is not JSON-serialisable ({exc}); it is written to "
-            "episodes.jsonl: keep numbers, strings, lists and dicts there") from None
+            "the run's store as JSON: keep numbers, strings, lists and dicts there") from None
     if step.done:
         return step
     if not step.messages:

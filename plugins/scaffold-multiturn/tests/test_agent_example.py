@@ -10,7 +10,7 @@ import pytest
 from agent_helpers import RecordingTokenizerEngine, check_token_by_token
 
 from scaffold_core.config import load_config
-from scaffold_core.output import read_ledger
+from scaffold_core.output import read_records
 from scaffold_core.plugins import get_plugins
 from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import make_contexts, run_episodes
@@ -49,7 +49,7 @@ def test_example_is_small_offline_and_uses_the_calculator(plugins):
 
 
 def ledger(out: Path) -> list[dict]:
-    return list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
+    return list(read_records(out))  # token arrays as lists, from the run's store
 
 
 def test_example_shape_on_the_canned_engine(plugins, tmp_path):

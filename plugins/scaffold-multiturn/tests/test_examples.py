@@ -10,7 +10,7 @@ import pytest
 
 from scaffold_core.config import load_config
 from scaffold_core.engines.canned import CannedBenchmarkEngine
-from scaffold_core.output import read_ledger
+from scaffold_core.output import read_records
 from scaffold_core.plugins import get_plugins
 from scaffold_core.run.rollout import Rollout
 
@@ -37,7 +37,7 @@ def test_example_is_small_offline_multiturn_and_embedded(plugins):
 
 
 def ledger(out: Path) -> list[dict]:
-    return list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
+    return list(read_records(out))  # token arrays as lists, from the run's store
 
 
 def test_example_shape_on_the_canned_engine(plugins, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scaffold_core.config import load_config
-from scaffold_core.output import read_ledger
+from scaffold_core.output import read_records
 from scaffold_core.plugins import get_plugins
 from scaffold_core.run.rollout import Rollout
 
@@ -81,7 +81,7 @@ def test_multiturn_example_on_the_sglang_engine_with_the_byte_tokenizer(tmp_path
     metrics = Rollout(config, output_dir=tmp_path / "run", plugins=plugins).run()
     assert (metrics["completed"], metrics["failed"]) == (4, 0)
     assert metrics["turns"] == 3.0  # random bytes are never the right answer
-    episodes = list(read_ledger(tmp_path / "run" / "episodes.jsonl"))
+    episodes = list(read_records(tmp_path / "run"))
     assert assert_turns_are_what_the_server_served(episodes, lines(record)) == 12
     assert metrics["drift_template"] == 0.0
 
@@ -101,7 +101,7 @@ def test_scaffold_run_multiturn_example_against_the_test_server_with_smollm2s_to
          "--set", f"engine.url={srv.url}", "--set", "task.limit=2", "--set", "sampling.max_tokens=16",
          "-o", str(out), "--no-progress"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    episodes = list(read_ledger(out / "episodes.jsonl"))
+    episodes = list(read_records(out))
     assert len(episodes) == 2
     assert assert_turns_are_what_the_server_served(episodes, lines(record)) == 6
     for episode in episodes:

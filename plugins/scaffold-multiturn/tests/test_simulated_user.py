@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
@@ -13,6 +12,7 @@ from mt_helpers import controller, registry, run
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
+from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
 
@@ -118,7 +118,7 @@ rollout: {progress: false}
     assert metrics["completed"] == 4 and metrics["turns"] == 3.0 and metrics["drift"] == 0.0
     (user,) = [e for e in UserEngines.built if e.requests]
     assert user.started and user.closed and len(user.requests) == 4 * 2  # not asked after the last turn
-    episode = json.loads((tmp_path / "run" / "episodes.jsonl").read_text().splitlines()[0])
+    episode = next(read_records(tmp_path / "run"))
     assert episode["samples"][0]["metadata"]["environment"] == "simulated_user"
     bad = yaml.safe_load(text)
     bad["controller"]["environment"]["engine"] = {"name": "scripted_usr"}

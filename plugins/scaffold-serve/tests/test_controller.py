@@ -3,7 +3,6 @@ becomes episodes, trajectories, datasets and metrics like any controller's."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -15,6 +14,7 @@ import scaffold_serve
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
+from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
 from scaffold_core.testing import plugin_set
 
@@ -40,7 +40,7 @@ def run(pset, tmp_path, controller, **sections):
     }, registry=pset.registry)
     out = tmp_path / "run"
     metrics = Rollout(config, output_dir=out, plugins=pset, progress=False).run()
-    episodes = {e["episode_id"]: e for e in map(json.loads, (out / "episodes.jsonl").read_text().splitlines())}
+    episodes = {e["episode_id"]: e for e in read_records(out)}
     return metrics, episodes, out
 
 

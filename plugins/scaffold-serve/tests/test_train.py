@@ -16,7 +16,7 @@ import scaffold_serve  # noqa: E402
 from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.engines.model_loading import bundled_smollm2_gguf  # noqa: E402
-from scaffold_core.output import read_ledger  # noqa: E402
+from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.testing import plugin_set  # noqa: E402
 from scaffold_core.train.step_ledger import StepLedger  # noqa: E402
 from scaffold_core.trainer import TrainJob  # noqa: E402
@@ -65,7 +65,7 @@ def test_two_grpo_steps_on_an_openai_agent(tmp_path):
     assert summary["steps"] == 2 and [s.step for s in reported] == [1, 2]
     assert all(math.isfinite(s.metrics["loss"]) for s in reported)
     # every step's rollouts are in the run's ledger: step 1 sampled with version 0, step 2 with version 1
-    rows = [t for record in read_ledger(tmp_path / "run" / "episodes.jsonl") for t in record["trajectories"]]
+    rows = [t for record in read_records(tmp_path / "run") for t in record["trajectories"]]
     for record, version in zip(history, (0, 1)):
         assert record.version == version and record.metrics["completions"] == 4
         step = [r for r in rows if r["step"] == record.step and r["used"]]

@@ -12,7 +12,7 @@ import pytest
 from sglang_testkit import SERVER_COMMAND, ts
 
 import scaffold_sglang
-from scaffold_core.output import read_ledger
+from scaffold_core.output import read_records
 from scaffold_core.testing.remote_server import assert_token_faithful, records, run_rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-sglang.yaml"
@@ -23,7 +23,7 @@ def rollout(out: Path, engine: dict, n: int, **options) -> dict:
 
 
 def ledger(out: Path) -> list[dict]:
-    return list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
+    return list(read_records(out))  # token arrays as lists, from the run's store
 
 
 def test_rollout_trajectories_hold_the_servers_tokens_and_logprobs(tmp_path, server_subprocess):

@@ -85,7 +85,7 @@ def check_step(env_id: str, out: Any) -> Step:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` if JSON can hold it, else its ``repr`` (metadata is written to episodes.jsonl)."""
+    """``value`` if JSON can hold it, else its ``repr`` (metadata is written to the run's store as JSON)."""
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):

@@ -15,7 +15,7 @@ from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.engines.model_loading import bundled_smollm2_gguf  # noqa: E402
 from scaffold_core.generation import GenerationRequest  # noqa: E402
-from scaffold_core.output import read_ledger  # noqa: E402
+from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.sampling import SamplingParams  # noqa: E402
 from scaffold_core.testing import plugin_set  # noqa: E402
 from scaffold_core.train.step_ledger import StepLedger  # noqa: E402
@@ -114,7 +114,7 @@ def test_two_grpo_steps_train_on_rollouts_of_the_live_weights(tmp_path):
     # versions: step 1 sampled with version 0, step 2 with version 1, on every generated token (read from the
     # rollouts the run wrote to its ledger, with the advantages TRL trained on)
     ledger.close()
-    rows = [t for record in read_ledger(tmp_path / "run" / "episodes.jsonl") for t in record["trajectories"]]
+    rows = [t for record in read_records(tmp_path / "run") for t in record["trajectories"]]
     for record, version in zip(history, (0, 1)):
         assert record.version == version and record.metrics["completions"] == 8
         step = [r for r in rows if r["step"] == record.step]

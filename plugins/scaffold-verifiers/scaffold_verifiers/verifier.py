@@ -5,7 +5,7 @@ The verifier rebuilds the task, records the prompt and the response as the libra
 and runs the task's ``score``: every ``@vf.reward`` function (weighted; async ones awaited) and
 ``@vf.metric`` function, plugged functions included, exactly as the library's offline scoring does. The
 reward is the library's weighted sum (``trace.reward``); each function's value is kept in the verdict's
-metrics (``reward/<name>``, ``metric/<name>``), so it lands with the sample in episodes.jsonl and,
+metrics (``reward/<name>``, ``metric/<name>``), so it lands with the sample in the run's store (episodes.db) and,
 averaged, in metrics.json. A scoring error fails the episode; a reward function that gave no value is an
 error too, never a zero.
 """

@@ -23,6 +23,7 @@ from scaffold_verifiers.task import VerifiersTask  # noqa: E402
 
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.errors import ConfigError  # noqa: E402
+from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.plugins import get_plugins  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
 from scaffold_core.sampling import SamplingParams  # noqa: E402
@@ -134,7 +135,7 @@ def test_a_run_keeps_each_reward_functions_value_with_the_sample_and_in_metrics(
     metrics = Rollout(config, output_dir=tmp_path / "run", plugins=plugins).run()
     assert (metrics["completed"], metrics["failed"]) == (3, 0)
     assert metrics["reward/correct"] == pytest.approx(1 / 3) and metrics["reward/formatted"] == 1.0
-    episodes = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    episodes = list(read_records(tmp_path / "run"))
     first = next(e for e in episodes if e["episode_id"] == "sum-1")["samples"][0]
     assert first["reward"] == 1.25 and first["verdict_metrics"] == {"reward/correct": 1.0, "reward/formatted": 1.0,
                                                                      "metric/reply_chars": 6.0}

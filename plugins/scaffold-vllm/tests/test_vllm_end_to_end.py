@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import scaffold_vllm
 
-from scaffold_core.output import read_ledger
+from scaffold_core.output import read_records
 from scaffold_core.testing.remote_server import assert_token_faithful, records, run_rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-vllm.yaml"
@@ -25,7 +25,7 @@ def rollout(out: Path, engine: dict, n: int, **options) -> dict:
 
 
 def ledger(out: Path) -> list[dict]:
-    return list(read_ledger(out / "episodes.jsonl"))  # token arrays as lists, from the ledger's sidecar
+    return list(read_records(out))  # token arrays as lists, from the run's store
 
 
 BYTES = ("--vocab-size", "262", "--tokenizer", "builtin:byte")

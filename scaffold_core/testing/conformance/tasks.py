@@ -122,7 +122,7 @@ class TaskConformance(ComponentConformance):
                 json.loads(json.dumps(ref, allow_nan=False))
             except (TypeError, ValueError) as exc:
                 pytest.fail(f"reference(row) returned {ref!r}, which is not a JSON value ({exc}): references are "
-                            "written to episodes.jsonl and passed to verifiers as JSON", pytrace=False)
+                            "written to the run's store and passed to verifiers as JSON", pytrace=False)
         assert any(r is not None for r in refs), "no row has a reference answer"
 
     def test_gold_answer_passes_the_verifier(self) -> None:

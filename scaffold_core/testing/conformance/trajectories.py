@@ -168,7 +168,7 @@ class TrajectoryMakerConformance(ComponentConformance):
         self.assert_class_state_unchanged(maker, lambda: [maker.make(e) for e in self.make_episodes()], "make()")
 
     def test_json_serialisable(self) -> None:
-        """Training samples serialise to JSON (they are written to ``episodes.jsonl``)."""
+        """Training samples serialise to JSON (they are written to the run's store as JSON)."""
         for _, made in self.trajectories():
             for item in made:
                 json.dumps(item.to_dict())
