@@ -27,7 +27,9 @@ teacher-forced pass of the model (the engine's tests check |Δ| ≤ 1e-3).
 
 Architectures other than those named in :data:`LEAN_MODEL_TYPES` (or with
 features this module does not implement) use transformers' forward
-(``generic_batch.py``); :func:`lean_unsupported` says why.
+(``generic_batch.py``); :func:`lean_unsupported` says why. So does a batch
+that starts while forward hooks are registered on the model (a trainer's or a
+profiler's instrumentation expects its forward to run).
 """
 
 from __future__ import annotations
@@ -62,6 +64,14 @@ def lean_unsupported(model: Any) -> str | None:
     if getattr(model, "lm_head", None) is None:
         return "the model has no lm_head"
     return None
+
+
+def has_hooks(torch: Any, model: Any) -> bool:
+    """Whether forward hooks are registered on ``model``'s modules (or globally): its forward must then run."""
+    hooks = torch.nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 @dataclass

@@ -47,15 +47,16 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine import Engine
 from ..errors import EngineError
 from ..generation import GenerationRequest, GenerationResult
 from ..tokenizers import eos_token_ids
+from .decode_rows import DecodeRow, new_row, record_top, result_of, take_token
 from .generic_batch import GenericBatch
-from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, lean_unsupported, prefill_order
+from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
 from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
 from .prefix_store import PrefixStore
 from .sampler import sample, top_logprobs
@@ -66,23 +67,6 @@ class _Pending:
     request: GenerationRequest
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-
-
-@dataclass(eq=False)
-class _Row:
-    """Decode state of one request inside a batch."""
-
-    pending: _Pending
-    max_new: int
-    stop_ids: set[int]
-    stop_strings: tuple[str, ...]
-    generator: Any
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # the weight version that sampled each output id
-    top: list[dict[int, float]] | None = None  # per output position, when the request asked for top logprobs
-    finish: str | None = None
-    stop_at: int | None = None  # character offset where a stop string begins
 
 
 def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
@@ -366,20 +350,9 @@ class TransformersEngine(Engine):
                     pending.future.set_result(outcome)
 
     # -- the decode loop (worker thread) ------------------------------------
-    def _make_row(self, pending: _Pending) -> _Row:
-        torch = self._torch
-        req = pending.request
-        sp = req.sampling
-        max_new = sp.max_tokens
-        if self.context_length:
-            max_new = max(1, min(max_new, self.context_length - len(req.prompt_ids)))
-        gen = None
-        if not sp.greedy:
-            gen = torch.Generator(device="cpu")
-            seed = req.seed if req.seed is not None else (sp.seed if sp.seed is not None else torch.seed())
-            gen.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
-        return _Row(pending, max_new, self.eos_ids | set(sp.stop_token_ids), tuple(s for s in sp.stop if s), gen,
-                    top=[] if sp.top_logprobs > 0 else None)
+    def _make_row(self, pending: _Pending) -> DecodeRow:
+        return new_row(self._torch, pending.request, pending.future, eos_ids=self.eos_ids,
+                       context_length=self.context_length)
 
     def _run_batch(self, batch: list[_Pending]) -> list[Any]:
         torch = self._torch
@@ -389,32 +362,23 @@ class TransformersEngine(Engine):
         rows = [self._make_row(p) for p in batch]
         with torch.inference_mode(), self._eval_mode():
             self._decode(rows)
-        out: list[Any] = []
-        for row in rows:
-            if row.finish is None:
-                out.append(EngineError("engine closed while the request was running"))
-                continue
-            text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
-            if row.stop_at is not None:
-                text = text[: row.stop_at]
-            out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, row.versions[0],
-                                        versions=row.versions, top_logprobs=row.top))
-        return out
+        return [result_of(row, self.tokenizer) if row.finish is not None
+                else EngineError("engine closed while the request was running") for row in rows]
 
-    def _new_batch(self, rows: list[_Row]) -> Any:
+    def _new_batch(self, rows: list[DecodeRow]) -> Any:
         """The decode state of ``rows`` (each one's prompt and the tokens it has so far), not yet pre-filled."""
-        prompts = [r.pending.request.prompt_ids + r.output_ids for r in rows]
+        prompts = [r.request.prompt_ids + r.output_ids for r in rows]
         reserve = max(r.max_new - len(r.output_ids) for r in rows)
-        if self._lean is not None:
+        if self._lean is not None and not has_hooks(self._torch, self.model):
             return LeanBatch(self._lean, prompts, reserve=reserve, share=self.share_prefill, store=self._prefixes,
                              version=self.weight_version)
         return GenericBatch(self._torch, self.model, prompts, pad_id=self.pad_id, cache_arg=self._cache_arg,
                             share=self.share_prefill, reserve=reserve if self.reserve_cache else 0)
 
-    def _decode(self, rows: list[_Row]) -> None:
+    def _decode(self, rows: list[DecodeRow]) -> None:
         self._apply_updates()  # those that came in while the batch formed
         if self._lean is not None:  # prompts of similar length side by side (grouped prefill)
-            rows = sorted(rows, key=lambda r: prefill_order(r.pending.request.prompt_ids))
+            rows = sorted(rows, key=lambda r: prefill_order(r.request.prompt_ids))
         version = self.weight_version
         batch = self._new_batch(rows)
         logits = batch.start()
@@ -423,30 +387,18 @@ class TransformersEngine(Engine):
         while True:
             self._stats["decode_steps"] += 1
             live = [rows[i] for i in active]
-            tokens, logprobs, report = sample(self._torch, logits, [r.pending.request.sampling for r in live],
+            tokens, logprobs, report = sample(self._torch, logits, [r.request.sampling for r in live],
                                               [r.generator for r in live],
                                               processed=self.logprobs_mode == "processed")
             self._record_top(live, report)
             still: list[int] = []
             done: list[int] = []
             for slot, (token, logprob) in enumerate(zip(tokens, logprobs)):
-                row = live[slot]
-                row.output_ids.append(token)
-                row.logprobs.append(logprob)
-                row.versions.append(version)
-                if row.pending.future.done():  # its caller is gone (cancelled, timed out): stop decoding it
-                    row.finish = "abort"  # (a read of the future's state; at worst one token late)
-                    self._stats["abandoned"] += 1
-                elif token in row.stop_ids:
-                    row.finish = "stop"
-                elif row.stop_strings and self._hit_stop_string(row):
-                    row.finish = "stop"
-                elif len(row.output_ids) >= row.max_new:
-                    row.finish = "length"
+                if take_token(live[slot], token, logprob, version, self.tokenizer):
+                    done.append(slot)
+                    self._stats["abandoned"] += live[slot].finish == "abort"
                 else:
                     still.append(slot)
-                    continue
-                done.append(slot)
             self._keep_prefixes(batch, live, done)
             if not still or self._closing.is_set():
                 return
@@ -461,14 +413,14 @@ class TransformersEngine(Engine):
                 continue
             logits = batch.step([rows[i].output_ids[-1] for i in active])
 
-    def _keep_prefixes(self, batch: Any, live: list[_Row], done: list[int]) -> None:
+    def _keep_prefixes(self, batch: Any, live: list[DecodeRow], done: list[int]) -> None:
         """Store the keys and values of finished rows, for prompts that will extend them (the next turn)."""
         if self._prefixes is None or not isinstance(batch, LeanBatch):
             return
         for slot in done:
             row = live[slot]
             keys, values, length = batch.keys_values(slot)
-            tokens = row.pending.request.prompt_ids + row.output_ids[:-1]
+            tokens = row.request.prompt_ids + row.output_ids[:-1]
             if length == len(tokens):
                 self._prefixes.add(tokens, self.weight_version, keys, values)
 
@@ -482,20 +434,8 @@ class TransformersEngine(Engine):
         stats["prefix_tokens_reused"] += counts.reused_tokens
         stats["prefill_s"] += counts.seconds
 
-    def _hit_stop_string(self, row: _Row) -> bool:
-        text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
-        for stop in row.stop_strings:
-            # Only the newest token can complete a match; search the tail that could contain it.
-            at = text.find(stop, max(0, len(text) - len(stop) - 16))
-            if at >= 0:
-                row.stop_at = at if row.stop_at is None else min(row.stop_at, at)
-        return row.stop_at is not None
-
-    def _record_top(self, rows: list[_Row], report: Any) -> None:
+    def _record_top(self, rows: list[DecodeRow], report: Any) -> None:
         """Append each asking row's top-k ``{token: logprob}`` of this step (one topk for the whole batch)."""
-        ks = [r.pending.request.sampling.top_logprobs if r.top is not None else 0 for r in rows]
-        if not any(ks):
-            return
-        for row, top in zip(rows, top_logprobs(self._torch, report, ks)):
-            if row.top is not None and top is not None:
-                row.top.append(top)
+        ks = [r.request.sampling.top_logprobs if r.top is not None else 0 for r in rows]
+        if any(ks):
+            record_top(rows, top_logprobs(self._torch, report, ks))
