@@ -186,7 +186,8 @@ def test_trl_conversational_prompt_completion_rows_score(tmp_path, capfd):
     reference (not a list of message dicts the verifier cannot read), and a run scores them."""
     path = _write_jsonl(tmp_path / "trl.jsonl", [
         {"prompt": [{"role": "user", "content": f"Capital of {c}?"}],
-         "completion": [{"role": "assistant", "content": city}]} for c, city in (("France", "Paris"), ("Peru", "Lima"))])
+         "completion": [{"role": "assistant", "content": city}]}
+        for c, city in (("France", "Paris"), ("Peru", "Lima"))])
     task = DatasetTask(path=str(path), prompt="prompt", answer="completion")
     rows = task.load()
     assert task.messages(rows[0]) == [{"role": "user", "content": "Capital of France?"}]
@@ -229,7 +230,8 @@ def test_a_row_with_no_answer_is_never_scored_0(tmp_path):
                                           "answer": "answer"},
                                  "engine": {"name": "benchmark_canned", "response": "Lome"}})
     metrics = Rollout(answered, output_dir=tmp_path / "run2", progress=False).run()
-    assert metrics["completed"] == 1 and metrics["reward_mean"] == 1.0 and metrics["skipped_rows"] == {"empty answer": 2}
+    assert metrics["completed"] == 1 and metrics["reward_mean"] == 1.0
+    assert metrics["skipped_rows"] == {"empty answer": 2}
 
 
 def test_sharegpt_and_content_parts_are_read_as_chat_messages(tmp_path):

@@ -186,7 +186,7 @@ def trained_nothing(summary: dict[str, Any]) -> str | None:
     such a run is a failure, never a success (its rollouts and summary are on disk all the same)."""
     if summary.get("optimizer_steps") != 0:
         return None
-    steps, skipped = summary.get("steps", 0), summary.get("steps_skipped", 0)
+    steps = summary.get("steps", 0)
     why = (f"all {steps} step(s) were skipped: no prompt group had samples with different rewards (GRPO learns "
            "nothing from a group whose rewards are equal; see train_metrics.jsonl)" if steps
            else "no step ran (the trainer drew no batch from the task's rows)")

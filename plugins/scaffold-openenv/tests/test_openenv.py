@@ -20,7 +20,6 @@ from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.errors import ConfigError  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
 from scaffold_core.testing import plugin_set  # noqa: E402
-from scaffold_core.tokenizers import ByteTokenizer  # noqa: E402
 
 ENV = "guess_env:GuessEnvironment"
 
@@ -71,7 +70,6 @@ def replay(seed: int, actions: list[str]) -> list[float]:
 def test_rewards_are_the_environments_own_and_observations_are_environment_tokens(tmp_path):
     metrics, episodes = run(tmp_path, guesser, max_turns=3)
     assert metrics["completed"] == 4 and metrics["failed"] == 0
-    tokenizer = ByteTokenizer()
     for episode in episodes:
         sample = episode["samples"][0]
         actions = [m["content"] for m in sample["metadata"]["messages"] if m["role"] == "assistant"]

@@ -201,7 +201,8 @@ def test_aime_rewards_equal_the_libraries(tmp_path):
         assert result.samples[0].turn_rewards == library_rewards("aime", row, [text])
     assert [r.samples[0].reward for r in results] == [1.0, -1.0]
     # the column its README names (reward_spec) works too, with the same rewards
-    spec_rows = [{**{k: v for k, v in r.items() if k != "reward_model"}, "reward_spec": r["reward_model"]} for r in rows]
+    spec_rows = [{**{k: v for k, v in r.items() if k != "reward_model"}, "reward_spec": r["reward_model"]}
+                 for r in rows]
     (tmp_path / "spec").mkdir()
     again = play(tmp_path / "spec", spec_rows, script, task={"id": "id"})
     assert [r.samples[0].reward for r in again] == [1.0, -1.0]

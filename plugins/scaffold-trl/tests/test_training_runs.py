@@ -158,10 +158,9 @@ def test_a_task_whose_groups_all_have_equal_rewards_takes_no_optimizer_step(tmp_
     import scaffold_core.testing.plugin as test_tasks
     import scaffold_trl
     from scaffold_core.config import load_config
+    from scaffold_core.errors import ScaffoldError
     from scaffold_core.testing import plugin_set
     from scaffold_core.train.session import run_training
-
-    from scaffold_core.errors import ScaffoldError
 
     pset = plugin_set(test_tasks, scaffold_trl, training_plugin)
     cfg = config(tmp_path, tiny_policy, "flat", [dict(r, answer="zero" if r["answer"] == "length" else r["answer"])

@@ -279,7 +279,8 @@ def test_every_environment_shipped_with_verifiers_gives_a_one_line_answer(env):
     """The tasksets inside verifiers 0.4 all need something from outside (a game engine package and its data
     downloads, an OpenEnv server or client, NeMo Gym servers, containers): each is refused with one line naming
     what (never a traceback); none is silently run as something else."""
-    minimal = {"openenv": {"env": "echo_env"} if OPENENV else {"base_url": "http://127.0.0.1:9"}, "nemo_gym": {"dataset": "rows.jsonl"}}
+    minimal = {"openenv": {"env": "echo_env"} if OPENENV else {"base_url": "http://127.0.0.1:9"},
+               "nemo_gym": {"dataset": "rows.jsonl"}}
     with pytest.raises(ConfigError) as info:
         build_task(env, env_args=minimal.get(env, {}))
     text = str(info.value)
