@@ -12,7 +12,10 @@ bar, prints the step's metrics and appends them to ``train_metrics.jsonl``.
 
 A trainer writes its checkpoints under ``job.output_dir`` and returns a
 summary dict (final metrics, where the checkpoints are), which ``scaffold
-train`` writes to ``train_summary.json``. Factories must be cheap: import
+train`` writes to ``train_summary.json``. A summary whose ``optimizer_steps``
+is 0 (no step changed a weight: none ran, or every one was skipped) fails the
+run after it is written: a run that trained nothing never looks like a success.
+Factories must be cheap: import
 the training library inside ``train``.
 
 What else ``scaffold train`` hands a trainer:

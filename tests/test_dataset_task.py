@@ -137,8 +137,12 @@ def test_bad_options_fail_when_the_config_is_built(tmp_path):
     def build(**options):
         return registry.create("task", "dataset", options, path="task")
 
-    with pytest.raises(ConfigError, match="exactly one of task.prompt"):
-        build(path=str(CAPITALS))
+    with pytest.raises(ConfigError, match="not both"):
+        build(path=str(CAPITALS), prompt="question", messages="question")
+    with pytest.raises(ConfigError, match="task.encoding: 'klingon' is not a text encoding"):
+        build(path=str(CAPITALS), prompt="question", encoding="klingon")
+    with pytest.raises(ConfigError, match="task.sep is CSV's column separator"):
+        build(path=str(CAPITALS), prompt="question", sep=";")
     with pytest.raises(ConfigError, match="missing.jsonl does not exist"):
         build(path="json", data_files=str(tmp_path / "missing.jsonl"), prompt="q")
     with pytest.raises(ConfigError, match="set task.data_files"):
@@ -172,3 +176,87 @@ def test_the_example_config_runs_on_its_bundled_file(tmp_path, monkeypatch):
     assert (metrics["episodes"], metrics["completed"], metrics["failed"]) == (4, 4, 0)
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert sorted(s["reward"] for s in samples) == [0.0, 0.0, 0.0, 1.0]
+
+
+# -- every shape of chat data ------------------------------------------------------------------------------------
+
+
+def test_trl_conversational_prompt_completion_rows_score(tmp_path, capfd):
+    """TRL's conversational prompt/completion rows: the prompt is messages, the completion's assistant text is the
+    reference (not a list of message dicts the verifier cannot read), and a run scores them."""
+    path = _write_jsonl(tmp_path / "trl.jsonl", [
+        {"prompt": [{"role": "user", "content": f"Capital of {c}?"}],
+         "completion": [{"role": "assistant", "content": city}]}
+        for c, city in (("France", "Paris"), ("Peru", "Lima"))])
+    task = DatasetTask(path=str(path), prompt="prompt", answer="completion")
+    rows = task.load()
+    assert task.messages(rows[0]) == [{"role": "user", "content": "Capital of France?"}]
+    assert [task.reference(r) for r in rows] == ["Paris", "Lima"]
+    assert "column 'completion' holds chat messages ({role, content}): the assistant's text" in capfd.readouterr().err
+    config = load_config(data={"task": {"name": "dataset", "path": str(path)},  # columns detected
+                               "engine": {"name": "benchmark_canned", "response": "Paris"}})
+    metrics = Rollout(config, output_dir=tmp_path / "run", progress=False).run()
+    assert (metrics["completed"], metrics["failed"], metrics["reward_mean"]) == (2, 0, 0.5)
+    assert "detected column 'prompt' holds TRL conversational prompts" in capfd.readouterr().err
+
+
+def test_a_conversation_ending_with_the_answer_keeps_it_out_of_the_prompt(tmp_path, capfd):
+    path = _write_jsonl(tmp_path / "chats.jsonl", [
+        {"messages": [{"role": "system", "content": "One word."}, {"role": "user", "content": "Capital of Chile?"},
+                      {"role": "assistant", "content": "Santiago"}]},
+        {"messages": [{"role": "user", "content": "Capital of Cuba?"}, {"role": "assistant", "content": ""}]},
+        {"messages": [{"role": "user", "content": "Capital of Mali?"}]}])
+    task = DatasetTask(path=str(path))
+    rows = task.load()
+    said = capfd.readouterr().err
+    assert "detected column 'messages' holds chat messages ({role, content})" in said
+    assert "each row's last assistant message is its answer, never shown to the model" in said
+    assert task.messages(rows[0]) == [{"role": "system", "content": "One word."},
+                                      {"role": "user", "content": "Capital of Chile?"}]
+    assert task.reference(rows[0]) == "Santiago" and "Santiago" not in json.dumps(task.messages(rows[0]))
+    assert task.skipped == {"empty answer": 1}  # never an episode scored 0 for want of an answer
+    assert task.reference(rows[1]) is None  # a question with no answer at all: unscored, below
+
+
+def test_a_row_with_no_answer_is_never_scored_0(tmp_path):
+    path = _write_jsonl(tmp_path / "open.jsonl", [{"question": "Capital of Chad?", "answer": None},
+                                                   {"question": "Capital of Togo?", "answer": "Lome"},
+                                                   {"question": "Capital of Fiji?"}])
+    config = load_config(data={"task": {"name": "dataset", "path": str(path), "prompt": "question"},
+                               "engine": {"name": "benchmark_canned", "response": "Lome"}})
+    metrics = Rollout(config, output_dir=tmp_path / "run", progress=False).run()
+    assert metrics["completed"] == 3 and metrics["unscored_samples"] == 3  # no answer column: none is a 0
+    answered = load_config(data={"task": {"name": "dataset", "path": str(path), "prompt": "question",
+                                          "answer": "answer"},
+                                 "engine": {"name": "benchmark_canned", "response": "Lome"}})
+    metrics = Rollout(answered, output_dir=tmp_path / "run2", progress=False).run()
+    assert metrics["completed"] == 1 and metrics["reward_mean"] == 1.0
+    assert metrics["skipped_rows"] == {"empty answer": 2}
+
+
+def test_sharegpt_and_content_parts_are_read_as_chat_messages(tmp_path):
+    sharegpt = _write_jsonl(tmp_path / "sharegpt.jsonl", [
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "2 + 2?"},
+                           {"from": "gpt", "value": "4"}]}])
+    task = DatasetTask(path=str(sharegpt))
+    rows = task.load()
+    assert task.messages_column == "conversations" and "ShareGPT {from, value}" in (task.detected or "")
+    assert task.messages(rows[0]) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    assert task.reference(rows[0]) == "4"
+    parts = _write_jsonl(tmp_path / "parts.jsonl", [
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "3 + "}, {"type": "text", "text": "3?"}]},
+                      {"role": "assistant", "content": [{"type": "text", "text": "6"}]}]}])
+    task = DatasetTask(path=str(parts), messages="messages")
+    rows = task.load()
+    assert task.messages(rows[0]) == [{"role": "user", "content": "3 + 3?"}] and task.reference(rows[0]) == "6"
+
+
+def test_encoding_and_separator_read_files_that_are_not_utf8_csv(tmp_path):
+    latin = tmp_path / "capitals.tsv"
+    latin.write_bytes("question\tanswer\nCapital of Colombia?\tBogotá\n".encode("latin-1"))
+    task = DatasetTask(path=str(latin), prompt="question", answer="answer", encoding="latin-1")
+    assert [task.reference(r) for r in task.load()] == ["Bogotá"]  # .tsv: tab-separated, unless sep says otherwise
+    semi = tmp_path / "capitals.csv"
+    semi.write_text("question;answer\nCapital of Spain?;Madrid\n", encoding="utf-8")
+    task = DatasetTask(path=str(semi), prompt="question", answer="answer", sep=";")
+    assert [task.reference(r) for r in task.load()] == ["Madrid"]

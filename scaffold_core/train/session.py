@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ScaffoldError
 from ..output.files import atomic_write_text
 from ..output.reader import TRAIN_METRICS as METRICS_FILE
 from ..output.reader import TRAIN_SUMMARY as SUMMARY_FILE
@@ -175,7 +175,22 @@ def run_training(config: Any, output_dir: Path, *, registry: Any = None, progres
     finally:
         ledger.close()
     atomic_write_text(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
+    nothing = trained_nothing(summary)
+    if nothing:
+        raise ScaffoldError(f"{output_dir}: {nothing}")
     return summary
+
+
+def trained_nothing(summary: dict[str, Any]) -> str | None:
+    """Why a finished training run changed no weight (a trainer that reports ``optimizer_steps`` 0), else None:
+    such a run is a failure, never a success (its rollouts and summary are on disk all the same)."""
+    if summary.get("optimizer_steps") != 0:
+        return None
+    steps = summary.get("steps", 0)
+    why = (f"all {steps} step(s) were skipped: no prompt group had samples with different rewards (GRPO learns "
+           "nothing from a group whose rewards are equal; see train_metrics.jsonl)" if steps
+           else "no step ran (the trainer drew no batch from the task's rows)")
+    return f"the run trained nothing: {why}; its rollouts and summary are kept"
 
 
 def _train(trainer: Any, config: Any, output_dir: Path, ledger: StepLedger, registry: Any, *, resume: bool,

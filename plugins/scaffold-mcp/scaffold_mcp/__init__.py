@@ -19,3 +19,11 @@ def register_tools(registry):
     from .toolset import McpToolSet
 
     registry.add("mcp", McpToolSet)
+
+
+@hookimpl
+def plugin_notes():
+    from .connection import sdk_problem
+
+    problem = sdk_problem(import_it=False)
+    return [f"mcp tool: cannot run: {problem}"] if problem else []

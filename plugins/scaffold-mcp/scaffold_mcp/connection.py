@@ -14,12 +14,47 @@ import contextlib
 import time
 from typing import IO, Any
 
-from scaffold_core.errors import ScaffoldError
+from scaffold_core.errors import MissingDependencyError, ScaffoldError
 
 from .servers import HttpServerProcess, ServerProcessError, ServerSpec, new_log, stderr_tail
 
 #: Seconds the owner task gets to leave its connection (the SDK bounds a stdio server's exit by ~6 s).
 CLOSE_TIMEOUT = 15.0
+
+
+#: The SDK releases this plugin is written against (its ``Client``).
+SDK = "2"
+SDK_HINT = ("pip install 'mcp>=2,<3' (a server that needs the 1.x SDK runs in an environment of its own: "
+            "server: 'uvx <its package>', or server: {command: ..., venv: <its virtual environment>})")
+
+
+def sdk_problem(*, import_it: bool = True) -> str | None:
+    """Why the installed ``mcp`` SDK cannot be used (None: it can): missing, a 1.x release, or one without
+    ``Client``. ``import_it=False`` reads the installed version only (quick: ``list-plugins``)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("mcp")
+    except metadata.PackageNotFoundError:
+        return f"the mcp tool needs the mcp SDK {SDK}.x, which is not installed: {SDK_HINT}"
+    if version.split(".", 1)[0] != SDK:
+        return f"the mcp tool needs the mcp SDK {SDK}.x; mcp {version} is installed: {SDK_HINT}"
+    if not import_it:
+        return None
+    try:
+        from mcp import Client  # noqa: F401 - the SDK 2 client this plugin drives
+        from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+    except ImportError as exc:
+        return (f"the mcp tool needs the mcp SDK {SDK}.x; mcp {version} is installed ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]}): {SDK_HINT}")
+    return None
+
+
+def check_sdk() -> None:
+    """Raise :class:`MissingDependencyError` in one line when the ``mcp`` SDK cannot be used."""
+    problem = sdk_problem()
+    if problem:
+        raise MissingDependencyError(problem)
 
 
 class McpStartError(ScaffoldError):

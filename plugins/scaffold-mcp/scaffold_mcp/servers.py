@@ -5,10 +5,16 @@ The ``server`` option takes three shapes:
 * a command (a string, split like a shell would, or a list): a **stdio** server, started with the
   run and stopped at its end by the SDK's stdio client;
 * a URL (``http://...`` or ``https://...``): a **streamable-HTTP** server someone else runs;
-* a mapping ``{command: ..., args: [...], env: {...}, cwd: ..., url: ...}``: with ``url`` and
+* a mapping ``{command: ..., args: [...], env: {...}, cwd: ..., url: ..., venv: ...}``: with ``url`` and
   ``command`` together, scaffold starts the command, waits until the URL's port accepts connections
   and connects over streamable HTTP; ``{port}`` in the command and the URL is replaced by a free
   loopback port. Without ``url``, the command is a stdio server.
+
+A server may live in an interpreter and environment of its own (its SDK pins may clash with this one's):
+``venv`` names a virtual environment (or an interpreter inside one), whose ``bin`` the command's first word is
+looked up in first (``python`` is its interpreter, console scripts are its own) and which is the server's
+``VIRTUAL_ENV`` and the head of its ``PATH``; or the command is a runner that makes the environment itself,
+such as ``uvx mcp-server-time`` or ``pipx run mcp-server-time``.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import shutil
 import signal
 import socket
 import tempfile
@@ -25,7 +32,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 #: Keys of the mapping form.
-SERVER_KEYS = ("command", "args", "env", "cwd", "url")
+SERVER_KEYS = ("command", "args", "env", "cwd", "url", "venv")
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,32 @@ def parse_server(spec: Any) -> ServerSpec:
     cwd = spec.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ValueError(f"server.cwd must be a folder, got {cwd!r}")
-    return ServerSpec(command=(*parts, *args), url=_url(url) if url is not None else None, env=dict(env), cwd=cwd)
+    command_parts: tuple[str, ...] = (*parts, *args)
+    env = dict(env)
+    venv = spec.get("venv")
+    if venv is not None:
+        if not parts:
+            raise ValueError("server.venv needs server.command (the command to run in that environment)")
+        command_parts, env = _in_venv(venv, command_parts, env)
+    return ServerSpec(command=command_parts, url=_url(url) if url is not None else None, env=env, cwd=cwd)
+
+
+def _in_venv(venv: Any, command: tuple[str, ...], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The command and environment of a server run in the virtual environment ``venv`` (a folder, or an
+    interpreter in its ``bin``)."""
+    if not isinstance(venv, str) or not venv:
+        raise ValueError(f"server.venv must be the folder of a virtual environment, got {venv!r}")
+    root = os.path.expanduser(venv)
+    if os.path.isfile(root):  # an interpreter: its environment is two folders up
+        root = os.path.dirname(os.path.dirname(os.path.abspath(root)))
+    root = os.path.abspath(root)
+    bin_dir = os.path.join(root, "Scripts" if os.name == "nt" else "bin")
+    if not os.path.isdir(bin_dir):
+        raise ValueError(f"server.venv: {venv!r} is not a virtual environment (it has no {os.path.basename(bin_dir)} "
+                         "folder); make one with python -m venv (or uv venv) and install the server there")
+    first = command[0] if os.path.isabs(command[0]) else shutil.which(command[0], path=bin_dir) or command[0]
+    path = os.pathsep.join(p for p in (bin_dir, env.get("PATH") or os.environ.get("PATH", "")) if p)
+    return (first, *command[1:]), {**env, "VIRTUAL_ENV": root, "PATH": path}
 
 
 def _command(parts: Any) -> tuple[str, ...]:

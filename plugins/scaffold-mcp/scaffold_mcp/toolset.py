@@ -4,6 +4,11 @@
 the server lists: the names, descriptions and JSON Schemas are the server's. The server is started
 when the run starts (its tools are listed then) and stopped when it ends, a failed run too.
 
+``scope: run`` (the default) starts one server for the run, which every episode shares; ``scope: episode``
+gives each episode (each parallel branch too) a server of its own, started at its first call and stopped when
+the episode is done (at the latest when the run ends), as verifiers scopes tool servers per rollout: what one
+episode writes (a database, files) is never what another reads.
+
 A call goes to the server with the tool's timeout. What comes back is the text of the result's content
 (an image or other non-text block is named, not shown); a result the server flags as an error is a
 failed :class:`~scaffold_core.tool.ToolResult`. A server that died mid-run answers every later call
@@ -13,13 +18,16 @@ fails the run's start with one line saying why.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
-from typing import Any
+import weakref
+from typing import Any, Literal
 
 from scaffold_core.tool import DEFAULT_TIMEOUT, NAME_PATTERN, Tool, ToolCallError, ToolContext, ToolResult, ToolSet
 
-from .connection import McpConnection, McpServerGone, McpStartError
+from .connection import McpConnection, McpServerGone, McpStartError, check_sdk
 from .servers import parse_server
 
 __all__ = ["McpServerGone", "McpStartError", "McpTool", "McpToolSet"]
@@ -39,13 +47,16 @@ class McpToolSet(ToolSet):
     * ``startup_timeout``: seconds the server gets to start and list its tools (default 60).
     * ``max_output_chars``: a result's text is cut to this many characters (default 20,000), with a note
       saying so, so one call cannot flood the conversation.
+    * ``scope``: ``run`` (default: one server for the run) or ``episode`` (a server per episode).
     """
 
     name = "mcp"
 
     def __init__(self, server: str | list[str] | dict[str, Any], tools: list[str] | None = None,
                  exclude: list[str] | None = None, prefix: str = "", timeout: float = 30.0,
-                 startup_timeout: float = 60.0, max_output_chars: int = 20_000):
+                 startup_timeout: float = 60.0, max_output_chars: int = 20_000,
+                 scope: Literal["run", "episode"] = "run"):
+        check_sdk()
         if max_output_chars < 100:
             raise ValueError(f"max_output_chars must be >= 100, got {max_output_chars}")
         if not timeout > 0:
@@ -54,6 +65,9 @@ class McpToolSet(ToolSet):
             raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
         if prefix and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", prefix):
             raise ValueError(f"prefix must be letters, digits, '_' or '-' (at most 32), got {prefix!r}")
+        if scope not in ("run", "episode"):
+            raise ValueError(f"scope must be run (one server for the run) or episode (one per episode), got {scope!r}")
+        self.scope = scope
         self.spec = parse_server(server)
         self.include = list(tools) if tools is not None else None
         self.exclude = set(exclude or [])
@@ -64,6 +78,9 @@ class McpToolSet(ToolSet):
         self.connection: McpConnection | None = None
         self._tools: list[McpTool] | None = None
         self._users = 0
+        #: Servers of episodes still open (``scope: episode``): stopped with the run at the latest.
+        self._episodes: set[McpConnection] = set()
+        self._state_key = f"mcp-server-{id(self):x}"
 
     async def start(self) -> None:
         """Start the server and list its tools (once; later starts by the tools themselves share it)."""
@@ -75,12 +92,30 @@ class McpToolSet(ToolSet):
                                         read_timeout=self.timeout + 5.0)
         await self.connection.start()
         self._tools = self._make_tools(self.connection.listed)
+        if self.scope == "episode":  # it only listed the tools: each episode starts its own
+            connection, self.connection = self.connection, None
+            await connection.close()
 
     async def close(self) -> None:
-        """Stop the server once its last user closes (the set itself or one of its tools). Safe twice."""
+        """Stop the server once its last user closes (the set itself or one of its tools), and every episode's
+        server still running. Safe twice."""
         self._users = max(0, self._users - 1)
-        if self._users == 0 and self.connection is not None:
+        if self._users:
+            return
+        if self.connection is not None:
             await self.connection.close()
+        episodes, self._episodes = list(self._episodes), set()
+        await asyncio.gather(*(c.close() for c in episodes), return_exceptions=True)
+
+    async def _connection_for(self, context: ToolContext | None) -> McpConnection | None:
+        """The server this call goes to: the run's, or (``scope: episode``) the episode's own, started now if
+        it is not running. Raises :class:`McpStartError` when an episode's server cannot start."""
+        if self.scope == "run" or context is None:
+            return self.connection
+        holder = context.state.get(self._state_key)
+        if not isinstance(holder, EpisodeServer) or holder.owner is not self:
+            holder = context.state[self._state_key] = EpisodeServer(self)
+        return await holder.connection()
 
     def tools(self) -> list[Tool]:
         if self._tools is None:
@@ -101,9 +136,14 @@ class McpToolSet(ToolSet):
                                 f"{', '.join(offered) or '(none)'})")
         return made
 
-    async def call_remote(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
-        """Call the server's tool ``remote_name``; a failed result (never an exception) when it is gone."""
-        connection = self.connection
+    async def call_remote(self, remote_name: str, arguments: dict[str, Any],
+                          context: ToolContext | None = None) -> ToolResult:
+        """Call the server's tool ``remote_name`` (the episode's server with ``scope: episode``); a failed result
+        (never an exception) when it is gone or cannot start."""
+        try:
+            connection = await self._connection_for(context)
+        except McpStartError as exc:
+            return ToolResult.failure("failed", str(exc))
         if connection is None:
             return ToolResult.failure("failed", f"MCP server {self.spec.label} is not running (not started)")
         label = connection.spec.label
@@ -140,9 +180,56 @@ class McpTool(Tool):
         await self.owner.close()
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        result = await self.owner.call_remote(self.remote_name, arguments)
+        result = await self.owner.call_remote(self.remote_name, arguments, context)
         result.metadata.setdefault("mcp_tool", self.remote_name)
         return result
+
+
+class EpisodeServer:
+    """An episode's own server (``scope: episode``), kept in the episode's tool state.
+
+    Started at the episode's first call; stopped when the episode's state is let go (the episode is done) and at
+    the latest when the run ends. A copy (a parallel branch's state) is a server of its own, started when the
+    branch first calls."""
+
+    def __init__(self, owner: McpToolSet):
+        self.owner = owner
+        self._box: list[McpConnection] = []
+        self._lock = asyncio.Lock()
+        weakref.finalize(self, _stop_later, self._box, owner._episodes, asyncio.get_running_loop())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EpisodeServer:
+        return EpisodeServer(self.owner)
+
+    def __copy__(self) -> EpisodeServer:
+        return EpisodeServer(self.owner)
+
+    async def connection(self) -> McpConnection:
+        async with self._lock:
+            if self._box and self._box[0].alive:
+                return self._box[0]
+            owner = self.owner
+            connection = McpConnection(owner.spec.with_free_port(), startup_timeout=owner.startup_timeout,
+                                       read_timeout=owner.timeout + 5.0)
+            owner._episodes.add(connection)
+            self._box[:] = [connection]
+            await connection.start()
+            return connection
+
+
+def _stop_later(box: list[McpConnection], running: set[McpConnection], loop: asyncio.AbstractEventLoop) -> None:
+    """Stop an episode's server once its episode let it go (called by the garbage collector, from any thread)."""
+    if not box or loop.is_closed():
+        return
+    connection = box[0]
+
+    def stop() -> None:
+        if connection in running:
+            running.discard(connection)
+            loop.create_task(connection.close())
+
+    with contextlib.suppress(RuntimeError):  # the loop is closing: the run's close stops it
+        loop.call_soon_threadsafe(stop)
 
 
 def _tool_name(name: str) -> str:

@@ -34,6 +34,12 @@ def whoami() -> int:
 
 
 @server.tool()
+def where() -> str:
+    """The interpreter's environment (sys.prefix) the server runs in."""
+    return sys.prefix
+
+
+@server.tool()
 async def wait(seconds: float) -> str:
     """Wait for some seconds, then say so."""
     await asyncio.sleep(seconds)

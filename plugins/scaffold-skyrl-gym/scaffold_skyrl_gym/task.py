@@ -9,7 +9,8 @@ and ``env_class`` goes to the environment as ``extras``, as SkyRL's generator pa
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import sys
+from typing import Any, ClassVar, Literal
 
 from scaffold_core.builtins.dataset_task import DatasetTask, json_value
 from scaffold_core.errors import DataError
@@ -28,8 +29,9 @@ class SkyRLGymTask(DatasetTask):
       with ``only_env: true``).
     * ``env_args``: the environment's config (SkyRL's ``skyrl_gym_cfg.<env>``: ``db_path``, ``search_url``,
       ...), the same for every row.
-    * ``allow_code_execution`` (false): environments that run the model's code on this machine outside
-      any sandbox (``lcb``, ``searchcode``) are refused unless this is true.
+    * ``code_execution`` (``jail``): environments that run the model's code (``lcb``, ``searchcode``) do it
+      inside skyrl-gym's own process, which scaffold cannot put in its jail, so with ``jail`` (the default,
+      as everywhere in scaffold) they are refused; ``host`` runs them on this machine, after a loud warning.
     * ``split``, ``limit``, ``shuffle``, ``seed``, ``id`` (a column naming rows), ``cache_dir``: as the
       ``dataset`` task's.
     """
@@ -43,8 +45,15 @@ class SkyRLGymTask(DatasetTask):
 
     def __init__(self, data_files: str | list[str] | dict[str, str | list[str]] | None = None,
                  path: str | None = None, env: str | None = None, env_args: dict[str, Any] | None = None,
-                 allow_code_execution: bool = False, split: str = "train", id: str | None = None,
-                 limit: int | None = None, shuffle: bool = False, seed: int = 0, cache_dir: str | None = None):
+                 code_execution: Literal["jail", "host"] = "jail", split: str = "train", id: str | None = None,
+                 limit: int | None = None, shuffle: bool = False, seed: int = 0, cache_dir: str | None = None,
+                 allow_code_execution: Any = None):
+        if allow_code_execution is not None:
+            raise ValueError("allow_code_execution is now code_execution: host (runs the model's code on this "
+                             "machine, loudly; the default, jail, refuses environments that run it unjailed)")
+        if code_execution not in ("jail", "host"):
+            raise ValueError(f"code_execution must be jail (the default) or host (this machine, unisolated), got "
+                             f"{code_execution!r}")
         if data_files is None and path is None:
             raise ValueError("the skyrl_gym task reads a dataset: set task.data_files (SkyRL's format: prompt, "
                              "env_class, reward_spec, ...) or task.path")
@@ -53,7 +62,8 @@ class SkyRLGymTask(DatasetTask):
                          shuffle=shuffle, seed=seed, cache_dir=cache_dir)
         self.env = env
         self.env_args = dict(env_args or {})
-        self.allow_code_execution = allow_code_execution
+        self.code_execution = code_execution
+        self._warned = False
 
     def make_row(self, record: dict[str, Any], index: int, seen: set[str]) -> dict[str, Any] | None:
         row = super().make_row(record, index, seen)
@@ -64,11 +74,26 @@ class SkyRLGymTask(DatasetTask):
             raise DataError(f"task: row {index} of {self.where} names no environment (env_class) and task.env is "
                             "not set; set task.env to a skyrl-gym environment id (gsm8k, aime, text2sql, ...)")
         env_id = str(env_id)
-        if env_id in CODE_EXECUTING and not self.allow_code_execution:
-            raise DataError(f"task: environment {env_id!r} (row {index} of {self.where}) runs the model's code on "
-                            "this machine outside any sandbox; set task.allow_code_execution: true to run it anyway")
+        if env_id in CODE_EXECUTING:
+            if self.code_execution != "host":
+                raise DataError(f"task: environment {env_id!r} (row {index} of {self.where}) runs the model's code "
+                                "inside skyrl-gym's own process, which scaffold cannot put in its jail; set "
+                                "task.code_execution: host to run it on this machine anyway (unisolated)")
+            self._warn_host(env_id)
         extras = {k: json_value(v) for k, v in record.items() if k not in ("prompt", "env_class")}
+        for key, other in (("reward_spec", "reward_model"), ("reward_model", "reward_spec")):
+            if isinstance(extras.get(key), dict) and other not in extras:
+                extras[other] = extras[key]  # aime reads reward_model, the others reward_spec: either column works
         return {**row, "env_class": env_id, "extras": extras, "env_config": self.env_args}
+
+    def _warn_host(self, env_id: str) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        bar = "!" * 78
+        print(f"\n{bar}\nWARNING: task.code_execution: host. skyrl-gym environment {env_id!r} runs the model's code on "
+              "this machine, as this user, with nothing between it and your files, keys and network. Use it only "
+              f"for code you trust.\n{bar}", file=sys.stderr)
 
     def reference(self, row: dict[str, Any]) -> Any:
         """The ground truth the environment compares with (for the record; the environment scores)."""

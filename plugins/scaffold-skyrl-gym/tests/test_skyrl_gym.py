@@ -200,17 +200,27 @@ def test_aime_rewards_equal_the_libraries(tmp_path):
         text = answers[row["prompt"][0]["content"]]
         assert result.samples[0].turn_rewards == library_rewards("aime", row, [text])
     assert [r.samples[0].reward for r in results] == [1.0, -1.0]
+    # the column its README names (reward_spec) works too, with the same rewards
+    spec_rows = [{**{k: v for k, v in r.items() if k != "reward_model"}, "reward_spec": r["reward_model"]}
+                 for r in rows]
+    (tmp_path / "spec").mkdir()
+    again = play(tmp_path / "spec", spec_rows, script, task={"id": "id"})
+    assert [r.samples[0].reward for r in again] == [1.0, -1.0]
 
 
-def test_lcb_runs_only_when_code_execution_is_allowed(tmp_path):
+def test_lcb_runs_only_with_code_execution_host_and_says_so_loudly(tmp_path, capfd):
     tests = json.dumps([{"input": "2 3\n", "output": "5\n", "testtype": "stdin"}])
     rows = [{"prompt": [{"role": "user", "content": "Read a and b, print a + b."}], "env_class": "lcb",
              "reward_spec": {"ground_truth": tests}}]
     code = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
-    with pytest.raises(DataError, match=r"environment 'lcb' .* runs the model's code on this machine outside any "
-                                        r"sandbox; set task\.allow_code_execution: true"):
+    with pytest.raises(DataError, match=r"environment 'lcb' .* runs the model's code inside skyrl-gym's own "
+                                        r"process, which scaffold cannot put in its jail; set "
+                                        r"task\.code_execution: host"):
         play(tmp_path, rows, lambda p, r: code)
-    [result] = play(tmp_path, rows, lambda p, r: code, task={"allow_code_execution": True})
+    with pytest.raises(ConfigError, match="allow_code_execution is now code_execution: host"):
+        play(tmp_path, rows, lambda p, r: code, task={"allow_code_execution": True})
+    [result] = play(tmp_path, rows, lambda p, r: code, task={"code_execution": "host"})
+    assert "WARNING: task.code_execution: host. skyrl-gym environment 'lcb'" in capfd.readouterr().err
     assert result.ok, result.error
     assert result.samples[0].turn_rewards == library_rewards("lcb", rows[0], [code]) == [1.0]
 

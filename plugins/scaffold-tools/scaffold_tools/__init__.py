@@ -5,6 +5,9 @@ Components (hookimpls only; the logic lives in sibling modules):
 * tool ``calculator`` (:class:`scaffold_tools.calculator.CalculatorTool`): arithmetic by parsing, never eval
 * tool ``python`` (:class:`scaffold_tools.python_tool.PythonTool`): a program in a limited child process
 * tool ``search`` (:class:`scaffold_tools.search.SearchTool`): BM25 over a local JSONL collection
+
+Public API for other plugins: :func:`run_untrusted` (a model's program in the python tool's jail, for rubrics
+and environments that execute model-written code; :mod:`scaffold_tools.untrusted`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,16 @@ from __future__ import annotations
 from scaffold_core import hookimpl
 
 __version__ = "0.1.0"
+__all__ = ["UntrustedResult", "run_untrusted"]
+
+
+def __getattr__(name: str):
+    """``run_untrusted`` and ``UntrustedResult``, imported on first use (``list-plugins`` loads this module)."""
+    if name in __all__:
+        from . import untrusted
+
+        return getattr(untrusted, name)
+    raise AttributeError(f"module 'scaffold_tools' has no attribute {name!r}")
 
 
 @hookimpl

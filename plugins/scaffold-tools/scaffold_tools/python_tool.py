@@ -230,6 +230,13 @@ class PythonTool(Tool):
                                     print_last_expression=self.print_last_expression, tmp_root=self.tmp_root,
                                     boot=self._boot)
 
+    async def run_program(self, code: str) -> SandboxRun:
+        """Run ``code`` as this tool runs a model's program (the jail set up on first use; one line saying why
+        not where it cannot be); what it printed and how it ended. For callers other than agents:
+        :func:`scaffold_tools.run_untrusted`."""
+        await self._prepare()
+        return await self._run(code)
+
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         code = arguments["code"]
         try:

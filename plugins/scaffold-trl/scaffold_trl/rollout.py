@@ -5,8 +5,11 @@ batch with every prompt already repeated ``num_generations`` times, back to
 back, and expects one completion per entry, in order: ``prompt_ids``,
 ``completion_ids`` (never empty) and ``logprobs`` (one per completion token;
 TRL does not check), plus any extra keys, which reach the reward functions.
-Each prompt here is the key of one task row (see :class:`PromptIndex`); each
-group of copies becomes one :meth:`TrainingRollouts.run_group` call.
+Each prompt here is the key of one task row, its identity (see
+:class:`PromptIndex`), never its text: rows whose prompts read the same (an
+environment that builds each seat's prompt itself, a game dealt from each row's
+seed) are different tasks. Each group of copies becomes one
+:meth:`TrainingRollouts.run_group` call.
 
 Filtering (``trainer.filter_groups: zero_variance``): the step's groups go
 through :func:`scaffold_core.train.filtering.run_step_groups`, which leaves
@@ -40,30 +43,41 @@ GROUP_KEY = "scaffold_group"
 
 
 class PromptIndex:
-    """Task rows keyed by their rendered prompt text (what TRL's dataset holds and hands back)."""
+    """Task rows keyed by their identity (the row's episode id): what TRL's dataset holds and hands back.
+
+    Keys are the task's row ids (``id``, else the row's position), so two rows whose rendered prompts are the
+    same text stay two tasks (``same_text`` counts them, for the record). Rows whose prompt cannot be
+    rendered are left out and listed in ``unusable``.
+    """
 
     def __init__(self, rollouts: TrainingRollouts):
         from scaffold_core.task import episode_id_of
 
         self.rows: dict[str, tuple[int, dict[str, Any]]] = {}
-        self.duplicates = 0
+        self.same_text = 0
         self.unusable: dict[str, str] = {}
         tokenizer = rollouts.components.engine.tokenizer
+        texts: set[str] = set()
         for index, row in enumerate(rollouts.rows()):
+            key = episode_id_of(row, index)
             try:
                 text = rollouts.components.task.build_prompt(row, tokenizer).text
             except Exception as exc:  # counted and reported, not fatal
-                self.unusable[episode_id_of(row, index)] = f"{type(exc).__name__}: {exc}"
+                self.unusable[key] = f"{type(exc).__name__}: {exc}"
                 continue
-            if text in self.rows:
-                self.duplicates += 1  # the same prompt twice: TRL could not tell the copies apart
-                continue
-            self.rows[text] = (index, row)
-        if self.duplicates:
-            log.warning("%d task rows repeat an earlier row's prompt; each prompt is trained once", self.duplicates)
+            if key in self.rows:
+                raise RuntimeError(f"task rows {self.rows[key][0]} and {index} share the id {key!r}; every row "
+                                   "needs an id of its own to be trained on")
+            self.same_text += text in texts
+            texts.add(text)
+            self.rows[key] = (index, row)
+        if self.same_text:
+            log.info("%d task rows render the same prompt text as an earlier row; each is trained as its own task "
+                     "(rows are told apart by id)", self.same_text)
 
     @property
     def prompts(self) -> list[str]:
+        """The rows' keys, in task order: TRL's dataset."""
         return list(self.rows)
 
     @property

@@ -206,6 +206,11 @@ class GRPORun:
         if not index.rows:
             raise ConfigError(f"task {self.config.task.name!r}: no usable rows to train on "
                               f"({len(index.unusable)} could not be rendered)")
+        if len(index.rows) < self.options.prompts_per_step:
+            raise ConfigError(f"trainer.prompts_per_step: {self.options.prompts_per_step} distinct rows are drawn "
+                              f"for each step, but task {self.config.task.name!r} has {len(index.rows)} usable "
+                              f"row(s) ({len(index.unusable)} could not be rendered), so no step could run; lower "
+                              "prompts_per_step or give the task more rows (limit, a larger split)")
         self.index = index
         if self.options.eval_every:
             from scaffold_core.train.evaluation import eval_task
@@ -370,14 +375,15 @@ class GRPORun:
                 if bars:
                     hf_logging.enable_progress_bar()
         history = self.bridge.history
+        steps = int(self.trainer.state.global_step)
         return {
-            "trainer": "trl", "steps": int(self.trainer.state.global_step),
+            "trainer": "trl", "steps": steps, "optimizer_steps": steps - self.steps_skipped,
             "train_loss": float(result.training_loss) if math.isfinite(result.training_loss) else None,
             "reward_by_step": [round(r.metrics["reward_mean"], 4) for r in history],
             "final_model": str(final), "checkpoints": sorted(p.name for p in Path(self.job.output_dir).glob(
                 "checkpoint-*")), "weight_version": self.engine.weight_version,
             "rollouts": self.rollouts.stats.to_dict(), "train_s": round(time.perf_counter() - started, 2),
-            "duplicate_prompts": self.index.duplicates, "unusable_rows": len(self.index.unusable),
+            "same_text_prompts": self.index.same_text, "unusable_rows": len(self.index.unusable),
             "steps_skipped": self.steps_skipped, "resumed_from": self.resumed_from,
         }
 

@@ -22,7 +22,7 @@ from scaffold_trl.loop_thread import LoopThread
 from scaffold_trl.rollout import REWARD_KEY, PromptIndex, RolloutBridge, scaffold, split_groups, to_trl_output
 
 ROWS = [{"id": "a", "question": "1 + 1?", "answer": "2"}, {"id": "b", "question": "2 + 2?", "answer": "4"},
-        {"id": "c", "question": "1 + 1?", "answer": "2"}]  # c repeats a's prompt
+        {"id": "c", "question": "1 + 1?", "answer": "2"}]  # c repeats a's prompt text: another task all the same
 
 
 class FakeState:
@@ -90,7 +90,7 @@ def test_the_bridge_answers_trl_with_one_completion_per_entry_in_order():
     try:
         loop.run(rollouts.start(), 30)
         index = PromptIndex(rollouts)
-        assert index.duplicates == 1 and len(index.prompts) == 2
+        assert index.same_text == 1 and index.prompts == ["a", "b", "c"]  # rows by identity, never by text
         bridge = RolloutBridge(rollouts, index, loop)
         b, a = index.prompts[1], index.prompts[0]
         out = bridge([b, b, b, a, a, a], FakeTrainer())

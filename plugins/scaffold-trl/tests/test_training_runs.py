@@ -158,14 +158,18 @@ def test_a_task_whose_groups_all_have_equal_rewards_takes_no_optimizer_step(tmp_
     import scaffold_core.testing.plugin as test_tasks
     import scaffold_trl
     from scaffold_core.config import load_config
+    from scaffold_core.errors import ScaffoldError
     from scaffold_core.testing import plugin_set
     from scaffold_core.train.session import run_training
 
     pset = plugin_set(test_tasks, scaffold_trl, training_plugin)
     cfg = config(tmp_path, tiny_policy, "flat", [dict(r, answer="zero" if r["answer"] == "length" else r["answer"])
                                                  for r in MIXED], max_steps=2, save_steps=2, max_refill_rounds=1)
-    summary = run_training(load_config(cfg, registry=pset.registry), tmp_path / "run", registry=pset.registry,
-                           progress=False)
+    with pytest.raises(ScaffoldError, match="the run trained nothing: all 2 step.s. were skipped"):
+        run_training(load_config(cfg, registry=pset.registry), tmp_path / "run", registry=pset.registry,
+                     progress=False)  # a run that changed no weight is a failure, its files kept
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["optimizer_steps"] == 0
     steps = lines(tmp_path / "run" / "train_metrics.jsonl")
     assert summary["steps_skipped"] == 2 and [s["steps_skipped"] for s in steps] == [1, 2]
     assert all(s["skipped"] == 1 and s["groups_used"] == 0 and s["refill_rounds"] == 1 for s in steps)

@@ -81,6 +81,9 @@ def load(env_id: str, env_args: dict[str, Any] | None = None) -> LoadedEnvironme
     try:
         config_cls = taskset_config_type(env_id)
     except (ImportError, TypeError, AttributeError, ValueError) as exc:
+        legacy = legacy_api(env_id, exc)
+        if legacy:
+            raise UnsupportedEnvironment(legacy) from None
         raise ConfigError(f"task.env: verifiers environment {env_id!r} could not be loaded: {one_line(exc)}. "
                           "Install its package (pip install <its package>) so that verifiers can import it") from None
     try:
@@ -93,6 +96,72 @@ def load(env_id: str, env_args: dict[str, Any] | None = None) -> LoadedEnvironme
     loaded = LoadedEnvironment(env_id, taskset, config, task_cls)
     loaded.problems = single_turn_problems(vf, loaded)
     return loaded
+
+
+#: What environments written for verifiers before 0.4 use, which 0.4 removed (``verifiers.envs`` and friends).
+LEGACY_MARKERS = ("verifiers.envs", "vf.SingleTurnEnv", "vf.MultiTurnEnv", "vf.ToolEnv", "vf.StatefulToolEnv",
+                  "vf.Rubric", "vf.JudgeRubric", "vf.XMLParser", "vf.Parser", "vf.Environment",
+                  "verifiers.rubrics", "verifiers.parsers", "SingleTurnEnv(", "MultiTurnEnv(")
+
+
+def legacy_api(env_id: str, exc: BaseException) -> str | None:
+    """The one-line message for an environment written for the verifiers API before 0.4 (a
+    ``load_environment()`` returning a ``vf.Environment``, the ``verifiers.envs`` modules), else None.
+
+    verifiers 0.4 hides why such an environment fails (it says "not found ... must already be installed"
+    while the real cause is ``No module named 'verifiers.envs'``); the cause and the environment's source
+    tell the two apart."""
+    cause = _legacy_import_error(exc)
+    module = env_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+    source = _module_source(module)
+    uses_legacy = bool(source) and "verifiers.v1" not in source and (
+        "def load_environment" in source or any(m in source for m in LEGACY_MARKERS))
+    if cause is None and not uses_legacy:
+        return None
+    import verifiers
+
+    why = f"No module named {cause!r}" if cause else "it defines load_environment() and no verifiers.v1 Taskset"
+    return (f"task.env: verifiers environment {env_id!r} is written for the verifiers API before 0.4 "
+            f"(load_environment() returning a vf.Environment, the verifiers.envs modules), which verifiers "
+            f"{verifiers.__version__} (installed) no longer has ({why}); scaffold-verifiers runs environments "
+            f"written for verifiers {SUPPORTED}'s verifiers.v1 API. Fix: install a release of the environment "
+            "written for verifiers>=0.4 (a vf.Taskset), or port it (its dataset becomes Taskset.load(), its rubric "
+            "functions @vf.reward methods); its rows alone run with task: {name: dataset} and a verifier")
+
+
+def _legacy_import_error(exc: BaseException) -> str | None:
+    """The missing ``verifiers.*`` module (not ``verifiers.v1``) among the causes of ``exc``, if any."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 10:
+        name = getattr(current, "name", None)
+        if isinstance(current, ModuleNotFoundError) and isinstance(name, str) and name.startswith("verifiers.") \
+                and not name.startswith("verifiers.v1"):
+            return name
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+def _module_source(module: str) -> str:
+    """The source of an installed module (its package's ``__init__`` and sibling modules), or ``""``."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return ""
+    from pathlib import Path
+
+    origin = Path(spec.origin)
+    files = sorted(origin.parent.glob("*.py"))[:50] if spec.submodule_search_locations else [origin]
+    texts = []
+    for path in files:
+        try:
+            texts.append(path.read_text(encoding="utf-8", errors="replace")[:200_000])
+        except OSError:
+            continue
+    return "\n".join(texts)
 
 
 def single_turn_problems(vf: Any, loaded: LoadedEnvironment) -> list[str]:
@@ -218,6 +287,15 @@ def runtime_dependent(task: Any) -> list[str]:
             if param is not None and param.default is inspect.Parameter.empty:
                 names.append(fn.__name__)
     return names
+
+
+def has_own_setup(task: Any) -> bool:
+    """Whether the task prepares the agent's runtime itself (its own ``setup``), which its rubric may read."""
+    if task is None:
+        return False
+    from verifiers.v1 import Task
+
+    return type(task).setup is not Task.setup
 
 
 def one_line(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import secrets
 import time
@@ -37,6 +38,7 @@ from scaffold_core.generation import AwaitTask
 from scaffold_core.plugins import current_path
 
 from .environment import check_rollout
+from .jail_runtime import jailed_task_class
 from .judges import JudgeEndpoint, bind_judges, count_judges, parse_judge_option
 from .task import TASK_KEY
 from .verifier import loaded_environment, verdict_of
@@ -193,8 +195,9 @@ class VerifiersRolloutController(NativeController):
         elif judges and isinstance(self.judge, JudgeEndpoint):
             config = bind_judges(config, self.judge)
         task_cls = type(env.taskset).task_type()
+        built = task_cls if reference.get("code_execution") == "host" else jailed_task_class(task_cls)
         try:
-            return task_cls(task_cls.data_type().model_validate(reference[TASK_KEY]), config)
+            return built(task_cls.data_type().model_validate(reference[TASK_KEY]), config)
         except Exception as exc:
             raise EpisodeError(f"verifiers environment {reference['env']!r}: the row's task cannot be rebuilt: "
                                f"{type(exc).__name__}: {exc}", component="task") from exc
@@ -223,7 +226,12 @@ def _played(run: asyncio.Future, env: Any, env_id: str) -> Any:
 
 
 def _outcome(episode: Any, played: Any, ctx: EpisodeContext, env_id: str, seconds: float) -> Outcome:
-    """Each conversation of the episode's session as one sample, scored by the library's trace that made it."""
+    """Each conversation of the episode's session as one sample, scored by the library's trace that made it.
+
+    Every trainable seat (trace) is kept in the figures: one that acted gives its samples; one that never made
+    a model call (its opponent forfeited first) gives none and is counted (``idle_seats``). Each seat's reward is
+    an episode metric (``seat_reward/<agent>``, averaged over the episode's traces of that agent), and
+    ``seat_reward_mean`` averages every trainable seat, acted or not: 0 for a zero-sum game."""
     session = episode.session
     traces = {trace.id: trace for trace in played.traces}
     trainable = [t for t in played.traces if t.agent is None or t.agent.trainable]
@@ -234,6 +242,7 @@ def _outcome(episode: Any, played: Any, ctx: EpisodeContext, env_id: str, second
     samples: list[Any] = []
     chosen: int | None = None
     skipped = 0
+    acted: set[str] = set()
     final = trainable[-1] if trainable else None
     for trajectory in session.trajectories:
         trace = traces.get(trajectory.tags[0]) if trajectory.tags else (
@@ -247,6 +256,7 @@ def _outcome(episode: Any, played: Any, ctx: EpisodeContext, env_id: str, second
         # the conversations of one agent run (a client that rewrote its history splits it) are one rollout
         samples.append(trajectory.sample(trace.last_reply, verdict, ctx.sample_base + len(samples), meta,
                                          rollout=f"{ctx.sample_base}/{trace.id}"))
+        acted.add(trace.id)
         if trace is final:
             chosen = len(samples) - 1
     if not samples:
@@ -256,10 +266,28 @@ def _outcome(episode: Any, played: Any, ctx: EpisodeContext, env_id: str, second
     metrics = {"agent_calls": float(session.counts["calls"]), "agent_trajectories": float(len(samples)),
                "drift": float(session.drift_count), "forks": float(session.counts["fork"]),
                "traces": float(len(played.traces)), "turns": float(sum(t.num_turns for t in played.traces)),
-               "judge_calls": float(judge_calls), "skipped_trajectories": float(skipped), "agent_s": seconds}
+               "judge_calls": float(judge_calls), "skipped_trajectories": float(skipped), "agent_s": seconds,
+               **_seat_metrics(trainable, acted)}
     answer = final.last_reply if final is not None else None
     reward = float(final.reward) if final is not None else None
     return Outcome(samples=samples, chosen=chosen, answer=answer, answer_reward=reward, metrics=metrics)
+
+
+def _seat_metrics(trainable: list[Any], acted: set[str]) -> dict[str, float]:
+    """``seats``, ``idle_seats``, ``seat_reward_mean`` and ``seat_reward/<agent>`` of an episode's trainable traces."""
+    by_agent: dict[str, list[float]] = {}
+    rewards: list[float] = []
+    for trace in trainable:
+        reward = trace.reward
+        if reward is None or not math.isfinite(float(reward)):
+            continue
+        rewards.append(float(reward))
+        by_agent.setdefault(_agent_name(trace) or "agent", []).append(float(reward))
+    metrics = {"seats": float(len(trainable)), "idle_seats": float(sum(t.id not in acted for t in trainable))}
+    if rewards:
+        metrics["seat_reward_mean"] = sum(rewards) / len(rewards)
+    metrics.update({f"seat_reward/{name}": sum(v) / len(v) for name, v in by_agent.items()})
+    return metrics
 
 
 def _agent_name(trace: Any) -> str | None:

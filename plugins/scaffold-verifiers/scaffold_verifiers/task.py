@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from scaffold_core.errors import DataError
 from scaffold_core.task import Task
@@ -28,10 +28,12 @@ from .environment import (
     UnsupportedEnvironment,
     check_rollout,
     harness_id,
+    has_own_setup,
     load,
     one_line,
     runtime_dependent,
 )
+from .jail_runtime import warn_host_execution
 from .transcript import prompt_messages, rollout_messages
 
 #: The key of the reference that carries a task's wire data.
@@ -51,6 +53,9 @@ class VerifiersTask(Task):
     * ``env_config``: the fields of the environment's ``EnvConfig`` besides the taskset (its agent seats,
       ``max_concurrent_agents``, ``timeout``, ``retries``); agents always run in the ``subprocess`` runtime.
     * ``limit``, ``shuffle`` (with ``seed``): which tasks, applied with the taskset's own views.
+    * ``code_execution`` (``jail``): where reward and metric functions that take a ``runtime`` run the
+      programs they run (the model's code): ``jail``, scaffold's jail (:mod:`scaffold_verifiers.jail_runtime`);
+      ``host``, the agent's runtime on this machine as the library runs them, after a loud warning.
     """
 
     default_config: ClassVar[dict[str, Any]] = {"verifier": {"name": "verifiers"},
@@ -58,7 +63,7 @@ class VerifiersTask(Task):
 
     def __init__(self, env: str, env_args: dict[str, Any] | None = None, harness: str | None = None,
                  env_config: dict[str, Any] | None = None, limit: int | None = None, shuffle: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, code_execution: Literal["jail", "host"] = "jail"):
         super().__init__()
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be >= 1 (or null for every task), got {limit}")
@@ -70,14 +75,28 @@ class VerifiersTask(Task):
         self.limit = limit
         self.shuffle = shuffle
         self.seed = seed
+        if code_execution not in ("jail", "host"):
+            raise ValueError(f"code_execution must be jail (scaffold's jail, the default) or host (this machine, "
+                             f"unisolated), got {code_execution!r}")
+        self.code_execution = code_execution
         self.loaded: LoadedEnvironment = load(env, self.env_args)
         self.harness = harness_id(self.loaded, harness)
         #: Whether one model turn scored by the rubric is this environment's whole rollout.
         self.single_turn = not self.loaded.problems and self.harness == DEFAULT_HARNESS and not self.env_config
-        if self.single_turn:  # reward functions that inspect the agent's sandbox need the library's rollout
-            self.single_turn = not runtime_dependent(next(iter(self.loaded.taskset.take(1)), None))
+        #: Reward and metric functions that run programs in a runtime (the model's code, in a code rubric).
+        self.runs_code: list[str] = []
+        if self.single_turn:
+            first = next(iter(self.loaded.taskset.take(1)), None)
+            self.runs_code = runtime_dependent(first)
+            if self.runs_code:  # in the jail, the rubric needs no agent runtime, unless the task prepares one
+                self.single_turn = code_execution == "jail" and not has_own_setup(first)
         if not self.single_turn:
             check_rollout(self.loaded, self.harness, self.env_config)
+        if code_execution == "host":
+            if not self.runs_code:
+                self.runs_code = runtime_dependent(next(iter(self.loaded.taskset.take(1)), None))
+            if self.runs_code:
+                warn_host_execution(env)
 
     def _tasks(self) -> Iterator[Any]:
         view = self.loaded.taskset
@@ -119,7 +138,8 @@ class VerifiersTask(Task):
         """The environment, the task's data and its prompt: what the ``verifiers`` verifier rebuilds the task
         and the transcript from, and what the ``verifiers_rollout`` controller plays (``rollout``: whether the
         library's rollout must play it, with which harness and env config)."""
-        reference = {"env": self.env, "env_args": self.env_args, TASK_KEY: row[TASK_KEY], "messages": row["messages"]}
+        reference = {"env": self.env, "env_args": self.env_args, TASK_KEY: row[TASK_KEY], "messages": row["messages"],
+                     "code_execution": self.code_execution}
         if not self.single_turn:
             reference["rollout"] = {"harness": self.harness, "env_config": self.env_config}
         return reference

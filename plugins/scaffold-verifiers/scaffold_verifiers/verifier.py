@@ -21,7 +21,8 @@ from typing import Any
 from scaffold_core.errors import VerifierError
 from scaffold_core.verifier import Reference, Verdict, Verifier
 
-from .environment import LoadedEnvironment, load
+from .environment import LoadedEnvironment, load, runtime_dependent
+from .jail_runtime import jail_runtime_class
 from .task import TASK_KEY
 from .transcript import one_turn_trace
 
@@ -69,7 +70,8 @@ class VerifiersRubric(Verifier):
         loaded = loaded_environment(str(reference["env"]), dict(env_args))
         task = loaded.make_task(data)
         trace = one_turn_trace(task, list(messages), response)
-        asyncio.run(task.score(trace))
+        runtime = jail_runtime_class()() if runtime_dependent(task) else None  # a code rubric: in the jail
+        asyncio.run(task.score(trace, runtime))
         return verdict_of(trace)
 
 

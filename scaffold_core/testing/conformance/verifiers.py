@@ -137,8 +137,9 @@ class VerifierConformance(ComponentConformance):
         return reward_range_of(self.make_verifier())
 
     def not_rewarded(self, verdict: Any) -> bool:
-        """Whether a verdict gives no reward: ``reward <= 0`` (or the range's floor, when that is higher)."""
-        return verdict.reward <= max(0.0, self.reward_range()[0])
+        """Whether a verdict gives no reward: unscored (:meth:`Verdict.unscored`), or ``reward <= 0`` (or the
+        range's floor, when that is higher)."""
+        return not verdict.scored or verdict.reward <= max(0.0, self.reward_range()[0])
 
     # -- tests -----------------------------------------------------------
     def test_executor_is_valid(self) -> None:

@@ -1,0 +1,26 @@
+"""The plugin as a user sees it: listed by `scaffold list-plugins`, and light to load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from scaffold_core.testing.installed import listed_plugin
+
+
+def test_listed_by_scaffold_list_plugins_with_its_components():
+    plugin = listed_plugin("reasoning_gym")
+    assert plugin["status"] == "ok", plugin
+    assert plugin["distribution"] == "scaffold-reasoning-gym"
+    assert plugin["components"]["task"] == ["reasoning_gym"]
+    assert plugin["components"]["verifier"] == ["reasoning_gym"]
+
+
+def test_registering_imports_neither_its_library_nor_heavy_ones():
+    code = ("import json, sys, scaffold_reasoning_gym\n"
+            "from scaffold_core.testing import plugin_set\n"
+            "plugin_set(under_test=scaffold_reasoning_gym)\n"
+            "print(json.dumps(sorted(m for m in ('reasoning_gym', 'torch', 'transformers') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], out.stdout
