@@ -4,7 +4,6 @@ one instance per episode; bad classes and fields are one-line config errors."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -18,6 +17,7 @@ import scaffold_openenv  # noqa: E402
 import scaffold_multiturn  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.errors import ConfigError  # noqa: E402
+from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout  # noqa: E402
 from scaffold_core.testing import plugin_set  # noqa: E402
 
@@ -51,7 +51,7 @@ def run(tmp_path, script, **controller) -> tuple[dict[str, Any], list[dict[str, 
                                "engine": {"name": "scripted"}, "sampling": {"max_tokens": 32, "seed": 7},
                                "trajectory": {"name": "multiturn"}}, registry=pset.registry)
     metrics = Rollout(config, output_dir=tmp_path, plugins=pset, progress=False).run()
-    return metrics, [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    return metrics, list(read_records(tmp_path))
 
 
 def replay(seed: int, actions: list[str]) -> list[float]:

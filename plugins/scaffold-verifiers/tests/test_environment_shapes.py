@@ -26,6 +26,7 @@ import scaffold_multiturn  # noqa: E402
 import scaffold_serve  # noqa: E402
 from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
+from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
 from scaffold_core.testing import ScriptedEngine, plugin_set  # noqa: E402
 
@@ -66,7 +67,7 @@ def scaffold_run(pset, out: Path, engine: str, **task: Any) -> tuple[dict[str, A
                                "sampling": {"max_tokens": 256}, "trajectory": {"name": "multiturn"}},
                          registry=pset.registry)
     metrics = Rollout(config, output_dir=out, plugins=pset, progress=False).run()
-    episodes = {e["episode_id"]: e for e in map(json.loads, (out / "episodes.jsonl").read_text().splitlines())}
+    episodes = {e["episode_id"]: e for e in read_records(out)}
     return metrics, episodes
 
 
