@@ -61,8 +61,8 @@ from ..generation import GenerationRequest, GenerationResult
 from ..tokenizers import eos_token_ids
 from .decode_rows import DecodeRow, new_row, record_top, result_of, take_token
 from .generic_batch import GenericBatch
-from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
 from .grammar import Grammars, RowGrammar, available_kinds, mask_logits
+from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
 from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
 from .prefix_store import PrefixStore
 from .sampler import sample, top_logprobs
