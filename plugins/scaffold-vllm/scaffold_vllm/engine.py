@@ -21,6 +21,7 @@ from typing import Any
 from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.remote.client import error_message
 from scaffold_core.remote.engine import RemoteEngine
+from scaffold_core.sampling import CONSTRAINT_KINDS
 
 from .launcher import VLLMLaunchOptions, VLLMServer, flag_value
 
@@ -49,6 +50,8 @@ class VLLMEngine(RemoteEngine):
     """
 
     server_name = "vllm"
+    #: Every constraint kind: a request's ``sampling.constraint`` goes out as vLLM's ``structured_outputs``.
+    constraints = frozenset(CONSTRAINT_KINDS)
     default_url = DEFAULT_URL
     default_api_key_env = DEFAULT_API_KEY_ENV
     launch_options = VLLMLaunchOptions

@@ -58,6 +58,9 @@ COMPLETIONS_EXTRA: frozenset[str] = frozenset({
     "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens",
     "structured_outputs", "logit_bias", "allowed_token_ids", "priority", "cache_salt", "vllm_xargs",
 })
+#: A request's constraint as vLLM's ``structured_outputs`` (``StructuredOutputsParams``) field that takes it.
+STRUCTURED_OUTPUT_FIELDS = {"json_schema": "json", "regex": "regex", "ebnf": "grammar",
+                            "structural_tag": "structural_tag"}
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "abort"}
 
 
@@ -95,6 +98,8 @@ def sampling_fields(request: GenerationRequest) -> dict[str, Any]:
         fields["stop"] = list(sp.stop)
     if sp.stop_token_ids:
         fields["stop_token_ids"] = [int(t) for t in sp.stop_token_ids]
+    if sp.constraint is not None:  # enforced by vLLM's own structured-output backend (xgrammar by default)
+        fields["structured_outputs"] = {STRUCTURED_OUTPUT_FIELDS[sp.constraint.kind]: sp.constraint.spec}
     return fields
 
 

@@ -178,3 +178,20 @@ def test_the_protocols_read_what_the_test_server_writes():
     payload = orjson.dumps(GENERATE_ANSWER)
     assert GenerateProtocol().parse(payload, "r", request(top_logprobs=2)).top_logprobs[0] == {70: -0.5, 80: -1.5}
     assert CompletionsProtocol("m").parse(orjson.dumps(COMPLETION_ANSWER), "r", request()).output_ids == [70, 71]
+
+
+def test_a_constraint_goes_out_as_vllms_structured_outputs_on_both_endpoints():
+    """A forced tool call or JSON output (scaffold-serve) is enforced by vLLM's own structured-output backend."""
+    from scaffold_vllm.engine import VLLMEngine
+    from scaffold_vllm.protocol import completions_body, generate_body
+
+    from scaffold_core.sampling import Constraint
+
+    expected = {"json_schema": "json", "regex": "regex", "ebnf": "grammar", "structural_tag": "structural_tag"}
+    for kind, field in expected.items():
+        request = GenerationRequest("r", [1, 2], SamplingParams(max_tokens=8, constraint=Constraint(kind, "spec")))
+        assert generate_body(request, "r")["sampling_params"]["structured_outputs"] == {field: "spec"}
+        assert completions_body(request, "r", None)["structured_outputs"] == {field: "spec"}
+        assert kind in VLLMEngine.constraints
+    plain = GenerationRequest("r", [1], SamplingParams(max_tokens=8))
+    assert "structured_outputs" not in generate_body(plain, "r")["sampling_params"]
