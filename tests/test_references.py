@@ -105,7 +105,11 @@ def test_scaffold_score_passes_json_references_as_they_are(tmp_path, cli):
     proc = cli("score", "--verifier", "exact_match", "--input", str(source), "--output", str(tmp_path / "out.jsonl"))
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, 0.0]
+    assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, None]  # no reference: no reward, never a 0
+    assert rows[3]["scored"] is False and "scored" not in rows[0]
+    summary = json.loads(proc.stdout)
+    assert summary["scored"] == 3 and summary["no_reward"] == [{"line": 4, "reason": rows[3]["reason"]}]
+    assert "1 line(s) got no reward" in proc.stderr
     assert rows[0]["answer"] == ["blue", "azure"]  # written back unchanged
 
 

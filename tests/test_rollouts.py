@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from scaffold_core.builtins.trajectories import GRPOTrajectoryMaker
 from scaffold_core.episode import EpisodeResult, Sample
-from scaffold_core.output.ledger import _record, result_of
+from scaffold_core.output.store import record_of, result_of
 from scaffold_core.run.metrics import RunMetrics
 from scaffold_core.verifier import Verdict
 
@@ -39,9 +39,9 @@ def test_samples_without_a_rollout_are_each_their_own():
     assert summary["rollouts"] == 3 and summary["pass@3"] == 1.0 and abs(summary["reward_mean"] - 1 / 3) < 1e-6
 
 
-def test_rollouts_survive_the_ledger_and_combined_worker_totals():
+def test_rollouts_survive_the_store_and_combined_worker_totals():
     episode = agent_episode()
-    rebuilt = result_of(_record(episode, []))
+    rebuilt = result_of(record_of(episode))
     assert [s.rollout for s in rebuilt.samples] == [0, 0, 0, 1]
     one, two = RunMetrics(), RunMetrics()
     one.add(rebuilt)

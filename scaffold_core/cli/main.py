@@ -337,6 +337,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     summary = score_file(args.verifier, args.input, args.output, args.option)
     print(json.dumps(summary, indent=2))
     bad = summary.get("unscored") or []
+    if summary.get("no_reward"):
+        print(f"scaffold score: {len(summary['no_reward'])} line(s) got no reward from the verifier (listed under "
+              "no_reward; written with reward null) and are left out of accuracy and reward_mean", file=sys.stderr)
     for line in bad:
         print(f"error: {args.input}:{line['line']}: not scored: {line['error']}", file=sys.stderr)
     if bad:

@@ -26,7 +26,9 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
     a dict the verifier understands, or null), passed to the verifier as it is.
     A line the verifier cannot score (a gold answer it cannot use, a verifier error or timeout) does not
     stop the others: it is listed in ``unscored`` with its line number and error, and written to the
-    output with ``reward: null`` and that ``error``. A line that is not UTF-8, not JSON or lacks a field
+    output with ``reward: null`` and that ``error``. A line the verifier declines to reward (its verdict is
+    unscored: no reference answer, a judgement that does not parse) is written with ``reward: null`` and
+    ``scored: false``, listed in ``no_reward`` and left out of the means; it is not an error. A line that is not UTF-8, not JSON or lacks a field
     is an error naming the file and line.
     """
     opts: dict[str, Any] = {}
@@ -55,15 +57,21 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
     scored = 0
     reward_sum = 0.0
     unscored = []
+    no_reward: list[dict[str, Any]] = []
     for row, number, verdict in zip(rows, numbers, verdicts):
         if not isinstance(verdict, Verdict):
             row["reward"] = row["extracted"] = None
             row["error"] = str(verdict)
             unscored.append({"line": number, "error": str(verdict)})
             continue
-        row["reward"] = verdict.reward
         row["extracted"] = verdict.extracted
         row["reason"] = verdict.reason
+        if not verdict.scored:  # the verifier gave no reward (no reference to compare with): null, never 0
+            row["reward"] = None
+            row["scored"] = False
+            no_reward.append({"line": number, "reason": verdict.reason})
+            continue
+        row["reward"] = verdict.reward
         scored += 1
         reward_sum += verdict.reward
         correct += verdict.reward > 0
@@ -82,6 +90,7 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
         "accuracy": round(correct / scored, 6) if scored else 0.0,
         "reward_mean": round(reward_sum / scored, 6) if scored else 0.0,
         **({"unscored": unscored} if unscored else {}),
+        **({"no_reward": no_reward} if no_reward else {}),
         **({"output": output_path} if output_path else {}),
     }
 
