@@ -28,8 +28,8 @@ def score_file(verifier_name: str, input_path: str, output_path: str | None = No
     stop the others: it is listed in ``unscored`` with its line number and error, and written to the
     output with ``reward: null`` and that ``error``. A line the verifier declines to reward (its verdict is
     unscored: no reference answer, a judgement that does not parse) is written with ``reward: null`` and
-    ``scored: false``, listed in ``no_reward`` and left out of the means; it is not an error. A line that is not UTF-8, not JSON or lacks a field
-    is an error naming the file and line.
+    ``scored: false``, listed in ``no_reward`` and left out of the means; it is not an error.
+    A line that is not UTF-8, not JSON or lacks a field is an error naming the file and line.
     """
     opts: dict[str, Any] = {}
     for text in options or []:

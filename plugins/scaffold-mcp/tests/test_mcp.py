@@ -100,7 +100,8 @@ def test_the_registered_component_is_a_tool_set_of_the_servers_tools():
             await tool_set.close()
 
     tools, pid, upper, refused = run(body())
-    assert sorted(tools) == ["add", "crash", "refuse", "text_upper", "wait", "where", "whoami"]  # '.' is not a tool name
+    # '.' is not a tool name
+    assert sorted(tools) == ["add", "crash", "refuse", "text_upper", "wait", "where", "whoami"]
     assert tools["add"].description == "Add two integers and return their sum."
     assert tools["add"].parameters["required"] == ["a", "b"]
     assert tools["text_upper"].remote_name == "text.upper" and upper.content == "MCP"
