@@ -195,3 +195,29 @@ def test_a_group_shares_one_prefill_and_matches_the_unshared_path(engine):
         assert s.output_ids == u.output_ids and s.finish_reason == u.finish_reason
         assert max(abs(a - b) for a, b in zip(s.logprobs, u.logprobs)) <= 1e-4
     assert len({tuple(r.output_ids) for r in shared[:3]}) > 1  # each sample drew from its own seed
+
+
+def test_prompts_sharing_a_long_start_prefill_it_once_and_match_teacher_forcing(engine):
+    shots = [{"role": "user", "content": "What is 12 times 3? Think step by step."},
+             {"role": "assistant", "content": "12 times 3 is 36. The answer is 36."}]
+    ids = [render_chat(engine.tokenizer, shots + [{"role": "user", "content": q}])[1] for q in QUESTIONS]
+    common = 0
+    while all(p[common] == ids[0][common] for p in ids):
+        common += 1
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    reqs = [GenerationRequest(f"f{i}", p, greedy) for i, p in enumerate(ids)]
+    before = engine.stats()
+    shared = generate_all(engine, reqs)
+    after = engine.stats()
+    assert after["batches"] - before["batches"] == 1
+    # the start was computed once: the other prompts took its keys and values
+    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] == common * (len(ids) - 1)
+    engine.share_prefill = False
+    try:
+        unshared = generate_all(engine, reqs)
+    finally:
+        engine.share_prefill = True
+    for req, s, u in zip(reqs, shared, unshared):
+        assert s.output_ids == u.output_ids
+        expected = teacher_forced_logprobs(engine, req.prompt_ids, s.output_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(expected, s.logprobs)) <= 1e-3

@@ -83,6 +83,20 @@ def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
     return f"cuda:{local_rank % gpus}"
 
 
+def auto_threads() -> int:
+    """Threads for a CPU engine that was not told how many: one core fewer than the process may use (at least 1).
+
+    The CPU's matrix products run on OpenMP threads that spin while they wait for each other: with a thread
+    on every core, any other busy process (the event loop, a tokenizer, a verifier, a neighbour) stalls
+    the whole team, and a decode step that takes ~95 ms on one thread took ~1,100 ms on two of a 2-core
+    machine under a load of 2.3 (one thread: ~95 ms at either load).
+    """
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
 class TransformersEngine(Engine):
     """In-process Hugging Face transformers engine with dynamic batching."""
 
@@ -163,13 +177,16 @@ class TransformersEngine(Engine):
 
     def _load(self) -> None:
         torch, _ = require_torch()
-        if self.threads:
-            torch.set_num_threads(self.threads)
         device = self.device_option
         if device == "auto":
             local_rank = self.run_info.local_rank if self.run_info is not None else 0
             device = auto_device(torch.cuda.is_available(), torch.cuda.device_count(), local_rank)
         self.device = device
+        threads = self.threads
+        if not threads and self._lent is None and device == "cpu":
+            threads = auto_threads()
+        if threads:
+            torch.set_num_threads(threads)
         if self._lent is not None:
             self.model, self.tokenizer = self._lent
             self.device = str(next(self.model.parameters()).device)
