@@ -109,6 +109,9 @@ def test_train_report_plots_each_step(test_plugins, tmp_path, capsys):
     assert "Not reported by this trainer: loss, entropy" in html  # rollout_only trains nothing
     assert "no episode ledger" not in html  # the training run's rollouts are in its ledger: browsable
     assert len(page_data(html)["episodes"]) == 3 * 3 * 2  # steps x rows x samples (one episode each)
+    training = re.search(r'<section id="training">.*?</section>', html, re.S).group(0)
+    x_ticks = re.findall(r'<text class="tick" x="[\d.]+" y="[\d.]+" text-anchor="middle">([^<]+)</text>', training)
+    assert x_ticks and all(t.isdigit() for t in x_ticks)  # optimizer steps are whole: no tick at 1.5
 
 
 def test_report_command_and_its_errors(eval_dir, tmp_path, capsys):

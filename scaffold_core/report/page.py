@@ -331,7 +331,7 @@ def training_section(report: Report) -> str:
         if series:
             suffix = " (± reward_std)" if spread and series[0].band else ""
             charts.append(line_chart(series, title=title + suffix, x_label="optimizer step", y_label=y_label,
-                                     markers=len(steps) <= 40, legend=True))
+                                     markers=len(steps) <= 40, legend=True, integer_x=True))
     missing = [k for _, _, keys, _ in TRAIN_CHARTS for k in keys[:1] if not any(_is_number(s.get(k)) for s in steps)]
     note = (f'<p class="note">Not reported by this trainer: {escape(", ".join(missing))}.</p>' if missing else "")
     return (f'<section id="training"><h2>Training</h2><p class="note">{len(steps):,} optimizer steps from '
