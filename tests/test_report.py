@@ -281,3 +281,18 @@ def test_scaffold_run_reports_from_what_it_counted(test_plugins, tmp_path, monke
     assert main(["run", str(config), "-o", str(tmp_path / "run")]) == 0
     assert "WARNING" not in capsys.readouterr().err
     assert "All 12 episodes." in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_the_reward_band_of_a_training_chart_stays_within_the_rewards_given(tmp_path):
+    from array import array
+
+    from scaffold_core.report.contents import Report
+    from scaffold_core.report.episodes import Stats
+    from scaffold_core.report.page import training_section
+
+    stats = Stats(rewards=array("d", [0.0, 1.0, 0.0]))
+    steps = [{"step": i, "reward_mean": m, "reward_std": 0.5} for i, m in enumerate([0.1, 0.3, 0.6], 1)]
+    html = training_section(Report(directory=tmp_path, kind="train", steps=steps, stats=stats))
+    chart = re.search(r"<svg[^>]*aria-label=\"Reward[^\"]*\".*?</svg>", html, re.S).group(0)
+    y_ticks = re.findall(r'text-anchor="end">([^<]+)</text>', chart)
+    assert y_ticks and all(not t.startswith(("-", "−")) for t in y_ticks)  # 0/1 rewards: no band below 0
