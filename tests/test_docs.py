@@ -474,3 +474,19 @@ def test_snippets_run(page, tmp_path):
     finally:
         if session is not None:
             session.close()
+
+
+def test_the_readme_lists_every_doc_once_and_says_to_activate_the_venv():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `(docs/[\w-]+\.md)`", readme, re.M)
+    rows = re.findall(r"^\| (`docs/[^|]+)\|", readme, re.M)
+    listed += [d for row in rows for d in re.findall(r"`(docs/[\w-]+\.md)`", row)[1:]]
+    assert len(listed) == len(set(listed)), "a doc is listed twice in the README's table"
+    assert {f"docs/{p.name}" for p in DOCS.glob("*.md")} <= set(listed) | {"docs/README.md"}
+    assert "source .venv/bin/activate" in readme
+
+
+def test_the_readme_names_every_plugin_in_the_repository():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    missing = [p.name for p in sorted((REPO / "plugins").glob("scaffold-*")) if f"plugins/{p.name}`" not in readme]
+    assert missing == []

@@ -146,3 +146,15 @@ def test_a_report_that_cannot_be_written_is_a_warning_not_a_failed_run(test_plug
     assert "WARNING: the report could not be written (OSError: disk full)" in err
     assert f"scaffold report {tmp_path / 'out'}" in err
     assert (tmp_path / "out" / "metrics.json").is_file() and not (tmp_path / "out" / "report.html").exists()
+
+
+def test_k_answers_at_temperature_zero_are_warned_about(dice_plugins, dice_config, tmp_path, capsys):
+    from scaffold_core.eval.command import run_eval
+
+    run_eval(dice_config(sampling={"temperature": 0.0, "max_tokens": 16}, task={"name": "sums", "count": 2}),
+             [1, 4], output_dir=tmp_path / "greedy", plugins=dice_plugins, progress=False)
+    err = capsys.readouterr().err
+    assert "temperature=0" in err and "4 copies of one answer" in err
+    run_eval(dice_config(sampling={"temperature": 0.7, "max_tokens": 16}, task={"name": "sums", "count": 2}),
+             [1, 4], output_dir=tmp_path / "sampled", plugins=dice_plugins, progress=False)
+    assert "copies of one answer" not in capsys.readouterr().err

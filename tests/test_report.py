@@ -109,6 +109,9 @@ def test_train_report_plots_each_step(test_plugins, tmp_path, capsys):
     assert "Not reported by this trainer: loss, entropy" in html  # rollout_only trains nothing
     assert "no episode ledger" not in html  # the training run's rollouts are in its ledger: browsable
     assert len(page_data(html)["episodes"]) == 3 * 3 * 2  # steps x rows x samples (one episode each)
+    training = re.search(r'<section id="training">.*?</section>', html, re.S).group(0)
+    x_ticks = re.findall(r'<text class="tick" x="[\d.]+" y="[\d.]+" text-anchor="middle">([^<]+)</text>', training)
+    assert x_ticks and all(t.isdigit() for t in x_ticks)  # optimizer steps are whole: no tick at 1.5
 
 
 def test_report_command_and_its_errors(eval_dir, tmp_path, capsys):
@@ -278,3 +281,18 @@ def test_scaffold_run_reports_from_what_it_counted(test_plugins, tmp_path, monke
     assert main(["run", str(config), "-o", str(tmp_path / "run")]) == 0
     assert "WARNING" not in capsys.readouterr().err
     assert "All 12 episodes." in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_the_reward_band_of_a_training_chart_stays_within_the_rewards_given(tmp_path):
+    from array import array
+
+    from scaffold_core.report.contents import Report
+    from scaffold_core.report.episodes import Stats
+    from scaffold_core.report.page import training_section
+
+    stats = Stats(rewards=array("d", [0.0, 1.0, 0.0]))
+    steps = [{"step": i, "reward_mean": m, "reward_std": 0.5} for i, m in enumerate([0.1, 0.3, 0.6], 1)]
+    html = training_section(Report(directory=tmp_path, kind="train", steps=steps, stats=stats))
+    chart = re.search(r"<svg[^>]*aria-label=\"Reward[^\"]*\".*?</svg>", html, re.S).group(0)
+    y_ticks = re.findall(r'text-anchor="end">([^<]+)</text>', chart)
+    assert y_ticks and all(not t.startswith(("-", "−")) for t in y_ticks)  # 0/1 rewards: no band below 0

@@ -111,3 +111,20 @@ def test_hover_shows_logprob_and_version_and_hostile_text_stays_text(page):
     assert "</script><script>window.hacked=1</script>" in tab.locator("#detail details.prompt pre").inner_text()
     assert tab.evaluate("window.hacked === undefined")
     assert errors == []
+
+
+def test_the_report_opens_at_its_summary_not_scrolled_to_the_trajectories(page, tmp_path):
+    tab, errors = page
+    tab.wait_for_load_state("load")
+    assert tab.evaluate("window.scrollY") == 0  # the first trajectory is selected without moving the window
+    summary = tab.locator("#summary").bounding_box()
+    assert summary is not None and summary["y"] < 1000  # in view on open
+    shot = tmp_path / "top.png"
+    tab.screenshot(path=str(shot))  # the viewport as the user sees it on open
+    assert shot.stat().st_size > 5_000
+    tab.evaluate("document.getElementById('list').focus({preventScroll: true})")
+    for _ in range(30):  # keyboard moves deep into the list scroll the list pane, not the page
+        tab.keyboard.press("j")
+    assert tab.evaluate("window.scrollY") == 0
+    assert tab.evaluate("document.getElementById('list').scrollTop") > 0
+    assert errors == []

@@ -168,3 +168,23 @@ def test_scaffold_train_keeps_rollouts_timings_apart_and_resumes_only_the_same_c
     steps = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     assert datasets.load_from_disk(str(out / "trajectories")).num_rows == 16
+
+
+def test_a_training_runs_throughput_is_over_its_rollout_time_never_the_time_to_write_its_files(tmp_path):
+    """metrics.json of a training run once said 12,267 tok/s: tokens over the 0.03 s its files took to write."""
+    ledger = StepLedger(tmp_path / "run")
+    try:
+        ledger.write_step(step([0, 2], "none", 0), weight_version=0)
+        metrics = ledger.finish()
+    finally:
+        ledger.close()
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert "tokens_per_s" not in saved and "wall_s" not in saved and "tokens_per_s" not in metrics
+    ledger = StepLedger(tmp_path / "run2")
+    try:
+        ledger.write_step(step([0, 2], "none", 0), weight_version=0)
+        metrics = ledger.finish(rollout_s=4.0)
+    finally:
+        ledger.close()
+    saved = json.loads((tmp_path / "run2" / "metrics.json").read_text())
+    assert saved["wall_s"] == 4.0 and saved["tokens_per_s"] == round(saved["generated_tokens"] / 4.0, 3)

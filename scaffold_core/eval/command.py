@@ -142,6 +142,16 @@ def compute_eval(directory: Path, ks: list[int], *, select: str = "reward", regi
                           "seed": bootstrap.seed, "over": "problems"}, **figures}
 
 
+def greedy_warning(config: Config, n: int) -> str | None:
+    """The warning for ``n`` > 1 answers per problem decoded greedily (temperature 0): they are all the same
+    answer, so pass@k, majority@k and best-of-N@k equal pass@1; None otherwise."""
+    if n <= 1 or config.sampling.temperature != 0:
+        return None
+    return (f"scaffold: WARNING: {n} answers per problem at sampling.temperature=0 (greedy decoding) are {n} "
+            "copies of one answer: every figure for k > 1 equals k = 1. Sample them with --set "
+            "sampling.temperature=0.7 (or another value above 0), or ask for --k 1")
+
+
 def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = None, resume: bool = False,
              progress: bool | None = None, force_config: bool = False, select: str = "reward",
              bootstrap: Bootstrap | None = None, plugins: Any = None) -> EvalResult:
@@ -154,6 +164,11 @@ def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = N
     if select not in SELECTIONS:  # an unknown name, or one that cannot be built, fails here before any model loads
         registry.create("verifier", select, {}, path="--select")
     n = answers_per_run(config, ks, Path(output_dir) if output_dir is not None else None, resume)
+    warning = greedy_warning(config, n)
+    if warning:
+        import sys
+
+        print(warning, file=sys.stderr)
     config = repeat_config(config, n, registry)
     metrics, directory, tokenizer = run_answers(config, output_dir=output_dir, resume=resume, progress=progress,
                                                 force_config=force_config, plugins=plugins)

@@ -317,6 +317,9 @@ def training_section(report: Report) -> str:
     if not steps:
         return ""
     charts: list[str] = []
+    # a mean ± std band never goes past the rewards the run gave (no band below 0 for 0/1 rewards)
+    seen = report.stats.rewards if report.stats is not None and report.stats.rewards else None
+    low, high = (min(seen), max(seen)) if seen else (-math.inf, math.inf)
     for title, y_label, keys, spread in TRAIN_CHARTS:
         series = []
         for i, key in enumerate(keys):
@@ -325,13 +328,14 @@ def training_section(report: Report) -> str:
                 continue
             band = []
             if spread:
-                band = [(float(s["step"]), float(s[key]) - float(s[spread]), float(s[key]) + float(s[spread]))
+                band = [(float(s["step"]), max(low, float(s[key]) - float(s[spread])),
+                         min(high, float(s[key]) + float(s[spread])))
                         for s in steps if _is_number(s.get(key)) and _is_number(s.get(spread))]
             series.append(Series(key, pts, band, PALETTE[(len(charts) + i) % len(PALETTE)]))
         if series:
             suffix = " (± reward_std)" if spread and series[0].band else ""
             charts.append(line_chart(series, title=title + suffix, x_label="optimizer step", y_label=y_label,
-                                     markers=len(steps) <= 40, legend=True))
+                                     markers=len(steps) <= 40, legend=True, integer_x=True))
     missing = [k for _, _, keys, _ in TRAIN_CHARTS for k in keys[:1] if not any(_is_number(s.get(k)) for s in steps)]
     note = (f'<p class="note">Not reported by this trainer: {escape(", ".join(missing))}.</p>' if missing else "")
     return (f'<section id="training"><h2>Training</h2><p class="note">{len(steps):,} optimizer steps from '

@@ -86,7 +86,7 @@ class _Axes:
     """Maps data to pixels in the plot area of one chart."""
 
     def __init__(self, xs: Sequence[float], ys: Sequence[float], log_x: int, y_range: tuple[float, float] | None,
-                 width: int, height: int):
+                 width: int, height: int, integer_x: bool = False):
         self.log_x = log_x
         self.left, self.top = MARGIN["left"], MARGIN["top"]
         self.right, self.bottom = width - MARGIN["right"], height - MARGIN["bottom"]
@@ -96,6 +96,9 @@ class _Axes:
             self.x_ticks = log_ticks(min(xs), max(xs), log_x)
         else:
             self.x_ticks = nice_ticks(min(xs), max(xs), 6)
+            if integer_x:  # counts (optimizer steps): no tick at 1.5
+                whole = sorted({float(math.ceil(t - 1e-9)) for t in self.x_ticks})
+                self.x_ticks = whole if len(whole) >= 2 else [whole[0], whole[0] + 1]
         if y_range is not None:
             self.y_ticks = nice_ticks(*y_range, 5)
         else:
@@ -145,12 +148,12 @@ def _frame(axes: _Axes, title: str, x_label: str, y_label: str, width: int, heig
 
 def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str, log_x: int = 0,
                y_range: tuple[float, float] | None = None, width: int = WIDTH, height: int = HEIGHT,
-               markers: bool = True, legend: bool | None = None) -> str:
+               markers: bool = True, legend: bool | None = None, integer_x: bool = False) -> str:
     """Lines (with their bands) on shared axes; ``log_x`` 2 or 10 for a log x axis; a legend when there are
     several series (or ``legend`` says so)."""
     xs = [x for s in series for x, _ in s.points] + [b[0] for s in series for b in s.band]
     ys = [y for s in series for _, y in s.points] + [v for s in series for b in s.band for v in b[1:]]
-    axes = _Axes(xs, ys, log_x, y_range, width, height)
+    axes = _Axes(xs, ys, log_x, y_range, width, height, integer_x)
     out = _frame(axes, title, x_label, y_label, width, height)
     for i, s in enumerate(series):
         color = s.color or PALETTE[i % len(PALETTE)]

@@ -58,6 +58,10 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     for key in SESSION_KEYS:
         if key in live:
             metrics[key] = live[key]
+        elif key in ("tokens_per_s", "episodes_per_s", "wall_s"):
+            # no live session measured them (a training run's ledger): the time taken here to read the
+            # store is not the run's time, and tokens over it are no throughput
+            metrics.pop(key, None)
     if "resumed_episodes" in live:
         metrics["session"] = {k: live[k] for k in ("episodes", "completed", "failed", "generated_tokens")}
     metrics["output_dir"] = str(directory)

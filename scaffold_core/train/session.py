@@ -210,8 +210,11 @@ def _train(trainer: Any, config: Any, output_dir: Path, ledger: StepLedger, regi
         reporter.close()
     summary.setdefault("steps", len(reporter.steps))
     if ledger.steps_written or ledger.episodes():
+        rollout = [s.metrics.get("rollout_s") for s in reporter.steps]
+        rollout_s = sum(v for v in rollout if isinstance(v, (int, float)) and not isinstance(v, bool))
         metrics = ledger.finish(save_dataset=bool(getattr(config.output, "save_dataset", True)),
-                                save_parquet=bool(getattr(config.output, "save_parquet", False)))
+                                save_parquet=bool(getattr(config.output, "save_parquet", False)),
+                                rollout_s=rollout_s or None)
         summary["rollouts_on_disk"] = {k: metrics.get(k) for k in ("episodes", "samples", "failed")}
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return summary

@@ -133,15 +133,29 @@ class StepLedger:
             store.db.execute("DELETE FROM episodes WHERE seq > ?", (keep,))
 
     # -- the end ------------------------------------------------------------------------------------
-    def finish(self, *, save_dataset: bool = True, save_parquet: bool = False) -> dict[str, Any]:
+    def finish(self, *, save_dataset: bool = True, save_parquet: bool = False,
+               rollout_s: float | None = None) -> dict[str, Any]:
         """Close the store and export samples, failures, the trajectories dataset and ``metrics.json`` from
-        it (as at the end of ``scaffold run``); returns those metrics."""
+        it (as at the end of ``scaffold run``); returns those metrics. ``rollout_s``: the seconds the steps
+        spent generating rollouts (their ``rollout_s``), the time ``wall_s`` and ``tokens_per_s`` are over;
+        without it neither is written (the export's own time is not the run's)."""
         from ..plugins.lifecycle import Hooks
         from ..run.finalize import finalize_run_dir
 
         self.output.close()
-        return finalize_run_dir(self.dir, {}, hooks=Hooks(None), save_dataset=save_dataset,
-                                save_parquet=save_parquet, private=self.private)
+        live: dict[str, Any] = {}
+        if rollout_s:
+            live["wall_s"] = round(rollout_s, 3)
+        metrics = finalize_run_dir(self.dir, live, hooks=Hooks(None), save_dataset=save_dataset,
+                                   save_parquet=save_parquet, private=self.private)
+        if rollout_s:
+            tokens = int(metrics.get("generated_tokens") or 0)
+            metrics["tokens_per_s"] = round(tokens / rollout_s, 3)
+            metrics["wall_s_is"] = "rollout time summed over the training steps"
+            from ..output.rundir import write_metrics
+
+            write_metrics(self.dir, metrics, private=self.private)
+        return metrics
 
     def close(self) -> None:
         """Close the ledger and release the directory's lock (safe twice)."""

@@ -123,9 +123,15 @@
     var old = list.querySelector(".row.active");
     if (old) { old.classList.remove("active"); }
     var row = list.querySelector('.row[data-i="' + i + '"]');
-    if (row) { row.classList.add("active"); row.scrollIntoView({block: "nearest"}); }
+    if (row) { row.classList.add("active"); keepInList(row); }
     active = i;
     showDetail(shown[i]);
+  }
+  // Scroll the list pane only, never the window (scrollIntoView would move the page away from its summary).
+  function keepInList(row) {
+    var top = row.offsetTop, bottom = top + row.offsetHeight;
+    if (top < list.scrollTop) { list.scrollTop = top; }
+    else if (bottom > list.scrollTop + list.clientHeight) { list.scrollTop = bottom - list.clientHeight; }
   }
   list.addEventListener("keydown", function (ev) {
     if (ev.key === "j" || ev.key === "ArrowDown") { select(active + 1); ev.preventDefault(); }
