@@ -241,3 +241,31 @@ def test_plugins_import_the_core_only_through_plugin_facing_modules():
     offenders = undocumented_plugin_imports(files)
     assert not offenders, ("plugins import core modules that docs/architecture.md does not list as plugin-facing "
                            "(import from a listed module, or list the module there):\n" + "\n".join(offenders))
+
+
+def plugin_name_pattern() -> re.Pattern[str]:
+    """``scaffold-<name>`` or ``scaffold_<name>`` for every plugin under plugins/ (the one name everywhere)."""
+    names = sorted(p.name.removeprefix("scaffold-") for p in PLUGINS.glob("scaffold-*")
+                   if (p / "pyproject.toml").exists())
+    alternatives = "|".join(re.escape(n).replace(r"\-", "-").replace("-", "[-_]") for n in names)
+    return re.compile(rf"\bscaffold[-_](?:{alternatives})\b")
+
+
+def plugin_names_in_core() -> list[str]:
+    pattern = plugin_name_pattern()
+    return [f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+            for path in sorted(PACKAGE.rglob("*.py")) if "templates" not in path.parts
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            for match in pattern.finditer(line)]
+
+
+def test_the_plugin_name_check_sees_distributions_and_modules():
+    pattern = plugin_name_pattern()
+    assert pattern.search("pip install scaffold-skyrl-gym") and pattern.search("from scaffold_serve.cli import x")
+    assert not pattern.search("scaffold-core") and not pattern.search("scaffold_core.plugins")
+
+
+def test_no_core_module_names_a_plugin():
+    found = plugin_names_in_core()
+    assert not found, ("core modules name plugins (commands come through register_commands, install hints from "
+                       "docs/plugins.md):\n" + "\n".join(found))

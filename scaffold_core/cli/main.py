@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROJECT_NAME,
         description="Plugin-based LLM rollout scaffolding for reinforcement learning.",
+        epilog="Installed plugins add more commands (the register_commands hook); docs/plugins.md lists which "
+               "package adds which command and component.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -63,18 +65,6 @@ def _parser() -> argparse.ArgumentParser:
 
     _report_parser(sub)
 
-    p = sub.add_parser("serve", help="serve the config's engine behind an OpenAI-compatible endpoint whose sessions "
-                                     "record token-faithful trajectories (plugin scaffold-serve)")
-    p.add_argument("config", help="YAML config file (its engine, sampling, verifier and trajectory maker)")
-    add_override_arguments(p, "engine.threads=2")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; any other needs "
-                                                      "--api-key)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000; 0 picks a free one)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (default: "
-                                     "$SCAFFOLD_API_KEY)")
-    p.add_argument("-o", "--output", help="where finished sessions are written (default: output.dir)")
-    p.set_defaults(handler=cmd_serve)
-
     p = sub.add_parser("score", help="re-score saved responses with a verifier")
     p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
     p.add_argument("--input", required=True, help="JSONL file; each line has 'response' and 'answer'")
@@ -91,7 +81,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=".",
                    help="the folder to create scaffold-NAME/ in, created when missing (default: the current one)")
     p.set_defaults(handler=cmd_new_plugin)
+    _plugin_commands(sub)
     return parser
+
+
+def _plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """The commands installed plugins add through the ``register_commands`` hook."""
+    from ..plugins import get_plugins
+
+    for warning in get_plugins().add_commands(sub):
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -152,10 +151,8 @@ def cmd_list_plugins(args: argparse.Namespace) -> int:
         print(json.dumps([i.to_json() for i in infos], indent=2))
         return ExitCode.OK
     if not infos:
-        from ..plugins.registry import install_command
-
-        print(f"No plugins installed. Add one, e.g. {install_command('scaffold-gsm8k')} "
-              "(wheels built by `make dist` in a scaffold checkout; see its README)")
+        print("No plugins installed. docs/plugins.md lists the packages that add tasks, engines, commands and "
+              "more (wheels built by `make dist` in a scaffold checkout: pip install --find-links dist PACKAGE)")
         return ExitCode.OK
     rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS")]
     for info in infos:
@@ -316,19 +313,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = build_report(args.run_dir, output=args.output, **options)
     print(path)
     return ExitCode.OK
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        from scaffold_serve.cli import serve
-    except ImportError as exc:
-        if (exc.name or "").split(".")[0] != "scaffold_serve":
-            raise
-        from ..plugins.registry import install_command
-
-        hint = install_command("scaffold-serve")
-        raise ScaffoldError(f"`scaffold serve` comes with the scaffold-serve plugin: {hint}") from None
-    return serve(args)
 
 
 def cmd_score(args: argparse.Namespace) -> int:

@@ -25,10 +25,10 @@ from .manager import (
     set_plugins,
 )
 from .markers import hookimpl, hookspec
-from .registry import KNOWN_PROVIDERS, BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
+from .registry import BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
 
 __all__ = [
-    "BUILTIN", "DEFAULT_PLUGINS", "DISABLE_ENV", "ENTRY_POINT_GROUP", "EXTRA_ENV", "KINDS", "KNOWN_PROVIDERS",
+    "BUILTIN", "DEFAULT_PLUGINS", "DISABLE_ENV", "ENTRY_POINT_GROUP", "EXTRA_ENV", "KINDS",
     "SECTION_KINDS", "BrokenPlugin", "ComponentInfo", "ComponentRegistry", "Kind", "PluginInfo", "PluginSet",
     "Registry", "current_path", "current_registry", "extra_plugin_specs", "get_plugins", "get_registry", "hookimpl",
     "hookspec", "import_spec", "set_plugins",

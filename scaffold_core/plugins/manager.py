@@ -244,6 +244,28 @@ class PluginSet:
                 added = ", ".join(info.name for info in sink[before:]) or "nothing"
                 self.trace(f"{plugin_name}: {hook_name} added {added}")
 
+    # -- commands --------------------------------------------------------
+    def add_commands(self, subparsers: Any) -> list[str]:
+        """Let every plugin add its ``scaffold`` subcommands (the ``register_commands`` hook) to ``subparsers``.
+
+        A plugin that raises, or takes a command name already taken, adds none of its commands; every other
+        plugin's commands stay. Returns one warning per such plugin."""
+        warnings: list[str] = []
+        for impl in self.pm.hook.register_commands.get_hookimpls():
+            before = dict(subparsers.choices)
+            actions = list(subparsers._choices_actions)
+            try:
+                impl.function(**{arg: subparsers for arg in impl.argnames})
+            except Exception as exc:
+                if self._owner(impl.plugin_name) == BUILTIN:
+                    raise
+                subparsers.choices.clear()
+                subparsers.choices.update(before)
+                subparsers._choices_actions[:] = actions
+                warnings.append(f"plugin {impl.plugin_name!r} added no commands: it raised in register_commands: "
+                                f"{type(exc).__name__}: {exc}")
+        return warnings
+
     # -- failure bookkeeping --------------------------------------------
     def _owner(self, plugin_name: str) -> str:
         return BUILTIN if plugin_name.startswith(f"{BUILTIN}:") else plugin_name

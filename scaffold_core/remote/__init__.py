@@ -1,6 +1,6 @@
 """The remote-engine layer: what every engine that generates on inference servers over HTTP shares.
 
-SGLang (``scaffold-sglang``) and vLLM (``scaffold-vllm``) engines subclass
+The SGLang and vLLM engine plugins subclass
 :class:`~scaffold_core.remote.engine.RemoteEngine` and write only their
 protocol; the rest lives here once, as plugin-facing machinery:
 

@@ -194,13 +194,3 @@ class TrajectoryMakerConformance(ComponentConformance):
         from ...episode import EpisodeResult
 
         assert self.make_trajectory_maker().make(EpisodeResult("empty", 0, "ok")) == []
-
-    def test_pads_into_a_tensor_dict(self) -> None:
-        """The samples pad into the tensor dict trainers consume (needs torch)."""
-        pytest.importorskip("torch", reason="padding into tensors needs torch")
-        from ...train.padding import TENSOR_KEYS, to_padded_tensor_dict
-
-        rows = [t for _, made in self.trajectories() for t in made]
-        batch = to_padded_tensor_dict(rows)
-        assert all(k in batch for k in TENSOR_KEYS)
-        assert batch["input_ids"].shape[0] == len(rows)

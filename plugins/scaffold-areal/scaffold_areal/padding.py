@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..trajectory import TrainingSample
+from scaffold_core.trajectory import TrainingSample
 
 #: The keys of AReaL's rollout batch, in the order its RLVR workflow builds them.
 TENSOR_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids", "attention_mask", "rewards")

@@ -13,8 +13,7 @@ concatenated.
 from __future__ import annotations
 
 import pytest
-
-from scaffold_core.train.padding import (
+from scaffold_areal.padding import (
     DATASET_TO_BATCH,
     TENSOR_DTYPES,
     TENSOR_KEYS,
@@ -23,6 +22,7 @@ from scaffold_core.train.padding import (
     to_padded_tensor_dict,
     turn_ids_of,
 )
+
 from scaffold_core.trajectory import TrainingSample
 
 torch = pytest.importorskip("torch")
@@ -142,3 +142,16 @@ def test_padding_options_and_errors():
     bad["logprobs"] = bad["logprobs"][:-1]
     with pytest.raises(ValueError, match="logprobs has 2 entries for 3 input_ids"):
         to_padded_tensor_dict([bad])
+
+
+def test_padded_tensor_dict_matches_areal_keys():
+    a = TrainingSample([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [-1, 3, 3], 1.0, 0.5, "e", 0, "e", 1, "stop")
+    b = TrainingSample([5, 8], [0, 1], [0.0, -1.0], [-1, 3], 0.0, -0.5, "e", 1, "e", 1, "length")
+    batch = to_padded_tensor_dict([a, b.to_dict()], pad_token_id=2)
+    assert set(batch) >= {"input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards"}
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [5, 8, 2]]
+    assert batch["attention_mask"].tolist() == [[True, True, True], [True, True, False]]
+    assert batch["loss_mask"].tolist() == [[0, 1, 1], [0, 1, 0]]
+    assert batch["versions"].tolist() == [[-1, 3, 3], [-1, 3, 0]]  # padding is 0, as AReaL pads
+    assert batch["rewards"].tolist() == [1.0, 0.0] and batch["rewards"].dtype == torch.float32
+    assert batch["logprobs"][0].tolist() == [0.0, -0.5, -0.25]
