@@ -269,3 +269,46 @@ def test_no_core_module_names_a_plugin():
     found = plugin_names_in_core()
     assert not found, ("core modules name plugins (commands come through register_commands, install hints from "
                        "docs/plugins.md):\n" + "\n".join(found))
+
+
+def cross_plugin_imports(files: list[Path], plugins: Path = PLUGINS) -> list[str]:
+    """``file: module`` for each import of another plugin's submodule (anything past its package root) by a plugin's
+    sources; a plugin's tests may drive neighbours they install."""
+    packages = {p.name.replace("-", "_") for p in plugins.glob("scaffold-*") if (p / "pyproject.toml").exists()}
+    out = []
+    for path in files:
+        parts = path.relative_to(plugins).parts
+        own = parts[0].replace("-", "_")
+        if "tests" in parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets = [node.module]
+            else:
+                continue
+            for target in targets:
+                top = target.split(".")[0]
+                if top in packages and top != own and target != top:
+                    out.append(f"{path.relative_to(plugins.parent)}: {target}")
+    return out
+
+
+def test_the_cross_plugin_check_sees_submodule_imports(tmp_path):
+    plugin = tmp_path / "plugins" / "scaffold-aaa" / "scaffold_aaa"
+    plugin.mkdir(parents=True)
+    (plugin.parent / "pyproject.toml").write_text("", encoding="utf-8")
+    (tmp_path / "plugins" / "scaffold-bbb").mkdir()
+    (tmp_path / "plugins" / "scaffold-bbb" / "pyproject.toml").write_text("", encoding="utf-8")
+    mod = plugin / "mod.py"
+    mod.write_text("import scaffold_bbb\nfrom scaffold_bbb import Public\ndef f():\n"
+                   "    from scaffold_bbb.inner import x\nfrom scaffold_aaa.other import y\n", encoding="utf-8")
+    found = cross_plugin_imports([mod], tmp_path / "plugins")
+    assert found == ["plugins/scaffold-aaa/scaffold_aaa/mod.py: scaffold_bbb.inner"]
+
+
+def test_no_plugin_imports_another_plugins_private_modules():
+    offenders = cross_plugin_imports(plugin_files())
+    assert not offenders, ("plugins import another plugin's private modules (import its package root, or move what "
+                           "they share into a core contract):\n" + "\n".join(offenders))

@@ -16,6 +16,7 @@ from .manager import (
     EXTRA_ENV,
     PluginInfo,
     PluginSet,
+    build_tool_format,
     current_path,
     current_registry,
     extra_plugin_specs,
@@ -30,6 +31,6 @@ from .registry import BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
 __all__ = [
     "BUILTIN", "DEFAULT_PLUGINS", "DISABLE_ENV", "ENTRY_POINT_GROUP", "EXTRA_ENV", "KINDS",
     "SECTION_KINDS", "BrokenPlugin", "ComponentInfo", "ComponentRegistry", "Kind", "PluginInfo", "PluginSet",
-    "Registry", "current_path", "current_registry", "extra_plugin_specs", "get_plugins", "get_registry", "hookimpl",
-    "hookspec", "import_spec", "set_plugins",
+    "Registry", "build_tool_format", "current_path", "current_registry", "extra_plugin_specs", "get_plugins",
+    "get_registry", "hookimpl", "hookspec", "import_spec", "set_plugins",
 ]

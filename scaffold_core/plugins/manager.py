@@ -432,3 +432,20 @@ def set_plugins(plugins: PluginSet | None) -> PluginSet | None:
     with _LOCK:
         previous, _CURRENT = _CURRENT, plugins
         return previous
+
+
+def build_tool_format(spec: Any, path: str) -> Any:
+    """The tool-call format ``spec`` names (a name, ``{name: ..., options...}`` or a format object), for controllers
+    that let the model call tools; raises :class:`ConfigError` naming ``path``."""
+    from ..errors import ConfigError, PluginLoadError, UnknownComponentError
+
+    try:
+        fmt = current_registry().build("tool_format", spec, path=path,
+                                       accepts=lambda obj: callable(getattr(obj, "parse", None)))
+    except (UnknownComponentError, PluginLoadError) as exc:
+        raise ConfigError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
+    for method in ("prompt", "parse", "result_messages"):
+        if not callable(getattr(fmt, method, None)):
+            raise ConfigError(f"{path}: {type(fmt).__name__} has no {method}() method; a tool format implements "
+                              "prompt(), parse() and result_messages() (scaffold_core.tool_format.ToolFormat)")
+    return fmt

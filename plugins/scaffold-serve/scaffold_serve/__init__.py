@@ -21,6 +21,19 @@ from scaffold_core import hookimpl
 
 __version__ = "0.1.0"
 
+#: The public API other plugins build on (an endpoint per run, sessions per episode, the agent options), loaded on
+#: first use so that listing plugins stays fast. Everything else in this package is private.
+PUBLIC = {"AgentEndpoint": "episodes", "EpisodeSessions": "episodes", "check_agent_options": "episodes",
+          "ServeOptions": "service"}
+
+
+def __getattr__(name):
+    if name in PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 @hookimpl
 def register_controllers(registry):

@@ -37,9 +37,9 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaffold_core.errors import EpisodeError
-from scaffold_core.generation import AwaitTask
-from scaffold_core.verifier import Verdict
+from .errors import EpisodeError
+from .generation import AwaitTask
+from .verifier import Verdict
 
 
 class EnvironmentFailure(EpisodeError):

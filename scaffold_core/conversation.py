@@ -14,10 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaffold_core.generation import GenerationResult
-from scaffold_core.tokenizers import encode
-
-from .template import SENTINEL, boundary, covered_prefix, decode_keep_special, decode_plain, render_text, tail_tokens
+from .chat_template import (
+    SENTINEL,
+    boundary,
+    covered_prefix,
+    decode_keep_special,
+    decode_plain,
+    render_text,
+    tail_tokens,
+)
+from .generation import GenerationResult
+from .tokenizers import encode
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scaffold_core.tokenizers import encode
+from .tokenizers import encode
 
 #: Stands in for an assistant turn's content while rendering; no template changes it, no model writes it.
 SENTINEL = "SCAFFOLDxTURNx5f3c9a"
