@@ -20,8 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from scaffold_core.testing.freshenv import run_bounded
+from scaffold_testkit.freshenv import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "scripts" / "build_dist.py"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from scaffold_testkit import ListTask, plugin_set
 
 from scaffold_core import hookimpl
 from scaffold_core.config import Unset, load_config
 from scaffold_core.errors import ConfigError
-from scaffold_core.testing import ListTask, plugin_set
 
 
 class MathTask(ListTask):

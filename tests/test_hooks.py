@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+import scaffold_testkit.plugin as test_tasks
+from scaffold_testkit import plugin_set
 
-import scaffold_core.testing.plugin as test_tasks
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.plugins import hookspecs
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import plugin_set
 
 HOOKS = sorted(name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), "scaffold_spec"))
 ROWS = [{"id": "a", "question": "What is 1 + 1?", "answer": "2"},

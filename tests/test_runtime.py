@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from scaffold_testkit import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
 
 from scaffold_core import hookimpl
 from scaffold_core.builtins.controllers import BestOfNController, MajorityVoteController, NativeController
@@ -18,7 +19,6 @@ from scaffold_core.episode import Outcome
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationResult, VerificationTask
 from scaffold_core.plugins.lifecycle import Hooks
-from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
 from scaffold_core.verifier import Verdict, Verifier
 
 

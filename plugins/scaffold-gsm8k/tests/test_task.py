@@ -10,13 +10,13 @@ from collections import Counter
 from fractions import Fraction
 
 import pytest
+from scaffold_testkit import ScriptedEngine, plugin_set
 
 import scaffold_gsm8k
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import ScriptedEngine, plugin_set
 from scaffold_core.tokenizers import ByteTokenizer
 from scaffold_gsm8k import data
 from scaffold_gsm8k.answers import canonical_number
