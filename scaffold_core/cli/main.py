@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list-plugins", help="list installed plugins and their components")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--all", action="store_true", help="include the built-in components (as plugin 'builtin')")
+    p.add_argument("--show-options", metavar="NAME",
+                   help="list the options of the component(s) named NAME (or KIND:NAME): type, default, bounds, help")
     p.set_defaults(handler=cmd_list_plugins)
 
     p = sub.add_parser("config", help="print the resolved config, with every default filled in")
@@ -146,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def cmd_list_plugins(args: argparse.Namespace) -> int:
     from ..plugins import get_plugins
 
+    if args.show_options:
+        return show_options(args.show_options, as_json=args.json)
     infos = get_plugins().plugin_infos(include_builtin=args.all)
     if args.json:
         print(json.dumps([i.to_json() for i in infos], indent=2))
@@ -176,12 +180,59 @@ def cmd_list_plugins(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def show_options(spec: str, *, as_json: bool = False) -> int:
+    """``list-plugins --show-options NAME``: every option each component called NAME declares."""
+    from ..plugins import KINDS, get_registry, option_table
+
+    registry = get_registry()
+    kind, _, name = spec.rpartition(":") if spec.split(":")[0] in KINDS else ("", "", spec)
+    found = []
+    for k in ([kind] if kind else list(KINDS)):
+        if name in registry.names(k):
+            found.append((k, registry.get(k, name)))
+    if not found:
+        raise ConfigError(f"--show-options: no installed component is called {spec!r}; "
+                          "see `scaffold list-plugins --all`")
+    tables = {f"{k}:{name}": option_table(info.factory) for k, info in found}
+    if as_json:
+        print(json.dumps({key: [{"name": o.name, "type": o.type, "default": None if o.default is ... else o.default,
+                                 "required": o.default is ..., "bounds": o.bounds, "help": o.help} for o in opts]
+                          for key, opts in tables.items()}, indent=2, default=repr))
+        return ExitCode.OK
+    for key, opts in tables.items():
+        print(f"{key}" + ("" if opts else ": no options"))
+        for o in opts:
+            default = "required" if o.default is ... else f"default {o.default!r}"
+            bounds = f", {o.bounds}" if o.bounds else ""
+            print(f"  {o.name}: {o.type} ({default}{bounds})" + (f"  {o.help}" if o.help else ""))
+    return ExitCode.OK
+
+
 def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
     from ..config import load_config
 
     config = load_config(args.config, args.overrides)
-    sys.stdout.write(config.to_yaml())
+    sys.stdout.write(yaml.safe_dump(with_option_defaults(config.to_dict()), sort_keys=False,
+                                    default_flow_style=False))
     return ExitCode.OK
+
+
+def with_option_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every option the selected components declare but the config leaves unset, at its default."""
+    from ..plugins import SECTION_KINDS, get_registry, option_table
+
+    registry = get_registry()
+    plain = (type(None), bool, int, float, str, list, dict)
+    for section, kind in SECTION_KINDS.items():
+        chosen = data.get(section)
+        if not isinstance(chosen, dict) or not chosen.get("name"):
+            continue
+        for option in option_table(registry.get(kind, chosen["name"]).factory):
+            if option.name not in chosen and option.default is not ... and isinstance(option.default, plain):
+                chosen[option.name] = option.default
+    return data
 
 
 def _count_head(stats: Any, head: dict[str, Any]) -> None:
