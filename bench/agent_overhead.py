@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+from scaffold_testkit import ListTask
+
 from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.engines.canned import CannedBenchmarkEngine
@@ -32,7 +34,6 @@ from scaffold_core.run.runtime import Runtime
 from scaffold_core.run.verifier_pool import VerifierPool
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.task import episode_context
-from scaffold_core.testing import ListTask
 from scaffold_core.tool import ToolContext, invoke_tool
 from scaffold_multiturn.agent import AgentController
 from scaffold_multiturn.tool_formats import HermesFormat

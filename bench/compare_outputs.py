@@ -73,7 +73,7 @@ def run(config: dict[str, Any], out: Path, pythonpath: str | None, workers: int 
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     env = dict(os.environ)
-    env["SCAFFOLD_EXTRA_PLUGINS"] = "scaffold_core.testing.plugin"
+    env["SCAFFOLD_EXTRA_PLUGINS"] = "scaffold_testkit.plugin"
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "run", str(path), "-o", str(out)],

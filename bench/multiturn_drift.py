@@ -26,10 +26,11 @@ def run(config: dict, out: Path) -> dict:
 
 def canned_overhead(n: int, max_turns: int) -> str:
     """Conversations/s of the multi-turn path with the model taken out (benchmark-only canned engine)."""
+    from scaffold_testkit import make_contexts, run_episodes
+
     from scaffold_core.engines.canned import CannedBenchmarkEngine
     from scaffold_core.plugins import get_registry
     from scaffold_core.sampling import SamplingParams
-    from scaffold_core.testing import make_contexts, run_episodes
 
     registry = get_registry()
     task = registry.create("task", "multiturn_gsm8k", {"source": "sample"})

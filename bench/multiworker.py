@@ -2,7 +2,7 @@
 
     python bench/multiworker.py [--episodes 6000] [--workers 1 2]
 
-Runs the ``arithmetic`` test task (``scaffold_core.testing.plugin``) through
+Runs the ``arithmetic`` test task (``scaffold_testkit.plugin``) through
 ``scaffold_core.launch.run_workers`` with the model taken out, so the figures
 measure scaffold's own per-episode work (scheduling, verification,
 trajectories, the ledger) spread over processes. Prints, per worker count,
@@ -61,7 +61,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs per worker count (the median is reported)")
     args = p.parse_args()
     os.environ["SCAFFOLD_EXTRA_PLUGINS"] = ",".join(
-        filter(None, [os.environ.get("SCAFFOLD_EXTRA_PLUGINS"), "scaffold_core.testing.plugin"]))
+        filter(None, [os.environ.get("SCAFFOLD_EXTRA_PLUGINS"), "scaffold_testkit.plugin"]))
     print(f"multiworker: benchmark_canned engine, {args.episodes} episodes; {machine_line()}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="scaffold-bench-") as tmp:

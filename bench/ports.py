@@ -17,7 +17,7 @@ import sys
 
 
 def main() -> int:
-    from scaffold_core.testing.port_stress import run
+    from scaffold_testkit.port_stress import run
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=16)

@@ -8,7 +8,7 @@
 Runs the real command line (``scaffold run CONFIG -o DIR``) in a child
 process (after a small first run, which writes Python's bytecode cache as a
 user's first run does) on the ``arithmetic`` task of
-``scaffold_core.testing.plugin`` (synthetic rows made at run time, enabled
+``scaffold_testkit.plugin`` (synthetic rows made at run time, enabled
 with ``SCAFFOLD_EXTRA_PLUGINS``), the native controller, the exact_match
 verifier and the byte tokenizer, with a long system prompt and a long canned
 response so that each sample is about 1,000 tokens. Everything a user's run
@@ -82,7 +82,7 @@ def env_with_test_plugin() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["SCAFFOLD_EXTRA_PLUGINS"] = ",".join(
-        filter(None, [env.get("SCAFFOLD_EXTRA_PLUGINS"), "scaffold_core.testing.plugin"]))
+        filter(None, [env.get("SCAFFOLD_EXTRA_PLUGINS"), "scaffold_testkit.plugin"]))
     return env
 
 
@@ -132,13 +132,14 @@ def run_cli(episodes: int, workers: int, root: Path, timeout: float, save_datase
 
 def runtime_only(episodes: int) -> tuple[float, float]:
     """(episodes/s, episodes per CPU-second) of the same episodes through the runtime alone (nothing persisted)."""
+    from scaffold_testkit import plugin as test_plugin
+
     from scaffold_core.config import load_config
     from scaffold_core.plugins import PluginSet
     from scaffold_core.run.assembly import Components, Limits
     from scaffold_core.run.runtime import Runtime
     from scaffold_core.run.verifier_pool import VerifierPool
     from scaffold_core.task import episode_context
-    from scaffold_core.testing import plugin as test_plugin
 
     plugins = PluginSet().load(entry_points=False, extra={"testing": test_plugin})
     config = load_config(data=config_data(episodes, 1), registry=plugins.registry)

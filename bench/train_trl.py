@@ -67,10 +67,11 @@ def rows(questions: list[str], target: str) -> list[dict[str, str]]:
 
 
 def build(args: argparse.Namespace, out: Path, filter_groups: str = "none") -> tuple[Any, Any]:
-    import scaffold_core.testing.plugin as test_tasks
+    import scaffold_testkit.plugin as test_tasks
+    from scaffold_testkit import plugin_set
+
     import scaffold_trl
     from scaffold_core.config import load_config
-    from scaffold_core.testing import plugin_set
     from scaffold_core.trainer import TrainJob
 
     pset = plugin_set(test_tasks, scaffold_trl, plugin(args.target))

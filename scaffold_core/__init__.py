@@ -38,7 +38,6 @@ _LAZY = {
     "get_registry": "plugins",
     "current_registry": "plugins",
     "Runtime": "run.runtime",
-    "to_padded_tensor_dict": "train.padding",
     "Trainer": "trainer",
     "TrainJob": "trainer",
     "TrainStep": "trainer",

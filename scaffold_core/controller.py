@@ -111,3 +111,15 @@ class Parallel:
     """Run several sub-controllers concurrently; ``yield`` returns their Outcomes in order."""
 
     branches: list[Branch] = field(default_factory=list)
+
+
+def samples_in_parallel(controller: Any, ctx: EpisodeContext) -> Generator[Any, Any, Outcome]:
+    """``controller.samples`` conversations as parallel branches of a one-sample copy of ``controller``
+    (each branch on its own clone, with its own copy of the episode's data); their metrics averaged."""
+    single = controller.clone()
+    single.samples = 1
+    outcomes = yield controller.parallel(single, [ctx.branch(i) for i in range(controller.samples)])
+    samples = [s for outcome in outcomes for s in outcome.samples]
+    names = sorted({k for outcome in outcomes for k in outcome.metrics})
+    metrics = {k: sum(o.metrics.get(k, 0.0) for o in outcomes) / len(outcomes) for k in names}
+    return Outcome(samples=samples, metrics=metrics, prompt=next((o.prompt for o in outcomes if o.prompt), None))

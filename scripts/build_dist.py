@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Top-level folders of the checkout that are not part of scaffold-core's distribution.
-CORE_SKIP = ("tests", "docs", "bench", "plugins", "runs", "examples", "scripts", "dist", ".github")
+CORE_SKIP = ("tests", "docs", "bench", "plugins", "libs", "runs", "examples", "scripts", "dist", ".github")
 #: Build outputs and caches, left out at any depth.
 NOT_SOURCE = ("build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv", ".git", ".pytest_cache",
               ".hypothesis", ".mypy_cache", ".ruff_cache")
@@ -35,9 +35,9 @@ DEFAULT_EPOCH = 315532800
 
 
 def projects() -> dict[str, Path]:
-    """Distribution name -> project folder: the core, then each plugin."""
+    """Distribution name -> project folder: the core, then each in-repo library (libs/), then each plugin."""
     out = {"scaffold-core": ROOT}
-    for folder in sorted((ROOT / "plugins").glob("scaffold-*")):
+    for folder in [*sorted((ROOT / "libs").glob("scaffold-*")), *sorted((ROOT / "plugins").glob("scaffold-*"))]:
         if (folder / "pyproject.toml").is_file():
             out[folder.name] = folder
     return out

@@ -25,7 +25,7 @@ def test_plugins(monkeypatch):
     ...) through SCAFFOLD_EXTRA_PLUGINS; the process-wide plugin manager is rebuilt and restored after."""
     from scaffold_core.plugins import set_plugins
 
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_testkit.plugin")
     previous = set_plugins(None)
     yield
     set_plugins(previous)
@@ -52,7 +52,7 @@ def release_checkout(tmp_path_factory) -> Path:
 
     The clone's ``.venv`` is this checkout's (so `make setup` has nothing to do), and only when it is set up for
     these very sources; otherwise the release tests are skipped (run `make setup`)."""
-    from scaffold_core.testing.freshenv import run_bounded
+    from scaffold_testkit.freshenv import run_bounded
 
     repo = Path(__file__).resolve().parents[1]
     clone = tmp_path_factory.mktemp("release") / "scaffold"
@@ -92,7 +92,7 @@ def uv_pip_install():
 def _uv_pip_install(venv, args: list[str], *, cwd: Path, timeout: float = 900) -> None:
     """``uv pip install ARGS`` into ``venv`` (pip's arguments), offline from uv's cache when it holds every
     dependency, else from the package index."""
-    from scaffold_core.testing.freshenv import find_uv
+    from scaffold_testkit.freshenv import find_uv
 
     uv = find_uv()
     if uv is None:
@@ -176,7 +176,7 @@ class DicePlugin:
 
     @hookimpl
     def register_tasks(self, registry):
-        from scaffold_core.testing import ListTask
+        from scaffold_testkit import ListTask
 
         class Sums(ListTask):
             default_config = {"verifier": {"name": "last_number"}, "sampling": {"max_tokens": 128}}
@@ -190,7 +190,7 @@ class DicePlugin:
 
     @hookimpl
     def register_engines(self, registry):
-        from scaffold_core.testing.engines import ScriptedEngine
+        from scaffold_testkit.engines import ScriptedEngine
 
         registry.add("dice", lambda: ScriptedEngine(dice_respond))
 
@@ -212,7 +212,7 @@ class DicePlugin:
 @pytest.fixture(scope="session")
 def dice_plugins():
     """A plugin set with the built-ins and :class:`DicePlugin`."""
-    from scaffold_core.testing import plugin_set
+    from scaffold_testkit import plugin_set
 
     return plugin_set(dice=DicePlugin())
 

@@ -35,8 +35,9 @@ def main() -> int:
         dist.all_reduce(total)  # default group
         cpu_backend = str(dist.get_backend(groups.cpu_group))
         # Unequal data: rank r holds 8 + 3r sequences; a budget of 64 tokens per micro-batch.
+        from scaffold_areal.padding import to_padded_tensor_dict
+
         from scaffold_core.train.microbatch import allocate_synced
-        from scaffold_core.train.padding import to_padded_tensor_dict
         from scaffold_core.trajectory import TrainingSample
 
         lengths = [8 + (7 * i + 5 * rank) % 40 for i in range(8 + 3 * rank)]

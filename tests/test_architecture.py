@@ -216,7 +216,7 @@ def undocumented_plugin_imports(files: list[Path]) -> list[str]:
 def test_the_plugin_facing_list_names_modules_that_exist():
     known = set(modules())
     sources, tests = plugin_facing()
-    assert "scaffold_core.engine" in sources and "scaffold_core.testing.*" in tests
+    assert "scaffold_core.engine" in sources and "scaffold_core.config" in tests
     stale = sorted(n for n in sources | tests if n.removesuffix(".*") not in known)
     assert not stale, f"docs/architecture.md names plugin-facing modules that do not exist: {stale}"
 
@@ -241,3 +241,74 @@ def test_plugins_import_the_core_only_through_plugin_facing_modules():
     offenders = undocumented_plugin_imports(files)
     assert not offenders, ("plugins import core modules that docs/architecture.md does not list as plugin-facing "
                            "(import from a listed module, or list the module there):\n" + "\n".join(offenders))
+
+
+def plugin_name_pattern() -> re.Pattern[str]:
+    """``scaffold-<name>`` or ``scaffold_<name>`` for every plugin under plugins/ (the one name everywhere)."""
+    names = sorted(p.name.removeprefix("scaffold-") for p in PLUGINS.glob("scaffold-*")
+                   if (p / "pyproject.toml").exists())
+    alternatives = "|".join(re.escape(n).replace(r"\-", "-").replace("-", "[-_]") for n in names)
+    return re.compile(rf"\bscaffold[-_](?:{alternatives})\b")
+
+
+def plugin_names_in_core() -> list[str]:
+    pattern = plugin_name_pattern()
+    return [f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+            for path in sorted(PACKAGE.rglob("*.py")) if "templates" not in path.parts
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            for match in pattern.finditer(line)]
+
+
+def test_the_plugin_name_check_sees_distributions_and_modules():
+    pattern = plugin_name_pattern()
+    assert pattern.search("pip install scaffold-skyrl-gym") and pattern.search("from scaffold_serve.cli import x")
+    assert not pattern.search("scaffold-core") and not pattern.search("scaffold_core.plugins")
+
+
+def test_no_core_module_names_a_plugin():
+    found = plugin_names_in_core()
+    assert not found, ("core modules name plugins (commands come through register_commands, install hints from "
+                       "docs/plugins.md):\n" + "\n".join(found))
+
+
+def cross_plugin_imports(files: list[Path], plugins: Path = PLUGINS) -> list[str]:
+    """``file: module`` for each import of another plugin's submodule (anything past its package root) by a plugin's
+    sources; a plugin's tests may drive neighbours they install."""
+    packages = {p.name.replace("-", "_") for p in plugins.glob("scaffold-*") if (p / "pyproject.toml").exists()}
+    out = []
+    for path in files:
+        parts = path.relative_to(plugins).parts
+        own = parts[0].replace("-", "_")
+        if "tests" in parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets = [node.module]
+            else:
+                continue
+            for target in targets:
+                top = target.split(".")[0]
+                if top in packages and top != own and target != top:
+                    out.append(f"{path.relative_to(plugins.parent)}: {target}")
+    return out
+
+
+def test_the_cross_plugin_check_sees_submodule_imports(tmp_path):
+    plugin = tmp_path / "plugins" / "scaffold-aaa" / "scaffold_aaa"
+    plugin.mkdir(parents=True)
+    (plugin.parent / "pyproject.toml").write_text("", encoding="utf-8")
+    (tmp_path / "plugins" / "scaffold-bbb").mkdir()
+    (tmp_path / "plugins" / "scaffold-bbb" / "pyproject.toml").write_text("", encoding="utf-8")
+    mod = plugin / "mod.py"
+    mod.write_text("import scaffold_bbb\nfrom scaffold_bbb import Public\ndef f():\n"
+                   "    from scaffold_bbb.inner import x\nfrom scaffold_aaa.other import y\n", encoding="utf-8")
+    found = cross_plugin_imports([mod], tmp_path / "plugins")
+    assert found == ["plugins/scaffold-aaa/scaffold_aaa/mod.py: scaffold_bbb.inner"]
+
+
+def test_no_plugin_imports_another_plugins_private_modules():
+    offenders = cross_plugin_imports(plugin_files())
+    assert not offenders, ("plugins import another plugin's private modules (import its package root, or move what "
+                           "they share into a core contract):\n" + "\n".join(offenders))

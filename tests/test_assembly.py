@@ -7,14 +7,14 @@ import asyncio
 import dataclasses
 
 import pytest
+from scaffold_testkit import ListTask, ScriptedEngine, plugin_set
+from scaffold_testkit import plugin as test_tasks
 
 from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.config import load_config
 from scaffold_core.run.assembly import Components, Limits, started
 from scaffold_core.run.runtime import Runtime
-from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
-from scaffold_core.testing import plugin as test_tasks
 
 
 class Recorder:

@@ -20,12 +20,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from scaffold_core.testing.freshenv import run_bounded
+from scaffold_testkit.freshenv import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "scripts" / "build_dist.py"
 PLUGINS = sorted(p for p in (REPO / "plugins").glob("scaffold-*") if (p / "pyproject.toml").is_file())
+LIBS = sorted(p for p in (REPO / "libs").glob("scaffold-*") if (p / "pyproject.toml").is_file())
 INSTALL_MARKER = ("<!-- doc-test: run-by: tests/test_build_dist.py::"
                   "test_the_readme_install_lines_work_in_a_fresh_venv -->")
 
@@ -66,7 +66,7 @@ def test_every_plugin_pins_the_core_series_it_supports():
 
 def test_dist_holds_a_wheel_and_an_sdist_of_each_distribution(dist_dir):
     names = sorted(p.name for p in dist_dir.iterdir())
-    for project in [REPO, *PLUGINS]:
+    for project in [REPO, *LIBS, *PLUGINS]:
         meta = tomllib().loads((project / "pyproject.toml").read_text())["project"]
         stem = f"{meta['name'].replace('-', '_')}-{meta['version']}"
         assert f"{stem}-py3-none-any.whl" in names and f"{stem}.tar.gz" in names, (stem, names)
@@ -76,7 +76,9 @@ def test_dist_holds_a_wheel_and_an_sdist_of_each_distribution(dist_dir):
         files = wheel.namelist()
         metadata = wheel.read(next(n for n in files if n.endswith("METADATA"))).decode()
     assert any(n.endswith("templates/task/component.py.tmpl") for n in files)  # package data is in
-    assert not any(n.startswith(("tests/", "docs/", "plugins/")) for n in files)
+    assert not any(n.startswith(("tests/", "docs/", "plugins/", "libs/")) for n in files)
+    # the test kit and the remote-engine layer are distributions of their own, not in the core's wheel
+    assert not any(n.startswith(("scaffold_core/testing/", "scaffold_core/remote/")) for n in files)
     assert "Requires-Dist: torch" in metadata and not re.search(r"^Requires-Dist: torch[^;]*$", metadata, re.M), (
         "torch must only come with the transformers extra")
     with zipfile.ZipFile(next(dist_dir.glob("scaffold_gsm8k-*.whl"))) as wheel:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-import scaffold_core.testing.plugin as test_tasks
-from scaffold_core.testing import ScriptedEngine
-from scaffold_core.testing.conformance import (
+import scaffold_testkit.plugin as test_tasks
+from scaffold_testkit import ScriptedEngine
+from scaffold_testkit.conformance import (
     ControllerConformance,
     EngineConformance,
     TaskConformance,
@@ -31,7 +30,7 @@ class TestExactMatchIgnoringCase(VerifierConformance):
 
 
 class TestArithmeticTestTask(TaskConformance):
-    """The test kit's own tasks (scaffold_core.testing.plugin) keep the task contract."""
+    """The test kit's own tasks (scaffold_testkit.plugin) keep the task contract."""
 
     plugin = test_tasks
     name = "arithmetic"

@@ -116,7 +116,7 @@ def test_config_md_component_sections_match_the_defaults():
 
 
 def test_config_md_documents_every_option_of_every_builtin():
-    from scaffold_core.testing import plugin_set
+    from scaffold_testkit import plugin_set
 
     tables = config_tables()
     section_of = {"controller": "controller", "engine": "engine", "verifier": "verifier",
@@ -179,7 +179,7 @@ def test_tutorial_has_commands_and_files():
 def test_tutorial_runs_as_written(dist_dir, uv_pip_install):
     """A fresh venv with scaffold-core from the session's dist/ (as the README installs it) and pip; the
     tutorial's blocks, in order, in a temp folder."""
-    from scaffold_core.testing.freshenv import FreshVenv
+    from scaffold_testkit.freshenv import FreshVenv
 
     with FreshVenv.create() as venv:
         work = venv.root / "tutorial"
@@ -210,7 +210,7 @@ def test_trace_plugins_shows_loading_and_registration(tmp_path):
     import subprocess
     import sys
 
-    env = {**os.environ, "SCAFFOLD_TRACE_PLUGINS": "1", "SCAFFOLD_EXTRA_PLUGINS": "scaffold_core.testing.plugin"}
+    env = {**os.environ, "SCAFFOLD_TRACE_PLUGINS": "1", "SCAFFOLD_EXTRA_PLUGINS": "scaffold_testkit.plugin"}
     proc = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "list-plugins", "--json"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -219,8 +219,8 @@ def test_trace_plugins_shows_loading_and_registration(tmp_path):
     assert "scaffold-trace: builtin:controllers: register_controllers added native, majority_vote, best_of_n" in lines
     assert "scaffold-trace: builtin:verifiers: register_verifiers added exact_match" in lines
     listed = {p["name"] for p in json.loads(proc.stdout)}
-    assert "scaffold-trace: loaded extra plugin 'scaffold_core.testing.plugin'" in lines
-    for name in listed - {"scaffold_core.testing.plugin"}:
+    assert "scaffold-trace: loaded extra plugin 'scaffold_testkit.plugin'" in lines
+    for name in listed - {"scaffold_testkit.plugin"}:
         assert any(line.startswith(f"scaffold-trace: loaded plugin {name!r}") for line in lines), name
 
 
@@ -443,7 +443,7 @@ def snippet_env(work: Path) -> dict[str, str]:
 def test_snippets_run(page, tmp_path):
     """A page's unmarked shell and Python blocks, in order, in a temp folder (``examples/`` of the repository
     at hand), offline; ``file=`` blocks are written first where they stand."""
-    from scaffold_core.testing.freshenv import run_bounded
+    from scaffold_testkit.freshenv import run_bounded
 
     work = tmp_path / "page"
     work.mkdir()

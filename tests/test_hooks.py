@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+import scaffold_testkit.plugin as test_tasks
+from scaffold_testkit import plugin_set
 
-import scaffold_core.testing.plugin as test_tasks
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.plugins import hookspecs
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import plugin_set
 
 HOOKS = sorted(name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), "scaffold_spec"))
 ROWS = [{"id": "a", "question": "What is 1 + 1?", "answer": "2"},
@@ -424,3 +424,48 @@ def test_hook_plugin_notes():
     assert infos["notes"].notes == ["sandbox: available", "accelerator: none"]
     assert infos["notes"].to_json()["notes"] == infos["notes"].notes
     assert infos["broken"].notes == ["plugin_notes failed: RuntimeError: probe failed"]
+
+
+class _Greeter:
+    @hookimpl
+    def register_commands(self, subparsers):
+        p = subparsers.add_parser("greet", help="say hello")
+        p.add_argument("who")
+        p.set_defaults(handler=lambda args: print(f"hello {args.who}") or 3)
+
+
+class _Broken:
+    @hookimpl
+    def register_commands(self, subparsers):
+        subparsers.add_parser("half")
+        raise RuntimeError("no luck")
+
+
+class _Squatter:
+    @hookimpl
+    def register_commands(self, subparsers):
+        subparsers.add_parser("mine")
+        subparsers.add_parser("run")
+
+
+def test_hook_register_commands(capsys):
+    """register_commands adds plugin subcommands; a plugin that raises or takes a taken name adds none."""
+    from scaffold_core.cli.main import main
+    from scaffold_core.plugins import PluginSet, get_plugins, set_plugins
+
+    previous = get_plugins()
+    set_plugins(PluginSet().load(entry_points=False,
+                                 extra={"greeter": _Greeter(), "broken": _Broken(), "squatter": _Squatter()}))
+    try:
+        assert main(["greet", "world"]) == 3
+        captured = capsys.readouterr()
+        assert "hello world" in captured.out
+        assert ("plugin 'broken' added no commands: it raised in register_commands: RuntimeError: no luck"
+                in captured.err)
+        assert "plugin 'squatter' added no commands" in captured.err and "conflicting subparser: run" in captured.err
+        for gone in ("half", "mine"):
+            with pytest.raises(SystemExit):
+                main([gone])
+            assert "invalid choice" in capsys.readouterr().err
+    finally:
+        set_plugins(previous)

@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from scaffold_core.testing.leakguard import GRACE_ENV
+from scaffold_testkit.leakguard import GRACE_ENV
 
 LEAKY = '''
 import socket, subprocess, sys, tempfile
@@ -44,7 +43,7 @@ def run_pytest(tmp_path, source: str, options: list[str]) -> subprocess.Complete
     env["TMPDIR"] = str(tmp_path)  # the inner session keeps its temp dir after a failure: inside ours
     env[GRACE_ENV] = "1"  # the leaked process never exits: waiting the full grace proves nothing more
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                           "scaffold_core.testing.leakguard", *options, str(test)],
+                           "scaffold_testkit.leakguard", *options, str(test)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
 
 

@@ -126,7 +126,7 @@ def test_synced_allocation_outside_torch_distributed_is_local():
 
 
 def _padded(lengths):
-    from scaffold_core.train.padding import to_padded_tensor_dict
+    to_padded_tensor_dict = pytest.importorskip("scaffold_areal.padding").to_padded_tensor_dict
     from scaffold_core.trajectory import TrainingSample
 
     samples = []

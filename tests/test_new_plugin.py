@@ -154,8 +154,9 @@ def test_cli_creates_the_plugin_and_says_what_next(tmp_path, capsys):
 
 def test_generated_plugin_registers_in_process(tmp_path, monkeypatch):
     """Without installing: the generated module registers its component and a config selects it."""
+    from scaffold_testkit import plugin_set
+
     from scaffold_core.config import load_config
-    from scaffold_core.testing import plugin_set
 
     create_plugin("inproc", kind="task", parent=tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path / "scaffold-inproc"))
@@ -178,13 +179,14 @@ def test_generated_plugin_registers_in_process(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def fresh_venv():
     """One fresh venv with the core installed non-editable from a copy of this source tree (no torch)."""
-    from scaffold_core.testing.freshenv import FreshVenv
+    from scaffold_testkit.freshenv import FreshVenv
 
     if not (REPO / "pyproject.toml").is_file():
         pytest.skip("needs scaffold-core's source tree")
     venv = FreshVenv.create()
     try:
         venv.install_project(REPO, "pytest>=8")
+        venv.install_project(REPO / "libs" / "scaffold-testkit")  # the generated plugins' tests use the test kit
         yield venv
     finally:
         venv.close()

@@ -8,9 +8,9 @@ import socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scaffold_testkit import port_stress
 
 from scaffold_core.distributed import ports
-from scaffold_core.testing import port_stress
 
 
 @pytest.fixture

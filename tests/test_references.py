@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from scaffold_testkit import ListTask, plugin_set
 
 from scaffold_core import Verdict, hookimpl
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
@@ -13,7 +14,6 @@ from scaffold_core.config import load_config
 from scaffold_core.errors import InvalidVerdictError
 from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import ListTask, plugin_set
 from scaffold_core.verifier import check_verdict, reference_answers, reward_range_of
 
 

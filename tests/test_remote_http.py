@@ -12,8 +12,7 @@ import subprocess
 import time
 
 import pytest
-
-from scaffold_core.remote.http import (
+from scaffold_remote.http import (
     CannotConnect,
     ConnectionPool,
     ConnectTimeout,

@@ -8,8 +8,7 @@ import stat
 import sys
 
 import pytest
-
-from scaffold_core.remote.launcher import LaunchError, LaunchOptions, ServerProcess, parse_launch_options
+from scaffold_remote.launcher import LaunchError, LaunchOptions, ServerProcess, parse_launch_options
 
 
 def test_server_output_reaches_a_private_log_with_secrets_hidden(tmp_path, monkeypatch):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from scaffold_core.remote.client import error_message
-from scaffold_core.remote.http import Endpoint
-from scaffold_core.remote.servers import ServerPool, normalize_url, parse_urls
+from scaffold_remote.client import error_message
+from scaffold_remote.http import Endpoint
+from scaffold_remote.servers import ServerPool, normalize_url, parse_urls
 
 
 @pytest.mark.parametrize("status, body, message", [

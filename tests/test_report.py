@@ -8,13 +8,13 @@ import re
 import shutil
 
 import pytest
+from scaffold_testkit.engines import ScriptedEngine
 
 from scaffold_core.cli import main
 from scaffold_core.errors import RunDirError
 from scaffold_core.output.reader import EpisodeReader, read_json, read_train_steps, run_kind
 from scaffold_core.report.build import build_report, read_report
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing.engines import ScriptedEngine
 
 
 def page_data(html: str) -> dict:

@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from scaffold_testkit.engines import ScriptedEngine
 
 from scaffold_core.report.build import build_report
-from scaffold_core.testing.engines import ScriptedEngine
 
 CHROMIUM = Path(os.environ.get("SCAFFOLD_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 #: Chromium as root in a container: no sandbox, no GPU, nothing that reaches the network.

@@ -8,13 +8,13 @@ import sqlite3
 
 import datasets
 import pytest
+from scaffold_testkit import ListTask, plugin_set
 
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import ListTask, plugin_set
 
 
 class NumbersTask(ListTask):

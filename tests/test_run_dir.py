@@ -402,7 +402,7 @@ def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     config = write_config(root / "run.yaml")
     old = os.environ.get("SCAFFOLD_EXTRA_PLUGINS")
-    os.environ["SCAFFOLD_EXTRA_PLUGINS"] = "scaffold_core.testing.plugin"
+    os.environ["SCAFFOLD_EXTRA_PLUGINS"] = "scaffold_testkit.plugin"
     previous = set_plugins(None)
     try:
         assert scaffold("run", str(config), "-o", str(root / "clean"))[0] == 0

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from scaffold_testkit import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
 
 from scaffold_core import hookimpl
 from scaffold_core.builtins.controllers import BestOfNController, MajorityVoteController, NativeController
@@ -18,7 +19,6 @@ from scaffold_core.episode import Outcome
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationResult, VerificationTask
 from scaffold_core.plugins.lifecycle import Hooks
-from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
 from scaffold_core.verifier import Verdict, Verifier
 
 
@@ -337,23 +337,6 @@ def test_trajectories_are_token_faithful():
     assert t.logprobs == [0.0] * len(ctx.prompt_ids) + sampled.logprobs
     assert t.versions == [-1] * len(ctx.prompt_ids) + [0] * len(sampled.output_ids)
     assert t.prompt_len == len(ctx.prompt_ids)
-
-
-def test_padded_tensor_dict_matches_areal_keys():
-    torch = pytest.importorskip("torch")
-    from scaffold_core.train.padding import to_padded_tensor_dict
-    from scaffold_core.trajectory import TrainingSample
-
-    a = TrainingSample([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [-1, 3, 3], 1.0, 0.5, "e", 0, "e", 1, "stop")
-    b = TrainingSample([5, 8], [0, 1], [0.0, -1.0], [-1, 3], 0.0, -0.5, "e", 1, "e", 1, "length")
-    batch = to_padded_tensor_dict([a, b.to_dict()], pad_token_id=2)
-    assert set(batch) >= {"input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards"}
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [5, 8, 2]]
-    assert batch["attention_mask"].tolist() == [[True, True, True], [True, True, False]]
-    assert batch["loss_mask"].tolist() == [[0, 1, 1], [0, 1, 0]]
-    assert batch["versions"].tolist() == [[-1, 3, 3], [-1, 3, 0]]  # padding is 0, as AReaL pads
-    assert batch["rewards"].tolist() == [1.0, 0.0] and batch["rewards"].dtype == torch.float32
-    assert batch["logprobs"][0].tolist() == [0.0, -0.5, -0.25]
 
 
 class Observer:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-from scaffold_core.testing.installed import fake_modules, listed_plugin, modules_loaded
-from scaffold_core.testing.replies import EOS, TOKENIZER, answers, by_turn
+from scaffold_testkit.installed import fake_modules, listed_plugin, modules_loaded
+from scaffold_testkit.replies import EOS, TOKENIZER, answers, by_turn
 
 
 def chat(*turns: str) -> list[int]:
@@ -41,9 +40,9 @@ def test_modules_loaded_sees_what_an_import_pulls_in():
 
 
 def test_listed_plugin_finds_a_loaded_plugin_and_names_the_listed_when_missing(monkeypatch):
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin")
-    assert listed_plugin("scaffold_core.testing.plugin")["status"] == "ok"
-    with pytest.raises(KeyError, match="'no-such-plugin' is not listed; listed: .*scaffold_core.testing.plugin"):
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_testkit.plugin")
+    assert listed_plugin("scaffold_testkit.plugin")["status"] == "ok"
+    with pytest.raises(KeyError, match="'no-such-plugin' is not listed; listed: .*scaffold_testkit.plugin"):
         listed_plugin("no-such-plugin")
 
 

@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
+from scaffold_testkit import BackgroundLoop, ListTask, LiveEngine, ScriptedEngine, run_one_episode
 
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
-from scaffold_core.testing import BackgroundLoop, ListTask, LiveEngine, ScriptedEngine, run_one_episode
 
 pytest_plugins = ["pytester"]
 
@@ -145,7 +145,7 @@ def _outcomes(pytester, source: str) -> dict[str, set[str]]:
 BROKEN_VERIFIERS = '''
 import threading, time
 from scaffold_core import Verdict
-from scaffold_core.testing.conformance import VerifierConformance
+from scaffold_testkit.conformance import VerifierConformance
 
 class IntParsing:
     def verify(self, response, reference):
@@ -218,8 +218,8 @@ def test_verifier_conformance_catches_broken_verifiers(pytester):
 
 BROKEN_ENGINES = '''
 from scaffold_core.generation import GenerationResult
-from scaffold_core.testing import ScriptedEngine
-from scaffold_core.testing.conformance import EngineConformance
+from scaffold_testkit import ScriptedEngine
+from scaffold_testkit.conformance import EngineConformance
 
 TEXT = "alpha beta gamma delta epsilon zeta eta theta"
 
@@ -280,7 +280,7 @@ BROKEN_CONTROLLERS = '''
 import copy
 from scaffold_core import Controller, Outcome
 from scaffold_core.builtins.controllers import NativeController
-from scaffold_core.testing.conformance import ControllerConformance
+from scaffold_testkit.conformance import ControllerConformance
 
 class SharedHistory(Controller):
     """Keeps a history list that clones share, and lets it steer generation."""
@@ -369,7 +369,7 @@ def test_controller_conformance_catches_broken_controllers(pytester):
 
 BROKEN_MAKERS = '''
 from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
-from scaffold_core.testing.conformance import TrajectoryMakerConformance
+from scaffold_testkit.conformance import TrajectoryMakerConformance
 
 class TrainsOnPrompt(SingleTurnTrajectoryMaker):
     def make(self, episode):
@@ -415,8 +415,8 @@ def test_trajectory_conformance_catches_broken_makers(pytester):
 
 
 BROKEN_TASKS = '''
-from scaffold_core.testing import ListTask
-from scaffold_core.testing.conformance import TaskConformance
+from scaffold_testkit import ListTask
+from scaffold_testkit.conformance import TaskConformance
 
 class WrongReferences(ListTask):
     default_config = {"verifier": {"name": "exact_match"}}
@@ -460,8 +460,9 @@ def test_task_conformance_catches_broken_tasks(pytester):
 
 def test_the_branch_isolation_test_catches_branches_that_share_the_episodes_data(monkeypatch):
     """Run against a core whose branches shared the episode's row, messages and state, the kit's test fails."""
+    from scaffold_testkit.conformance import ControllerConformance
+
     from scaffold_core.episode import EpisodeContext
-    from scaffold_core.testing.conformance import ControllerConformance
 
     def sharing_branch(self, index):
         return EpisodeContext(episode_id=self.episode_id, index=self.index, row=self.row, prompt_ids=self.prompt_ids,
@@ -479,7 +480,7 @@ def test_the_branch_isolation_test_catches_branches_that_share_the_episodes_data
 BROKEN_TOOLS = '''
 import time
 from scaffold_core.tool import Tool, ToolResult
-from scaffold_core.testing.conformance import ToolConformance
+from scaffold_testkit.conformance import ToolConformance
 
 class Echo(Tool):
     name = "echo"
@@ -542,8 +543,8 @@ BROKEN_GAPS = '''
 import time
 from scaffold_core import Verdict
 from scaffold_core.builtins.controllers import NativeController
-from scaffold_core.testing import ListTask
-from scaffold_core.testing.conformance import ControllerConformance, TaskConformance, VerifierConformance
+from scaffold_testkit import ListTask
+from scaffold_testkit.conformance import ControllerConformance, TaskConformance, VerifierConformance
 
 class StrReference:
     """Turns a list reference into text and looks for the response in it."""

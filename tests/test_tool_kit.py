@@ -7,7 +7,7 @@ pytest_plugins = ["pytester"]
 BROKEN_TOOLS = '''
 import time
 
-from scaffold_core.testing.conformance import ToolConformance
+from scaffold_testkit.conformance import ToolConformance
 from scaffold_core.tool import Tool, ToolResult
 
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],

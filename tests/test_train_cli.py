@@ -69,9 +69,10 @@ def test_train_needs_a_trainer_section(tmp_path, test_plugins, capsys):
 def test_the_progress_bar_counts_steps_and_shows_the_reward(tmp_path):
     import io
 
-    import scaffold_core.testing.plugin as test_tasks
+    import scaffold_testkit.plugin as test_tasks
+    from scaffold_testkit import plugin_set
+
     from scaffold_core.config import load_config
-    from scaffold_core.testing import plugin_set
     from scaffold_core.train.session import run_training
 
     pset = plugin_set(test_tasks)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import yaml
+from scaffold_testkit import ListTask, ScriptedEngine
 
 from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
@@ -15,7 +16,6 @@ from scaffold_core.cli import main
 from scaffold_core.run.assembly import Components
 from scaffold_core.run.summary import ExitCode
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ListTask, ScriptedEngine
 from scaffold_core.train.filtering import GroupFilter, refill_from, run_step_groups
 from scaffold_core.train.prompt_groups import TrainingRollouts
 from scaffold_core.train.step_ledger import StepLedger

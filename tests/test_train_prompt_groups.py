@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import scaffold_testkit.plugin as test_tasks
+from scaffold_testkit import ListTask, ScriptedEngine, plugin_set
 
-import scaffold_core.testing.plugin as test_tasks
 from scaffold_core.builtins.controllers import BestOfNController, NativeController
 from scaffold_core.builtins.trajectories import GRPOTrajectoryMaker
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.config import load_config
 from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
 from scaffold_core.train.prompt_groups import TrainingRollouts
 from scaffold_core.train.staleness import StalenessPolicy, is_stale, oldest_version, staleness
 

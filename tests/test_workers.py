@@ -387,7 +387,7 @@ def on_run_start(config, output_dir):
 def test_worker_logs_are_redacted_and_private(test_plugins, tmp_path, monkeypatch):
     (tmp_path / "secret_printer.py").write_text(SECRET_PRINTER)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin,secret_printer")
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_testkit.plugin,secret_printer")
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-1234567890-abcdef")
     monkeypatch.setenv("SGLANG_API_KEY", "sk-launch-secret-42")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -449,7 +449,7 @@ def test_launched_workers_can_form_a_process_group_from_their_variables(test_plu
     (tmp_path / "pg_probe_plugin.py").write_text(PG_PROBE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_core.testing.plugin,pg_probe_plugin")
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_testkit.plugin,pg_probe_plugin")
     set_plugins(None)
     metrics = run_workers(load_config(data=canned(tmp_path, workers=2)))
     assert "worker_failures" not in metrics and "hook_errors" not in metrics, metrics

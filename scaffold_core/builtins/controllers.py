@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge
 
 from ..controller import Controller, close_controller, start_controller
 from ..episode import EpisodeContext, Outcome
 from ..generation import VerificationTask
 from ..plugins.markers import hookimpl
+from ..plugins.options import Help
 
-
-def _check_samples(samples: int) -> int:
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
-    return samples
+#: Responses (or branches) per prompt: the one declaration of the option, its bound and its help.
+Samples = Annotated[int, Ge(1), Help("responses per prompt, generated concurrently")]
 
 
 class NativeController(Controller):
     """Generate ``samples`` responses to the prompt, concurrently; each is a training sample."""
 
-    def __init__(self, samples: int = 1):
-        self.samples = _check_samples(samples)
+    def __init__(self, samples: Samples = 1):
+        self.samples = samples
 
     def process(self, ctx: EpisodeContext):
         tasks = [ctx.generation_task(i) for i in range(self.samples)]
@@ -42,8 +42,9 @@ def _sub_controller(spec: Any) -> Controller:
 class _SampleThenVerify(Controller):
     """Shared shape: run ``samples`` branches of a sub-controller, then verify every sample."""
 
-    def __init__(self, samples: int = 4, generator: Any = None):
-        self.samples = _check_samples(samples)
+    def __init__(self, samples: Annotated[int, Ge(1), Help("branches of the generator per prompt")] = 4,
+                 generator: Annotated[Any, Help("the controller each branch runs (default: native)")] = None):
+        self.samples = samples
         self.generator = _sub_controller(generator)
 
     async def start(self) -> None:

@@ -30,7 +30,9 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge
 
 from ..errors import DataError
 from ..task import Task
@@ -88,7 +90,7 @@ class DatasetTask(Task):
     def __init__(self, path: str, data_files: str | list[str] | dict[str, str | list[str]] | None = None,
                  subset: str | None = None, split: str = "test", prompt: str | None = None,
                  messages: str | None = None, answer: str | None = None, id: str | None = None,
-                 system_prompt: str | None = None, limit: int | None = None, shuffle: bool = False,
+                 system_prompt: str | None = None, limit: Annotated[int, Ge(1)] | None = None, shuffle: bool = False,
                  seed: int = 0, cache_dir: str | None = None, encoding: str | None = None, sep: str | None = None):
         super().__init__()
         if prompt is not None and messages is not None:
@@ -96,8 +98,6 @@ class DatasetTask(Task):
                              "messages), not both (or neither, to have the columns detected)")
         if not path or not isinstance(path, str):
             raise ValueError("task.path must name a builder (json, csv, parquet), a local file or a hub dataset")
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be >= 1 (or null for every row), got {limit}")
         if not split:
             raise ValueError("split must name a split, e.g. 'test' or 'train'")
         self.builder, self.data_files = _source(path, data_files)

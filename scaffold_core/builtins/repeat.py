@@ -21,14 +21,17 @@ samples and names no answer has no single answer: its episode fails, and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge
 
 from ..controller import Controller, close_controller, start_controller
 from ..episode import EpisodeContext, Outcome, Sample
 from ..errors import ControllerError
 from ..generation import VerificationTask
 from ..plugins.markers import hookimpl
-from .controllers import NativeController, _check_samples, _sub_controller
+from ..plugins.options import Help
+from .controllers import NativeController, _sub_controller
 
 
 def sample_width(controller: Any) -> int:
@@ -45,8 +48,9 @@ def sample_width(controller: Any) -> int:
 class RepeatController(Controller):
     """Run ``controller`` ``n`` times as independent parallel branches; record each run's answer."""
 
-    def __init__(self, n: int = 1, controller: Any = None):
-        self.n = _check_samples(n)
+    def __init__(self, n: Annotated[int, Ge(1), Help("independent runs of the controller per prompt")] = 1,
+                 controller: Annotated[Any, Help("the controller each run uses (default: native)")] = None):
+        self.n = n
         self.controller = _sub_controller(controller)
         inner = self.controller
         if isinstance(inner, NativeController) and inner.samples > 1:

@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROJECT_NAME,
         description="Plugin-based LLM rollout scaffolding for reinforcement learning.",
+        epilog="Installed plugins add more commands (the register_commands hook); docs/plugins.md lists which "
+               "package adds which command and component.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -31,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list-plugins", help="list installed plugins and their components")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--all", action="store_true", help="include the built-in components (as plugin 'builtin')")
+    p.add_argument("--show-options", metavar="NAME",
+                   help="list the options of the component(s) named NAME (or KIND:NAME): type, default, bounds, help")
     p.set_defaults(handler=cmd_list_plugins)
 
     p = sub.add_parser("config", help="print the resolved config, with every default filled in")
@@ -63,18 +67,6 @@ def _parser() -> argparse.ArgumentParser:
 
     _report_parser(sub)
 
-    p = sub.add_parser("serve", help="serve the config's engine behind an OpenAI-compatible endpoint whose sessions "
-                                     "record token-faithful trajectories (plugin scaffold-serve)")
-    p.add_argument("config", help="YAML config file (its engine, sampling, verifier and trajectory maker)")
-    add_override_arguments(p, "engine.threads=2")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; any other needs "
-                                                      "--api-key)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000; 0 picks a free one)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (default: "
-                                     "$SCAFFOLD_API_KEY)")
-    p.add_argument("-o", "--output", help="where finished sessions are written (default: output.dir)")
-    p.set_defaults(handler=cmd_serve)
-
     p = sub.add_parser("score", help="re-score saved responses with a verifier")
     p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
     p.add_argument("--input", required=True, help="JSONL file; each line has 'response' and 'answer'")
@@ -91,7 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=".",
                    help="the folder to create scaffold-NAME/ in, created when missing (default: the current one)")
     p.set_defaults(handler=cmd_new_plugin)
+    _plugin_commands(sub)
     return parser
+
+
+def _plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """The commands installed plugins add through the ``register_commands`` hook."""
+    from ..plugins import get_plugins
+
+    for warning in get_plugins().add_commands(sub):
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -147,15 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def cmd_list_plugins(args: argparse.Namespace) -> int:
     from ..plugins import get_plugins
 
+    if args.show_options:
+        return show_options(args.show_options, as_json=args.json)
     infos = get_plugins().plugin_infos(include_builtin=args.all)
     if args.json:
         print(json.dumps([i.to_json() for i in infos], indent=2))
         return ExitCode.OK
     if not infos:
-        from ..plugins.registry import install_command
-
-        print(f"No plugins installed. Add one, e.g. {install_command('scaffold-gsm8k')} "
-              "(wheels built by `make dist` in a scaffold checkout; see its README)")
+        print("No plugins installed. docs/plugins.md lists the packages that add tasks, engines, commands and "
+              "more (wheels built by `make dist` in a scaffold checkout: pip install --find-links dist PACKAGE)")
         return ExitCode.OK
     rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS")]
     for info in infos:
@@ -179,12 +180,59 @@ def cmd_list_plugins(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def show_options(spec: str, *, as_json: bool = False) -> int:
+    """``list-plugins --show-options NAME``: every option each component called NAME declares."""
+    from ..plugins import KINDS, get_registry, option_table
+
+    registry = get_registry()
+    kind, _, name = spec.rpartition(":") if spec.split(":")[0] in KINDS else ("", "", spec)
+    found = []
+    for k in ([kind] if kind else list(KINDS)):
+        if name in registry.names(k):
+            found.append((k, registry.get(k, name)))
+    if not found:
+        raise ConfigError(f"--show-options: no installed component is called {spec!r}; "
+                          "see `scaffold list-plugins --all`")
+    tables = {f"{k}:{name}": option_table(info.factory) for k, info in found}
+    if as_json:
+        print(json.dumps({key: [{"name": o.name, "type": o.type, "default": None if o.default is ... else o.default,
+                                 "required": o.default is ..., "bounds": o.bounds, "help": o.help} for o in opts]
+                          for key, opts in tables.items()}, indent=2, default=repr))
+        return ExitCode.OK
+    for key, opts in tables.items():
+        print(f"{key}" + ("" if opts else ": no options"))
+        for o in opts:
+            default = "required" if o.default is ... else f"default {o.default!r}"
+            bounds = f", {o.bounds}" if o.bounds else ""
+            print(f"  {o.name}: {o.type} ({default}{bounds})" + (f"  {o.help}" if o.help else ""))
+    return ExitCode.OK
+
+
 def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
     from ..config import load_config
 
     config = load_config(args.config, args.overrides)
-    sys.stdout.write(config.to_yaml())
+    sys.stdout.write(yaml.safe_dump(with_option_defaults(config.to_dict()), sort_keys=False,
+                                    default_flow_style=False))
     return ExitCode.OK
+
+
+def with_option_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every option the selected components declare but the config leaves unset, at its default."""
+    from ..plugins import SECTION_KINDS, get_registry, option_table
+
+    registry = get_registry()
+    plain = (type(None), bool, int, float, str, list, dict)
+    for section, kind in SECTION_KINDS.items():
+        chosen = data.get(section)
+        if not isinstance(chosen, dict) or not chosen.get("name"):
+            continue
+        for option in option_table(registry.get(kind, chosen["name"]).factory):
+            if option.name not in chosen and option.default is not ... and isinstance(option.default, plain):
+                chosen[option.name] = option.default
+    return data
 
 
 def _count_head(stats: Any, head: dict[str, Any]) -> None:
@@ -316,19 +364,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = build_report(args.run_dir, output=args.output, **options)
     print(path)
     return ExitCode.OK
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        from scaffold_serve.cli import serve
-    except ImportError as exc:
-        if (exc.name or "").split(".")[0] != "scaffold_serve":
-            raise
-        from ..plugins.registry import install_command
-
-        hint = install_command("scaffold-serve")
-        raise ScaffoldError(f"`scaffold serve` comes with the scaffold-serve plugin: {hint}") from None
-    return serve(args)
 
 
 def cmd_score(args: argparse.Namespace) -> int:

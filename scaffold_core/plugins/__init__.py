@@ -16,6 +16,7 @@ from .manager import (
     EXTRA_ENV,
     PluginInfo,
     PluginSet,
+    build_tool_format,
     current_path,
     current_registry,
     extra_plugin_specs,
@@ -25,11 +26,13 @@ from .manager import (
     set_plugins,
 )
 from .markers import hookimpl, hookspec
-from .registry import KNOWN_PROVIDERS, BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
+from .options import Help, OptionInfo, option_table
+from .registry import BrokenPlugin, ComponentInfo, ComponentRegistry, Registry
 
 __all__ = [
-    "BUILTIN", "DEFAULT_PLUGINS", "DISABLE_ENV", "ENTRY_POINT_GROUP", "EXTRA_ENV", "KINDS", "KNOWN_PROVIDERS",
-    "SECTION_KINDS", "BrokenPlugin", "ComponentInfo", "ComponentRegistry", "Kind", "PluginInfo", "PluginSet",
-    "Registry", "current_path", "current_registry", "extra_plugin_specs", "get_plugins", "get_registry", "hookimpl",
-    "hookspec", "import_spec", "set_plugins",
+    "BUILTIN", "DEFAULT_PLUGINS", "DISABLE_ENV", "ENTRY_POINT_GROUP", "EXTRA_ENV", "KINDS",
+    "SECTION_KINDS", "BrokenPlugin", "ComponentInfo", "ComponentRegistry", "Help", "Kind", "OptionInfo", "PluginInfo",
+    "PluginSet", "option_table",
+    "Registry", "build_tool_format", "current_path", "current_registry", "extra_plugin_specs", "get_plugins",
+    "get_registry", "hookimpl", "hookspec", "import_spec", "set_plugins",
 ]

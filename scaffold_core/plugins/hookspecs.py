@@ -5,7 +5,7 @@ A plugin is a module (or object) whose functions are decorated with
 through the ``scaffold`` entry-point group::
 
     [project.entry-points.scaffold]
-    gsm8k = "scaffold_gsm8k"
+    arith = "scaffold_arith"
 
 Implementations may accept fewer arguments than the spec lists (pluggy's
 opt-in arguments), so specs can grow without breaking plugins.
@@ -121,9 +121,9 @@ def register_environments(registry: ComponentRegistry) -> None:
 
     :param registry: the environment registry; ``registry.add(name, factory)``
         where ``factory(**options)`` returns an environment object (see the
-        ``scaffold-multiturn`` plugin for the protocol).
+        protocol below).
 
-    The protocol (``scaffold_multiturn.environment``): ``reset(ctx) -> state``
+    The protocol (:mod:`scaffold_core.environment`): ``reset(ctx) -> state``
     once per conversation, ``step(state, response) -> EnvStep`` after each
     assistant turn (a plain function, a generator yielding runtime tasks, or
     ``async``), optional ``async start()``/``close()``. Per-conversation data
@@ -198,6 +198,28 @@ def plugin_notes() -> list[str]:  # type: ignore[empty-body]  # a spec: pluggy n
 
     Keep it quick (``list-plugins`` must stay fast): no model, no network, no process that may hang. An
     exception is shown as the note instead.
+    """
+
+
+@hookspec
+def register_commands(subparsers: Any) -> None:
+    """Add ``scaffold`` subcommands (simonw/llm's ``register_commands``, datasette's ``publish_subcommand``).
+
+    :param subparsers: the ``argparse`` sub-parsers action of the ``scaffold`` command line. Call
+        ``subparsers.add_parser(name, help=...)``, add the command's arguments, and set its handler with
+        ``parser.set_defaults(handler=function)``; ``function(args)`` runs the command and returns its exit
+        code (``None`` counts as 0). A :class:`scaffold_core.errors.ScaffoldError` it raises is printed as
+        ``error: ...`` with exit code 1, as for the core's own commands.
+
+    Keep it quick (every ``scaffold`` invocation builds the parser): import what the command needs inside
+    its handler. A command name already taken (by the core or another plugin) is skipped with a warning; a
+    plugin that raises here loses its commands and nothing else::
+
+        @hookimpl
+        def register_commands(subparsers):
+            p = subparsers.add_parser("serve", help="serve the config's engine")
+            p.add_argument("config")
+            p.set_defaults(handler=serve)
     """
 
 

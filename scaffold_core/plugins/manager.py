@@ -244,6 +244,28 @@ class PluginSet:
                 added = ", ".join(info.name for info in sink[before:]) or "nothing"
                 self.trace(f"{plugin_name}: {hook_name} added {added}")
 
+    # -- commands --------------------------------------------------------
+    def add_commands(self, subparsers: Any) -> list[str]:
+        """Let every plugin add its ``scaffold`` subcommands (the ``register_commands`` hook) to ``subparsers``.
+
+        A plugin that raises, or takes a command name already taken, adds none of its commands; every other
+        plugin's commands stay. Returns one warning per such plugin."""
+        warnings: list[str] = []
+        for impl in self.pm.hook.register_commands.get_hookimpls():
+            before = dict(subparsers.choices)
+            actions = list(subparsers._choices_actions)
+            try:
+                impl.function(**{arg: subparsers for arg in impl.argnames})
+            except Exception as exc:
+                if self._owner(impl.plugin_name) == BUILTIN:
+                    raise
+                subparsers.choices.clear()
+                subparsers.choices.update(before)
+                subparsers._choices_actions[:] = actions
+                warnings.append(f"plugin {impl.plugin_name!r} added no commands: it raised in register_commands: "
+                                f"{type(exc).__name__}: {exc}")
+        return warnings
+
     # -- failure bookkeeping --------------------------------------------
     def _owner(self, plugin_name: str) -> str:
         return BUILTIN if plugin_name.startswith(f"{BUILTIN}:") else plugin_name
@@ -410,3 +432,20 @@ def set_plugins(plugins: PluginSet | None) -> PluginSet | None:
     with _LOCK:
         previous, _CURRENT = _CURRENT, plugins
         return previous
+
+
+def build_tool_format(spec: Any, path: str) -> Any:
+    """The tool-call format ``spec`` names (a name, ``{name: ..., options...}`` or a format object), for controllers
+    that let the model call tools; raises :class:`ConfigError` naming ``path``."""
+    from ..errors import ConfigError, PluginLoadError, UnknownComponentError
+
+    try:
+        fmt = current_registry().build("tool_format", spec, path=path,
+                                       accepts=lambda obj: callable(getattr(obj, "parse", None)))
+    except (UnknownComponentError, PluginLoadError) as exc:
+        raise ConfigError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
+    for method in ("prompt", "parse", "result_messages"):
+        if not callable(getattr(fmt, method, None)):
+            raise ConfigError(f"{path}: {type(fmt).__name__} has no {method}() method; a tool format implements "
+                              "prompt(), parse() and result_messages() (scaffold_core.tool_format.ToolFormat)")
+    return fmt

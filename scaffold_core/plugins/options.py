@@ -1,9 +1,17 @@
-"""Validate a component's YAML options against its factory's signature.
+"""A component's options, declared once: the keyword parameters of its factory.
 
 A component's options are the keyword parameters of its factory (a class's
-``__init__`` or a function), with their type annotations. Unknown keys, wrong
-types and missing required values are reported as :class:`ConfigError` naming
-the key path, the bad value and what is allowed.
+``__init__`` or a function): the annotation is the type, the default the
+default, and ``typing.Annotated`` adds bounds (``annotated_types``, e.g.
+``Ge(1)``, which pydantic enforces) and the help text (:class:`Help`)::
+
+    def __init__(self, samples: Annotated[int, Ge(1), Help("answers per prompt")] = 4): ...
+
+Validation (unknown keys, wrong types, values out of bounds, missing required
+values: a :class:`ConfigError` naming the key path, the bad value and what is
+allowed), ``scaffold config``'s filled-in defaults and ``scaffold list-plugins
+--show-options`` all read that one declaration (:func:`option_table`); no
+factory checks a range by hand.
 """
 
 from __future__ import annotations
@@ -11,9 +19,28 @@ from __future__ import annotations
 import difflib
 import inspect
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Help:
+    """An option's help text, in its ``Annotated`` declaration (shown by ``--show-options`` and in errors)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One declared option: what ``--show-options`` lists."""
+
+    name: str
+    type: str
+    default: Any  # ``...`` when required
+    bounds: str
+    help: str
 
 _MODEL_CACHE: dict[int, tuple[Any, Any]] = {}
 
@@ -28,7 +55,7 @@ def _signature_model(factory: Any) -> tuple[Any, list[str], bool]:
     target = factory.__init__ if inspect.isclass(factory) else factory
     sig = inspect.signature(factory)
     try:
-        hints = typing.get_type_hints(target)
+        hints = typing.get_type_hints(target, include_extras=True)
     except Exception:  # unresolvable annotations: accept anything for those
         hints = {}
     fields: dict[str, Any] = {}
@@ -53,18 +80,51 @@ def _signature_model(factory: Any) -> tuple[Any, list[str], bool]:
 
 
 def describe_options(factory: Any) -> dict[str, str]:
-    """Option name -> 'type = default' text, for docs and error messages."""
-    sig = inspect.signature(factory)
-    out = {}
-    for pname, param in sig.parameters.items():
+    """Option name -> 'type (bounds) = default' text, for error messages."""
+    return {o.name: o.type + (f" ({o.bounds})" if o.bounds else "") + ("" if o.default is ... else f" = {o.default!r}")
+            for o in option_table(factory)}
+
+
+def _type_text(annotation: Any) -> str:
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return "any"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def option_table(factory: Any) -> list[OptionInfo]:
+    """Every option ``factory`` declares, with its type, default, bounds and help, read from its signature."""
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except Exception:
+        hints = {}
+    out = []
+    for pname, param in inspect.signature(factory).parameters.items():
         if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL, param.POSITIONAL_ONLY):
             continue
-        ann = param.annotation
-        ann_text = ann if isinstance(ann, str) else getattr(ann, "__name__", repr(ann))
-        if ann is param.empty:
-            ann_text = "any"
-        out[pname] = f"{ann_text}" + ("" if param.default is param.empty else f" = {param.default!r}")
+        annotation = hints.get(pname, param.annotation)
+        extras: tuple[Any, ...] = ()
+        if typing.get_origin(annotation) is typing.Annotated:
+            annotation, *rest = typing.get_args(annotation)
+            extras = tuple(rest)
+        help_text = " ".join(e.text for e in extras if isinstance(e, Help))
+        bounds = ", ".join(_bound_text(e) for e in extras if not isinstance(e, Help))
+        out.append(OptionInfo(pname, _type_text(annotation), ... if param.default is param.empty else param.default,
+                              bounds, help_text))
     return out
+
+
+def _bound_text(constraint: Any) -> str:
+    """``>= 1`` for ``Ge(1)``, and so on (annotated_types); anything else as it prints."""
+    symbols = {"Gt": ">", "Ge": ">=", "Lt": "<", "Le": "<=", "MultipleOf": "multiple of", "MinLen": "length >=",
+               "MaxLen": "length <="}
+    name = type(constraint).__name__
+    if name in symbols:
+        (value,) = [getattr(constraint, f) for f in constraint.__dataclass_fields__]
+        return f"{symbols[name]} {value}"
+    return repr(constraint)
 
 
 def validate_options(factory: Any, options: dict[str, Any], *, path: str, label: str) -> dict[str, Any]:

@@ -44,40 +44,6 @@ def building(registry: Registry, path: str | None = None) -> Iterator[None]:
 #: The plugin name the core's own components are registered under.
 BUILTIN_PLUGIN = "builtin"
 
-#: Which distribution of this project adds a well-known component, by (kind, name), for install hints.
-KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
-    ("task", "gsm8k"): "scaffold-gsm8k",
-    ("task", "multiturn_gsm8k"): "scaffold-gsm8k",
-    ("task", "gsm8k_calculator"): "scaffold-gsm8k",
-    ("verifier", "gsm8k"): "scaffold-gsm8k",
-    ("verifier", "math_verify"): "scaffold-gsm8k[math-verify]",
-    ("controller", "multiturn_chat"): "scaffold-multiturn",
-    ("controller", "agent"): "scaffold-multiturn",
-    ("trajectory_maker", "multiturn"): "scaffold-multiturn",
-    ("environment", "verifier_feedback"): "scaffold-multiturn",
-    ("environment", "simulated_user"): "scaffold-multiturn",
-    ("tool_format", "hermes"): "scaffold-multiturn",
-    ("tool_format", "native"): "scaffold-multiturn",
-    ("engine", "sglang"): "scaffold-sglang",
-    ("engine", "vllm"): "scaffold-vllm",
-    ("tool", "calculator"): "scaffold-tools",
-    ("tool", "python"): "scaffold-tools",
-    ("tool", "search"): "scaffold-tools",
-    ("trainer", "trl"): "scaffold-trl",
-    ("tool", "mcp"): "scaffold-mcp",
-    ("task", "skyrl_gym"): "scaffold-skyrl-gym[skyrl-gym]",
-    ("controller", "gym_env"): "scaffold-skyrl-gym[skyrl-gym]",
-    ("task", "verifiers"): "scaffold-verifiers[verifiers]",
-    ("verifier", "verifiers"): "scaffold-verifiers[verifiers]",
-}
-
-
-def install_command(requirement: str) -> str:
-    """How to install one of this project's distributions: its packages are built from a checkout
-    (``make dist``), not published on a package index."""
-    return f"pip install --find-links dist {_shell_quote(requirement)}"
-
-
 @dataclass(frozen=True)
 class ComponentInfo:
     """One registered component."""
@@ -260,25 +226,17 @@ class Registry:
         close = difflib.get_close_matches(bare, installed, n=1, cutoff=0.6)
         if close:
             msg += f" Did you mean {close[0]!r}?"
-        provider = KNOWN_PROVIDERS.get((kind, bare))
-        if provider is None and not close:  # a misspelling of a name this project's plugins provide
-            known = [n for k, n in KNOWN_PROVIDERS if k == kind]
-            guess = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
-            if guess:
-                msg += f" Did you mean {guess[0]!r}?"
-                provider = KNOWN_PROVIDERS[(kind, guess[0])]
-        disabled = {dist: plugin for plugin, dist in self.disabled.items() if dist}
-        if provider is not None and provider.split("[")[0] in disabled:
-            plugin = disabled[provider.split("[")[0]]
-            msg += (f" It comes from plugin {plugin!r} ({provider.split('[')[0]}), which is installed but "
+        disabled = {plugin: dist for plugin, dist in self.disabled.items() if plugin == bare}
+        if disabled:  # one name everywhere: plugin `NAME` (scaffold-NAME) adds `NAME` components
+            plugin, dist = next(iter(disabled.items()))
+            msg += (f" It may come from plugin {plugin!r} ({dist or 'no distribution'}), which is installed but "
                     f"disabled by SCAFFOLD_DISABLE_PLUGINS: remove {plugin!r} from that variable")
-        elif provider is not None:
-            msg += (f" It comes from {provider}, which is not installed: {install_command(provider)} "
-                    "(wheels built by `make dist` in a scaffold checkout; see the README)")
         else:
-            msg += " If it comes from a plugin that is not installed, install that plugin's package"
-        if self.disabled and provider is None:
-            msg += f". Disabled by SCAFFOLD_DISABLE_PLUGINS: {', '.join(sorted(self.disabled))}"
+            msg += (" If it comes from a plugin that is not installed, install that plugin's package (docs/plugins.md "
+                    "lists which package adds which component; wheels built by `make dist` in a scaffold checkout: "
+                    "pip install --find-links dist PACKAGE)")
+            if self.disabled:
+                msg += f". Disabled by SCAFFOLD_DISABLE_PLUGINS: {', '.join(sorted(self.disabled))}"
         if self.broken:
             failed = ", ".join(f"{b.name} ({type(b.error).__name__})" for b in self.broken.values())
             msg += f". Plugins that failed to load: {failed}; see `scaffold list-plugins`"
@@ -322,7 +280,3 @@ def _same_name(a: str, b: str) -> bool:
         return re.sub(r"[-_.]+", "-", text).lower()
 
     return norm(a) == norm(b)
-
-
-def _shell_quote(spec: str) -> str:
-    return f'"{spec}"' if "[" in spec else spec

@@ -140,9 +140,9 @@ class StepReporter:
 def require_trainer(config: Any, registry: Any) -> None:
     """Fail in one line when the config has no ``trainer`` section, naming the installed trainers."""
     if config.trainer is None:
-        names = ", ".join(registry.names("trainer")) or "none installed (pip install scaffold-trl)"
+        names = ", ".join(registry.names("trainer")) or "none installed (docs/plugins.md lists the trainer plugins)"
         raise ConfigError(f"{config.source or '<config>'}: trainer: `scaffold train` needs a trainer section, "
-                          f"e.g. trainer: {{name: trl}}; installed trainers: {names}")
+                          f"trainer: {{name: NAME}}; installed trainers: {names}")
 
 
 def run_training(config: Any, output_dir: Path, *, registry: Any = None, progress: bool | None = None,

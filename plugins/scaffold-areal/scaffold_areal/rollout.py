@@ -6,7 +6,7 @@ scaffold episode of the configured controller on ``engine`` (through
 :class:`~scaffold_core.train.prompt_groups.TrainingRollouts` (the trainer owns the
 engine: ``manage_engine=False``); it is scored by the configured verifier,
 and comes back as AReaL's tensor dict
-(:func:`scaffold_core.train.padding.to_padded_tensor_dict`) with the
+(:func:`scaffold_areal.padding.to_padded_tensor_dict`) with the
 behaviour logprobs and the weight version of every token AReaL returned,
 or ``None`` when it is rejected.
 
@@ -37,9 +37,9 @@ import uuid
 from collections import Counter
 from typing import Any, ClassVar
 
+from scaffold_areal.padding import to_padded_tensor_dict
 from scaffold_core.run.assembly import Components, Limits
 from scaffold_core.train.adapters import PromptTask, build_component, to_plain
-from scaffold_core.train.padding import to_padded_tensor_dict
 from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 from scaffold_core.train.staleness import StalenessPolicy
 from scaffold_core.trajectory import TrainingSample

@@ -9,8 +9,7 @@ from typing import Any
 
 import fake_areal
 import pytest
-
-from scaffold_core.testing.replies import EOS, TOKENIZER
+from scaffold_testkit.replies import EOS, TOKENIZER
 
 QUESTION = {"messages": [{"role": "user", "content": "What is 40 + 2?"}], "answer": "42"}
 

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 from areal_helpers import EOS, TOKENIZER, backend, engine, logprobs_of
 from scaffold_areal.engine import ALL_TOKENS, ArealEngine, gconfig_for, sampling_from_gconfig
+from scaffold_testkit.replies import answers
 
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing.replies import answers
 
 
 @pytest.fixture(params=["fake", "real"])

@@ -11,10 +11,10 @@ import types
 import fake_areal
 import pytest
 from areal_helpers import TOKENIZER, engine
+from scaffold_testkit.installed import fake_modules, listed_plugin, modules_loaded
+from scaffold_testkit.replies import answers
 
 from scaffold_core.errors import MissingDependencyError
-from scaffold_core.testing.installed import fake_modules, listed_plugin, modules_loaded
-from scaffold_core.testing.replies import answers
 
 
 def test_listed_by_scaffold_list_plugins():

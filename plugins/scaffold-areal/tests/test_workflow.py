@@ -13,11 +13,11 @@ import pytest
 import torch
 from areal_helpers import EOS, QUESTION, TOKENIZER, backend, engine, logprobs_of, prompt_ids, run, workflow
 from fake_areal import concat_padded_tensors
+from scaffold_testkit.replies import answers, by_turn
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import Outcome, Sample
 from scaffold_core.generation import VerificationTask
-from scaffold_core.testing.replies import answers, by_turn
 
 RLVR_KEYS = ["input_ids", "loss_mask", "logprobs", "versions", "turn_ids", "attention_mask", "rewards"]
 DTYPES = {"input_ids": torch.int32, "loss_mask": torch.int32, "logprobs": torch.float32, "versions": torch.int32,

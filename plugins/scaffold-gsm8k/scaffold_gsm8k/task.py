@@ -6,8 +6,11 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
+from annotated_types import Ge
+
+from scaffold_core.plugins import Help
 from scaffold_core.task import Task
 
 from . import data
@@ -48,22 +51,18 @@ class GSM8KTask(Task):
         source: Literal["hub", "sample"] = "hub",
         split: str = "test",
         data_files: str | list[str] | dict[str, str | list[str]] | None = None,
-        limit: int | None = None,
+        limit: Annotated[int, Ge(1)] | None = None,
         shuffle: bool = False,
         seed: int = 0,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         instruction: str = DEFAULT_INSTRUCTION,
-        few_shot: int = 0,
+        few_shot: Annotated[int, Ge(0), Help("worked examples put before each question")] = 0,
         few_shot_file: str | None = None,
         cache_dir: str | None = None,
     ):
         super().__init__()
         if not split:
             raise ValueError("split must name a split, e.g. 'test' or 'train'")
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be >= 1 (or null for every row), got {limit}")
-        if few_shot < 0:
-            raise ValueError(f"few_shot must be >= 0, got {few_shot}")
         if data_files is not None and source == "sample":
             raise ValueError("set either source: sample or data_files, not both")
         if source == "sample":

@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from scaffold_testkit.conformance import TaskConformance, VerifierConformance
 
 import scaffold_gsm8k
-from scaffold_core.testing.conformance import TaskConformance, VerifierConformance
 
 
 class TestGSM8KTaskConformance(TaskConformance):
@@ -32,7 +32,7 @@ class TestMultiTurnGSM8KTaskConformance(TestGSM8KTaskConformance):
     name = "multiturn_gsm8k"
 
     def scaffold_registry(self):
-        from scaffold_core.testing import plugin_set
+        from scaffold_testkit import plugin_set
 
         named = {"multiturn": pytest.importorskip("scaffold_multiturn"), "tools": pytest.importorskip("scaffold_tools")}
         return plugin_set(gsm8k=scaffold_gsm8k, **named).registry

@@ -11,12 +11,12 @@ from fractions import Fraction
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scaffold_testkit import plugin_set
 
 import scaffold_gsm8k
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.run.verifier_pool import VerifierPool
-from scaffold_core.testing import plugin_set
 from scaffold_core.verifier import Verdict
 from scaffold_gsm8k.verifier import GSM8KVerifier, reference_key
 

@@ -16,12 +16,12 @@ from typing import Any, ClassVar
 import pytest
 import scaffold_mcp
 from scaffold_mcp.toolset import McpStartError, McpToolSet
+from scaffold_testkit import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
+from scaffold_testkit.conformance import ToolConformance
 
 import scaffold_multiturn
 from scaffold_core.errors import ConfigError
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
-from scaffold_core.testing.conformance import ToolConformance
 from scaffold_core.tool import ToolContext, check_tool, invoke_tool, is_tool_set
 
 SERVER = str(Path(__file__).with_name("mcp_test_server.py"))

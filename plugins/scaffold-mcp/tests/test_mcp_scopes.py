@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import scaffold_mcp
 from scaffold_mcp.toolset import McpToolSet
+from scaffold_testkit import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
 
 import scaffold_multiturn
 from scaffold_core.errors import ConfigError, MissingDependencyError
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, plugin_set, run_episodes
 from scaffold_core.tool import ToolContext, invoke_tool
 
 SERVER = str(Path(__file__).with_name("mcp_test_server.py"))

@@ -19,9 +19,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from scaffold_testkit import ListTask, ScriptedEngine, make_contexts, run_episodes
+
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, run_episodes
 
 UNSURE = "~"
 CONFIDENT_LP, UNSURE_LP = -0.05, -3.0

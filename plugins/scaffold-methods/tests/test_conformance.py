@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
+from scaffold_testkit.conformance import ControllerConformance, TaskConformance, VerifierConformance
 
 import scaffold_methods
-from scaffold_core.testing.conformance import ControllerConformance, TaskConformance, VerifierConformance
 
 
 class TestDeepConfOffline(ControllerConformance):

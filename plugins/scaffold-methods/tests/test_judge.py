@@ -8,11 +8,11 @@ import math
 import httpx
 import pytest
 from methods_testkit import ScriptEngine, run
+from scaffold_testkit import ListTask, ScriptedEngine, make_contexts, run_episodes
 
 from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
 from scaffold_core.errors import VerifierError
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ListTask, ScriptedEngine, make_contexts, run_episodes
 from scaffold_methods.backends import JudgeError
 from scaffold_methods.judge import JudgeVerifier
 from scaffold_methods.rerank import RerankController

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scaffold_core.testing.installed import listed_plugin, modules_loaded
+from scaffold_testkit.installed import listed_plugin, modules_loaded
 
 MODULES = ["scaffold_methods", "scaffold_methods.deepconf", "scaffold_methods.dynasor", "scaffold_methods.rerank",
            "scaffold_methods.tree_search", "scaffold_methods.judge", "scaffold_methods.reward_model",

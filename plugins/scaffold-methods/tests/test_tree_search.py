@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 from methods_testkit import ASSISTANT, run
+from scaffold_testkit import ScriptedEngine
 
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ScriptedEngine
 from scaffold_methods.scoring import Scores
 from scaffold_methods.tree_search import TreeSearchController
 

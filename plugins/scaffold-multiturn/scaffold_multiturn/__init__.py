@@ -7,7 +7,7 @@ Components (hookimpls only; the logic lives in sibling modules):
 * tool-call formats ``hermes`` and ``native`` (:mod:`scaffold_multiturn.tool_formats`)
 * environments ``verifier_feedback`` (:mod:`scaffold_multiturn.feedback`) and
   ``simulated_user`` (:mod:`scaffold_multiturn.simulated_user`); the protocol
-  third parties implement is in :mod:`scaffold_multiturn.environment`
+  third parties implement is in :mod:`scaffold_core.environment`
 * trajectory maker ``multiturn`` (:class:`scaffold_multiturn.trajectory.MultiTurnTrajectoryMaker`)
 
 GSM8K tasks that run on these (``multiturn_gsm8k``, ``gsm8k_calculator``) come with scaffold-gsm8k.

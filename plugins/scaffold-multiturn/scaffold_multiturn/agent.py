@@ -1,7 +1,7 @@
 """The ``agent`` controller: generate, parse tool calls, run them concurrently, append the results, repeat.
 
 One episode is one conversation, kept token-in/token-out by
-:class:`~scaffold_multiturn.conversation.Conversation`: the model's sampled ids
+:class:`~scaffold_core.conversation.Conversation`: the model's sampled ids
 (loss mask 1, the engine's logprobs and policy version) interleaved with the
 rendered tool results (loss mask 0, logprob 0.0, version -1). The loop ends
 when the model answers (a turn without tool calls, an ``answer_tag``, or, with
@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaffold_core.controller import Controller
+from scaffold_core.chat_template import render_text
+from scaffold_core.controller import Controller, samples_in_parallel
+from scaffold_core.conversation import Conversation, DriftReport
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 from scaffold_core.errors import TOOL_ERROR_KINDS as ERROR_KINDS
 from scaffold_core.errors import (
@@ -39,6 +41,7 @@ from scaffold_core.errors import (
     UnknownComponentError,
 )
 from scaffold_core.generation import AwaitTask, VerificationTask
+from scaffold_core.plugins import build_tool_format as build_format
 from scaffold_core.plugins import current_path, current_registry
 from scaffold_core.tokenizers import encode
 from scaffold_core.tool import (
@@ -52,10 +55,6 @@ from scaffold_core.tool import (
     unisolated_tools,
 )
 from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, call_timeout, run_tool_call, unrunnable
-
-from .controller import samples_in_parallel
-from .conversation import Conversation, DriftReport
-from .template import render_text
 
 log = logging.getLogger("scaffold.agent")
 
@@ -125,16 +124,6 @@ def add_tool(tools: dict[str, Any], tool: Any, where: str) -> None:
         raise ConfigError(f"{where}: two tools are both called {tool.name!r}; the model could not tell them "
                           "apart: keep one")
     tools[tool.name] = tool
-
-
-def build_format(spec: Any, path: str) -> Any:
-    """The tool-call format ``spec`` names (a name, ``{name: ..., options...}`` or a format object)."""
-    fmt = _component("tool_format", spec, path, "parse")
-    for method in ("prompt", "parse", "result_messages"):
-        if not callable(getattr(fmt, method, None)):
-            raise ConfigError(f"{path}: {type(fmt).__name__} has no {method}() method; a tool format implements "
-                              "prompt(), parse() and result_messages() (scaffold_core.tool_format.ToolFormat)")
-    return fmt
 
 
 #: Arguments nested deeper than this are logged as (bounded) text: run files must stay writable and readable.

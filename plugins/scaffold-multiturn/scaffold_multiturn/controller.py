@@ -5,14 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from scaffold_core.controller import Controller
+from scaffold_core.controller import Controller, samples_in_parallel
+from scaffold_core.conversation import Conversation, DriftReport
+from scaffold_core.environment import EnvironmentFailure, EnvStep, run_step
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 from scaffold_core.errors import ConfigError, EpisodeError, PluginLoadError, UnknownComponentError
 from scaffold_core.generation import VerificationTask
 from scaffold_core.verifier import Verdict
-
-from .conversation import Conversation, DriftReport
-from .environment import EnvironmentFailure, EnvStep, run_step
 
 
 def build_environment(spec: Any) -> tuple[Any, str]:
@@ -41,18 +40,6 @@ def build_environment(spec: Any) -> tuple[Any, str]:
 def discounted(reward: float, turns: int, turn_discount: float) -> float:
     """The episode's reward: the final verdict's reward times ``turn_discount ** (turns - 1)``."""
     return float(reward) * turn_discount ** max(0, turns - 1)
-
-
-def samples_in_parallel(controller: Any, ctx: EpisodeContext):
-    """``controller.samples`` conversations as parallel branches of a one-sample copy of ``controller``
-    (each branch on its own clone, with its own copy of the episode's data); their metrics averaged."""
-    single = controller.clone()
-    single.samples = 1
-    outcomes = yield controller.parallel(single, [ctx.branch(i) for i in range(controller.samples)])
-    samples = [s for outcome in outcomes for s in outcome.samples]
-    names = sorted({k for outcome in outcomes for k in outcome.metrics})
-    metrics = {k: sum(o.metrics.get(k, 0.0) for o in outcomes) / len(outcomes) for k in names}
-    return Outcome(samples=samples, metrics=metrics, prompt=next((o.prompt for o in outcomes if o.prompt), None))
 
 
 class MultiTurnChatController(Controller):

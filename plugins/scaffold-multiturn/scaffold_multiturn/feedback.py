@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scaffold_core.environment import Environment, EnvStep
 from scaffold_core.generation import VerificationTask
-
-from .environment import Environment, EnvStep
 
 DEFAULT_WRONG = "That answer is not correct. Check your work and try again."
 DEFAULT_MISSING = "I could not find a final answer in your reply. Try again and state your final answer clearly."

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from scaffold_core.environment import Environment, EnvStep
 from scaffold_core.errors import EngineError, EpisodeError
 from scaffold_core.generation import AwaitTask, GenerationRequest, GenerationResult, VerificationTask
 from scaffold_core.sampling import SamplingParams, mix_seed
 from scaffold_core.tokenizers import render_chat
-
-from .environment import Environment, EnvStep
 
 DEFAULT_INSTRUCTIONS = (
     "You are a student talking to a tutor about this question:\n\n{question}\n\n"

@@ -26,10 +26,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from scaffold_core.chat_template import render_text
 from scaffold_core.tool import ToolResult, bounded, json_problem
 from scaffold_core.tool_format import ToolCall, ToolFormat, ToolPrompt, format_error, result_text
-
-from .template import render_text
 
 #: The default description of the tools for ``hermes``; ``{tools}``, ``{call}`` and ``{response}`` are replaced
 #: by the function specs (one JSON object per line) and the call and response tag names.

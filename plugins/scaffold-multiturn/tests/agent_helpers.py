@@ -9,13 +9,13 @@ from typing import Any
 
 from mt_helpers import TokenizerScriptedEngine
 from mt_helpers import registry as mt_registry
+from scaffold_testkit import ScriptedEngine
 
 from scaffold_core import hookimpl
+from scaffold_core.chat_template import render_text
 from scaffold_core.generation import GenerationRequest, GenerationResult
-from scaffold_core.testing import ScriptedEngine
 from scaffold_core.tokenizers import encode
 from scaffold_core.tool import Tool, ToolCallError, ToolContext, ToolResult
-from scaffold_multiturn.template import render_text
 from scaffold_multiturn.tool_formats import HermesFormat
 
 

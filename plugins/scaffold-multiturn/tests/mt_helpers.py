@@ -7,12 +7,13 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from scaffold_testkit import ScriptedEngine, make_contexts, plugin_set, run_episodes
+
 import scaffold_gsm8k
 import scaffold_multiturn
 from scaffold_core.engine import Engine
 from scaffold_core.generation import GenerationRequest, GenerationResult
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ScriptedEngine, make_contexts, plugin_set, run_episodes
 from scaffold_core.tokenizers import ByteTokenizer
 
 

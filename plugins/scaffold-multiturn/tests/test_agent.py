@@ -9,9 +9,9 @@ import time
 import pytest
 from agent_helpers import AddTool, RecordingEngine, agent, call, check_token_by_token, last_user, registry, turn_of
 from mt_helpers import run
+from scaffold_testkit import ListTask
 
 from scaffold_core import hookimpl
-from scaffold_core.testing import ListTask
 from scaffold_core.tool import Tool, ToolResult
 from scaffold_gsm8k.verifier import GSM8KVerifier
 from scaffold_multiturn.tool_formats import HermesFormat
@@ -434,7 +434,7 @@ def config_error(data):
 
 
 def _list_task_plugin():
-    import scaffold_core.testing.plugin as test_tasks
+    import scaffold_testkit.plugin as test_tasks
 
     return test_tasks
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import RecordingTokenizerEngine, check_token_by_token
+from scaffold_testkit import make_contexts, run_episodes
 
 from scaffold_core.config import load_config
 from scaffold_core.output import read_records
 from scaffold_core.plugins import get_plugins
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import make_contexts, run_episodes
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-calculator.yaml"
 SMOL_ASSISTANT = "<|im_start|>assistant\n"

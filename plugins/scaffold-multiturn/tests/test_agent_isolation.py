@@ -7,9 +7,9 @@ import re
 
 from agent_helpers import call, last_user, registry, turn_of
 from mt_helpers import run
+from scaffold_testkit import ListTask, ScriptedEngine
 
 from scaffold_core import hookimpl
-from scaffold_core.testing import ListTask, ScriptedEngine
 from scaffold_gsm8k.verifier import GSM8KVerifier
 from scaffold_multiturn.agent import AgentController
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from mt_helpers import registry
+from scaffold_testkit.conformance import ControllerConformance, TrajectoryMakerConformance
+from scaffold_testkit.conformance.trajectories import example_episodes
 
 import scaffold_multiturn
-from scaffold_core.testing.conformance import ControllerConformance, TrajectoryMakerConformance
-from scaffold_core.testing.conformance.trajectories import example_episodes
 
 
 class _WithGSM8K:
@@ -32,8 +32,7 @@ class TestMultiTurnChatSeveralConversationsConformance(TestMultiTurnChatConforma
 def multiturn_episode():
     """A real multi-turn episode (two model turns, an environment turn between) from the controller."""
     from mt_helpers import controller, run
-
-    from scaffold_core.testing import ListTask, ScriptedEngine
+    from scaffold_testkit import ListTask, ScriptedEngine
 
     def respond(prompt, request):
         return "5" if prompt.count("<|assistant|>") == 2 else "6"
@@ -70,8 +69,7 @@ class TestAgentConformance(ControllerConformance):
         import re
 
         from agent_helpers import call, turn_of
-
-        from scaffold_core.testing.conformance.controllers import right_or_wrong
+        from scaffold_testkit.conformance.controllers import right_or_wrong
 
         if turn_of(prompt) == 0:
             a, b = map(int, re.findall(r"(\d+) \+ (\d+)", prompt)[-1])

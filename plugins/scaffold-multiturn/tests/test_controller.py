@@ -8,13 +8,13 @@ import re
 
 import pytest
 from mt_helpers import IdsEngine, assistant_turns, controller, registry, run
+from scaffold_testkit import ListTask, ScriptedEngine
 
 from scaffold_core import hookimpl
+from scaffold_core.environment import Environment, EnvStep
 from scaffold_core.errors import ConfigError
-from scaffold_core.testing import ListTask, ScriptedEngine
 from scaffold_core.tokenizers import ByteTokenizer
 from scaffold_multiturn.controller import MultiTurnChatController
-from scaffold_multiturn.environment import Environment, EnvStep
 
 ROWS = [{"id": f"q{i}", "question": f"What is {i} + {i + 3}?", "answer": str(2 * i + 3)} for i in range(6)]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from mt_helpers import JinjaByteTokenizer
 
+from scaffold_core.chat_template import TemplateError
+from scaffold_core.conversation import Conversation
 from scaffold_core.generation import GenerationResult
 from scaffold_core.tokenizers import ByteTokenizer, render_chat
-from scaffold_multiturn.conversation import Conversation
-from scaffold_multiturn.template import TemplateError
 
 pytest.importorskip("jinja2")
 

@@ -76,11 +76,11 @@ class TurnVersionsEngine(CannedBenchmarkEngine):
 
 def test_a_conversation_on_weights_3_then_4_is_saved_with_3s_and_4s_per_token(plugins, tmp_path):
     import datasets
+    from scaffold_testkit import plugin_set
 
     import scaffold_gsm8k
     import scaffold_multiturn
     from scaffold_core import hookimpl
-    from scaffold_core.testing import plugin_set
 
     versioned = types.ModuleType("versioned_engine")
     versioned.register_engines = hookimpl(lambda registry: registry.add("turn_versions", TurnVersionsEngine))

@@ -20,7 +20,7 @@ def test_listed_by_scaffold_list_plugins():
 def test_registering_imports_no_heavy_library():
     """`scaffold list-plugins` stays fast: registering the plugin's components loads no torch/transformers."""
     code = ("import sys, scaffold_multiturn\n"
-            "from scaffold_core.testing import plugin_set\n"
+            "from scaffold_testkit import plugin_set\n"
             "plugin_set(multiturn=scaffold_multiturn)\n"
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'jinja2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -8,13 +8,13 @@ import time
 import pytest
 import yaml
 from mt_helpers import controller, registry, run
+from scaffold_testkit import ListTask, ScriptedEngine, plugin_set
 
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
 
 ROWS = [{"id": f"q{i}", "question": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(4)]
 

@@ -8,10 +8,10 @@ import re
 
 import pytest
 from mt_helpers import TokenizerScriptedEngine, controller, registry, run
+from scaffold_testkit import LiveEngine
 
+from scaffold_core.chat_template import render_text
 from scaffold_core.engine import Engine
-from scaffold_core.testing import LiveEngine
-from scaffold_multiturn.template import render_text
 
 ASSISTANT = "<|im_start|>assistant\n"
 END = "<|im_end|>"

@@ -20,14 +20,13 @@ import asyncio
 import math
 from typing import Any, Literal
 
-from scaffold_core.controller import Controller
+from scaffold_core.controller import Controller, samples_in_parallel
+from scaffold_core.conversation import Conversation
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 from scaffold_core.errors import EpisodeError
 from scaffold_core.generation import AwaitTask
 from scaffold_core.tokenizers import render_chat
 from scaffold_core.verifier import Verdict
-from scaffold_multiturn.controller import samples_in_parallel
-from scaffold_multiturn.conversation import Conversation
 
 from .environment import action_type, environment_class, observation_text, text_field
 

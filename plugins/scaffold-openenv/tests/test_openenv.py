@@ -13,13 +13,13 @@ pytest.importorskip("openenv.core.env_server.interfaces")
 
 import guess_env  # noqa: E402
 import scaffold_openenv  # noqa: E402
+from scaffold_testkit import plugin_set  # noqa: E402
 
 import scaffold_multiturn  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.errors import ConfigError  # noqa: E402
 from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout  # noqa: E402
-from scaffold_core.testing import plugin_set  # noqa: E402
 
 ENV = "guess_env:GuessEnvironment"
 
@@ -34,15 +34,16 @@ def guesser(prompt: str, request: Any) -> str:
 
 
 def run(tmp_path, script, **controller) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from scaffold_testkit import ScriptedEngine
+
     from scaffold_core import hookimpl
-    from scaffold_core.testing import ScriptedEngine
 
     class Engines:
         @hookimpl
         def register_engines(self, registry):
             registry.add("scripted", lambda: ScriptedEngine(script))
 
-    import scaffold_core.testing.plugin as test_tasks
+    import scaffold_testkit.plugin as test_tasks
 
     pset = plugin_set(test_tasks, scaffold_multiturn, scaffold_openenv, Engines())
     rows = [{"id": f"g{i}", "question": "Let's play.", "answer": ""} for i in range(4)]

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from scaffold_core.testing.installed import listed_plugin
+from scaffold_testkit.installed import listed_plugin
 
 
 def test_listed_by_scaffold_list_plugins_with_its_components():
@@ -19,7 +19,7 @@ def test_listed_by_scaffold_list_plugins_with_its_components():
 
 def test_registering_imports_neither_its_library_nor_heavy_ones():
     code = ("import json, sys, scaffold_reasoning_gym\n"
-            "from scaffold_core.testing import plugin_set\n"
+            "from scaffold_testkit import plugin_set\n"
             "plugin_set(under_test=scaffold_reasoning_gym)\n"
             "print(json.dumps(sorted(m for m in ('reasoning_gym', 'torch', 'transformers') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -16,11 +16,11 @@ reasoning_gym = pytest.importorskip("reasoning_gym")
 
 import scaffold_reasoning_gym  # noqa: E402
 from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer  # noqa: E402
+from scaffold_testkit import plugin_set  # noqa: E402
 
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.errors import ConfigError, VerifierError  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
-from scaffold_core.testing import plugin_set  # noqa: E402
 
 
 @pytest.fixture(scope="module")

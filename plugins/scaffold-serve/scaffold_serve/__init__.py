@@ -21,6 +21,19 @@ from scaffold_core import hookimpl
 
 __version__ = "0.1.0"
 
+#: The public API other plugins build on (an endpoint per run, sessions per episode, the agent options), loaded on
+#: first use so that listing plugins stays fast. Everything else in this package is private.
+PUBLIC = {"AgentEndpoint": "episodes", "EpisodeSessions": "episodes", "check_agent_options": "episodes",
+          "ServeOptions": "service"}
+
+
+def __getattr__(name):
+    if name in PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 @hookimpl
 def register_controllers(registry):
@@ -34,3 +47,26 @@ def register_tasks(registry):
     from .clients_task import ClientsTask
 
     registry.add("clients", ClientsTask)
+
+
+@hookimpl
+def register_commands(subparsers):
+    from scaffold_core.run.arguments import add_override_arguments
+
+    p = subparsers.add_parser("serve", help="serve the config's engine behind an OpenAI-compatible endpoint whose "
+                                            "sessions record token-faithful trajectories")
+    p.add_argument("config", help="YAML config file (its engine, sampling, verifier and trajectory maker)")
+    add_override_arguments(p, "engine.threads=2")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; any other needs "
+                                                      "--api-key)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000; 0 picks a free one)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (default: "
+                                     "$SCAFFOLD_API_KEY)")
+    p.add_argument("-o", "--output", help="where finished sessions are written (default: output.dir)")
+    p.set_defaults(handler=_serve)
+
+
+def _serve(args):
+    from .cli import serve
+
+    return serve(args)

@@ -30,14 +30,13 @@ import re
 import time
 from typing import Any, Literal
 
-from scaffold_core.controller import Controller
+from scaffold_core.controller import Controller, samples_in_parallel
 from scaffold_core.episode import EpisodeContext, Outcome, copy_data
 from scaffold_core.errors import ConfigError, EpisodeError
 from scaffold_core.generation import VerificationTask
+from scaffold_core.plugins import build_tool_format as build_format
 from scaffold_core.plugins import current_path
 from scaffold_core.verifier import Verdict
-from scaffold_multiturn.agent import build_format
-from scaffold_multiturn.controller import samples_in_parallel
 
 from .episodes import AgentEndpoint, EpisodeSessions, check_agent_options
 from .service import ServeOptions

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaffold_core.chat_template import decode_keep_special
 from scaffold_core.generation import GenerationResult
-from scaffold_multiturn.template import decode_keep_special
 
 from .render import WireTool, calls_by_id, split_tool_calls, template_messages
 from .trajectory import EnvStep, Start, Trajectory

@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from scaffold_multiturn.template import decode_keep_special
+from scaffold_core.chat_template import decode_keep_special
 
 _CACHE: weakref.WeakKeyDictionary[Any, dict[int, bytes]] = weakref.WeakKeyDictionary()
 

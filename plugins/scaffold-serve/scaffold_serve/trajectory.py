@@ -1,6 +1,6 @@
 """One token-faithful conversation of a session: the ids the server produced, and the client messages they stand for.
 
-The token side is scaffold-multiturn's :class:`~scaffold_multiturn.conversation.Conversation`
+The token side is scaffold-multiturn's :class:`~scaffold_core.conversation.Conversation`
 (the chat-template prompt, each model turn's sampled ids with their logprobs, the
 rendered environment turns between them, mask 1 for sampled ids and 0 for the rest).
 This module adds what a server needs on top: the client's view of the same history
@@ -16,11 +16,11 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaffold_core.chat_template import render_text
+from scaffold_core.conversation import Conversation
 from scaffold_core.episode import Sample
 from scaffold_core.generation import GenerationResult
 from scaffold_core.tokenizers import encode
-from scaffold_multiturn.conversation import Conversation
-from scaffold_multiturn.template import render_text
 
 
 @dataclass(slots=True)

@@ -9,8 +9,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from scaffold_testkit import BackgroundLoop, ScriptedEngine
+
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import BackgroundLoop, ScriptedEngine
 from scaffold_multiturn.tool_formats import HermesFormat
 from scaffold_serve.app import Endpoint, build_app
 from scaffold_serve.backends import EngineBackend

@@ -116,10 +116,19 @@ def test_a_config_with_only_an_engine_serves_and_records_sessionless_calls(tmp_p
     assert line["samples"][0]["reward"] == 0.5
 
 
-def test_without_the_plugin_the_command_says_what_to_install(monkeypatch, capsys):
+def test_serve_comes_from_the_plugin_through_register_commands(monkeypatch, capsys):
     from scaffold_core.cli.main import main
 
-    monkeypatch.setitem(sys.modules, "scaffold_serve.cli", None)
-    assert main(["serve", "any.yaml"]) != 0
-    err = capsys.readouterr().err
-    assert "`scaffold serve` comes with the scaffold-serve plugin: pip install" in err and "Traceback" not in err
+    monkeypatch.setenv("SCAFFOLD_DISABLE_PLUGINS", "serve")
+    from scaffold_core.plugins import get_plugins
+
+    get_plugins(reload=True)
+    try:
+        with pytest.raises(SystemExit):
+            main(["serve", "any.yaml"])
+        assert "invalid choice: 'serve'" in capsys.readouterr().err
+    finally:
+        monkeypatch.delenv("SCAFFOLD_DISABLE_PLUGINS")
+        get_plugins(reload=True)
+    assert main(["serve", "missing.yaml"]) != 0
+    assert "invalid choice" not in capsys.readouterr().err

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from compat_matrix import measure, record
+from scaffold_testkit import ScriptedEngine
 from serve_helpers import last_message, listed_tools, serving
-
-from scaffold_core.testing import ScriptedEngine
 
 CODEX = os.environ.get("SCAFFOLD_CODEX") or shutil.which("codex")
 CLAUDE = os.environ.get("SCAFFOLD_CLAUDE_CODE") or shutil.which("claude")

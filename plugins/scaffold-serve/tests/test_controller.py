@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+import scaffold_testkit.plugin as test_tasks
+from scaffold_testkit import plugin_set
 from serve_helpers import TrackingEngine
 
-import scaffold_core.testing.plugin as test_tasks
 import scaffold_multiturn
 import scaffold_serve
 from scaffold_core import hookimpl
@@ -16,7 +17,6 @@ from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError
 from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.testing import plugin_set
 
 ROWS = [{"id": "add", "question": "Add 2 and 3.", "answer": "The answer is 5."},
         {"id": "hi", "question": "Hi", "answer": "Hello there."}]

@@ -9,10 +9,10 @@ import asyncio
 import math
 
 import pytest
+from scaffold_testkit import ScriptedEngine
 from serve_helpers import ADD_TOOL, LiveServer, TrackingEngine, tool_result
 
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ScriptedEngine
 from scaffold_serve.service import ServeOptions
 
 openai = pytest.importorskip("openai")

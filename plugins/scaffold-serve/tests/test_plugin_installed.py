@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from scaffold_core.testing.installed import listed_plugin, modules_loaded
+from scaffold_testkit.installed import listed_plugin, modules_loaded
 
 HEAVY = ["starlette", "uvicorn", "openai", "fastapi", "httpx", "torch", "agents", "langchain_openai"]
 

@@ -10,14 +10,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-import scaffold_core.testing.plugin as test_tasks  # noqa: E402
+import scaffold_testkit.plugin as test_tasks  # noqa: E402
+from scaffold_testkit import plugin_set  # noqa: E402
+
 import scaffold_multiturn  # noqa: E402
 import scaffold_serve  # noqa: E402
 from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.engines.model_loading import bundled_smollm2_gguf  # noqa: E402
 from scaffold_core.output import read_records  # noqa: E402
-from scaffold_core.testing import plugin_set  # noqa: E402
 from scaffold_core.train.step_ledger import StepLedger  # noqa: E402
 from scaffold_core.trainer import TrainJob  # noqa: E402
 from scaffold_core.verifier import Verdict, Verifier  # noqa: E402

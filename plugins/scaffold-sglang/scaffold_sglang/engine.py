@@ -2,7 +2,7 @@
 
 What every server engine shares (connections, retries, routing, launching,
 readiness, weight versions, partial rollouts across an update) is
-:class:`scaffold_core.remote.engine.RemoteEngine`; this class adds what is
+:class:`scaffold_remote.engine.RemoteEngine`; this class adds what is
 SGLang's: the native ``/generate`` protocol, ``/model_info`` and
 ``/server_info``, ``/pause_generation`` and ``/continue_generation``, and
 ``/update_weights_from_disk``. Nothing heavy is imported here.
@@ -14,8 +14,9 @@ import logging
 import os
 from typing import Any
 
+from scaffold_remote.engine import RemoteEngine
+
 from scaffold_core.errors import EngineError
-from scaffold_core.remote.engine import RemoteEngine
 from scaffold_core.sampling import CONSTRAINT_KINDS
 
 from .launcher import SGLangLaunchOptions, SGLangServer, tokenizer_flag

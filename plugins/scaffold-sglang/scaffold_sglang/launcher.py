@@ -2,7 +2,7 @@
 
 The launching itself (ports from the worker's slice, process groups, logs,
 readiness, stopping) is the shared launcher's
-(:mod:`scaffold_core.remote.launcher`); this module says only what is
+(:mod:`scaffold_remote.launcher`); this module says only what is
 SGLang's: the command, ``--port`` and ``--nccl-port`` (both from the slice),
 ``--tp-size``, ``--base-gpu-id`` so servers of one host use distinct GPUs,
 and the flags scaffold sets itself.
@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 from typing import ClassVar
 
+from scaffold_remote.launcher import LaunchError, LaunchOptions, ServerSpec, live_servers
+
 from scaffold_core.errors import require_module
-from scaffold_core.remote.launcher import LaunchError, LaunchOptions, ServerSpec, live_servers
 
 __all__ = ["LaunchError", "SGLangLaunchOptions", "SGLangServer", "live_servers"]
 

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+from scaffold_remote.client import ProtocolError, WireProtocol, decode_json, encode_ids, encode_json
 
 from scaffold_core.generation import GenerationRequest, GenerationResult
-from scaffold_core.remote.client import ProtocolError, WireProtocol, decode_json, encode_ids, encode_json
 
 #: Every ``sampling_params`` name native ``/generate`` accepts (sglang 0.5.8 to 0.5.23).
 #: Anything else is rejected by the server, so the client refuses it up front.

@@ -8,7 +8,7 @@ params validated like sglang 0.5.23 or 0.5.8, logprob tuples, finish reasons,
 ``/continue_generation``, ``/abort_request`` and API-key checks, with the
 error bodies SGLang sends.
 
-Tokens come from a *backend* (:mod:`scaffold_core.testing.remote_server`,
+Tokens come from a *backend* (:mod:`scaffold_testkit.remote_server`,
 shared with the other server engines' test servers, as are pausing, the
 weights label of each token, injected failures and the CLI plumbing):
 
@@ -46,8 +46,7 @@ import time
 from typing import Any
 
 from aiohttp import web
-
-from scaffold_core.testing.remote_server import (
+from scaffold_testkit.remote_server import (
     DEFAULT_MODEL,
     FakeServer,
     Generated,
@@ -56,7 +55,7 @@ from scaffold_core.testing.remote_server import (
     add_common_flags,
     running,
 )
-from scaffold_core.testing.remote_server import (
+from scaffold_testkit.remote_server import (
     main as serve_main,
 )
 

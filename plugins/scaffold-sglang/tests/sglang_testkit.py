@@ -10,11 +10,10 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import sglang_test_server as ts  # noqa: E402
-
-from scaffold_core.testing.remote_server import (  # noqa: E402
+from scaffold_testkit.remote_server import (  # noqa: E402
     ServerSubprocess as _ServerSubprocess,
 )
-from scaffold_core.testing.remote_server import free_port, free_port_range, pid_alive, run  # noqa: E402, F401
+from scaffold_testkit.remote_server import free_port, free_port_range, pid_alive, run  # noqa: E402, F401
 
 SERVER_SCRIPT = HERE / "sglang_test_server.py"
 #: The launcher's command prefix that starts the test server instead of sglang.launch_server.

@@ -395,14 +395,16 @@ def test_options_are_validated_before_anything_starts():
 
 
 def test_config_errors_name_the_key_through_the_yaml_path():
+    from scaffold_testkit import plugin_set
+
     import scaffold_sglang
     from scaffold_core.config import load_config
-    from scaffold_core.testing import plugin_set
 
     data = {"task": {"name": "t"}, "engine": {"name": "sglang", "url": "http://a:1", "max_retriess": 2}}
 
+    from scaffold_testkit import ListTask
+
     from scaffold_core import hookimpl
-    from scaffold_core.testing import ListTask
 
     class TaskPlugin:
         @hookimpl
@@ -438,10 +440,11 @@ def test_unreachable_url_fails_start_within_url_wait_timeout():
 
 
 def test_requests_a_pause_aborts_are_continued_by_the_engine_and_each_episode_runs_once():
+    from scaffold_testkit import ListTask, make_contexts
+
     from scaffold_core.builtins.controllers import NativeController
     from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
-    from scaffold_core.testing import ListTask, make_contexts
 
     server = byte_server(backend_options={"token_delay_s": 0.01, "mean_tokens": 30})
 

@@ -16,11 +16,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from scaffold_testkit.conformance import RemoteEngineConformance  # noqa: E402
+from scaffold_testkit.remote_server import serve_engine_in_process  # noqa: E402
 from sglang_testkit import byte_server  # noqa: E402
 
 import scaffold_sglang  # noqa: E402
-from scaffold_core.testing.conformance import RemoteEngineConformance  # noqa: E402
-from scaffold_core.testing.remote_server import serve_engine_in_process  # noqa: E402
 
 
 class TestSGLangEngineConformance(RemoteEngineConformance):

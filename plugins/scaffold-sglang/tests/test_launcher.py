@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from scaffold_remote.launcher import LaunchError, live_servers
+from scaffold_testkit.remote_server import start_failure
 from sglang_testkit import SERVER_COMMAND, free_port_range, pid_alive, run
 
 from scaffold_core.distributed.net import has_ipv6
@@ -26,9 +28,7 @@ from scaffold_core.distributed.ports import rank_slice
 from scaffold_core.engine import RunInfo
 from scaffold_core.errors import MissingDependencyError
 from scaffold_core.generation import GenerationRequest
-from scaffold_core.remote.launcher import LaunchError, live_servers
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing.remote_server import start_failure
 from scaffold_sglang import SGLangEngine
 
 BYTE_VOCAB = ["--vocab-size", "262"]  # token ids the byte tokenizer can decode

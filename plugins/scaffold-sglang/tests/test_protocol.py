@@ -6,9 +6,9 @@ import json
 import math
 
 import pytest
+from scaffold_remote.client import encode_json, error_message
 
 from scaffold_core.generation import GenerationRequest
-from scaffold_core.remote.client import encode_json, error_message
 from scaffold_core.sampling import SamplingParams
 from scaffold_sglang.protocol import (
     SAMPLING_KEYS,

@@ -10,9 +10,9 @@ import json
 
 import aiohttp
 import pytest
+from scaffold_remote.client import error_message
 from sglang_testkit import byte_server, run, ts
 
-from scaffold_core.remote.client import error_message
 from scaffold_sglang.protocol import parse_generate_response
 
 

@@ -3,7 +3,7 @@
 Each episode makes its own environment (``env_class`` of the row, else the ``env`` option), calls
 ``init`` with the prompt messages, then alternates: the model's turn is the action given to ``step``;
 the observations it returns are appended as environment tokens (loss mask 0, logprob 0.0, version -1)
-through scaffold-multiturn's :class:`~scaffold_multiturn.conversation.Conversation`, so the sequence
+through scaffold-multiturn's :class:`~scaffold_core.conversation.Conversation`, so the sequence
 is the engine's own ids and the rendered observations, never re-tokenized model text. The episode ends
 when the environment says ``done``, after ``max_turns`` steps, or when ``max_total_tokens`` runs out.
 
@@ -23,14 +23,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-from scaffold_core.controller import Controller
+from scaffold_core.controller import Controller, samples_in_parallel
+from scaffold_core.conversation import Conversation, DriftReport
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 from scaffold_core.errors import EpisodeError
 from scaffold_core.generation import AwaitTask
 from scaffold_core.tokenizers import render_chat
 from scaffold_core.verifier import Verdict
-from scaffold_multiturn.controller import samples_in_parallel
-from scaffold_multiturn.conversation import Conversation, DriftReport
 
 from .envs import GymEnvFailure, Step, check_step, close_quietly, make_env, numeric_metrics
 

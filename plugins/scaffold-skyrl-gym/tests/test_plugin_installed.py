@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from scaffold_core.testing.installed import listed_plugin
+from scaffold_testkit.installed import listed_plugin
 
 
 def test_listed_by_scaffold_list_plugins_with_its_components():
@@ -21,7 +21,7 @@ def test_registering_imports_neither_its_library_nor_heavy_ones():
     """`scaffold list-plugins` stays fast: registering the components imports skyrl_gym (and torch, transformers)
     only when they are used."""
     code = ("import json, sys, scaffold_skyrl_gym\n"
-            "from scaffold_core.testing import plugin_set\n"
+            "from scaffold_testkit import plugin_set\n"
             "plugin_set(under_test=scaffold_skyrl_gym)\n"
             "print(json.dumps(sorted(m for m in ('skyrl_gym', 'torch', 'transformers') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

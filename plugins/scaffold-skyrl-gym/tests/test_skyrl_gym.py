@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import scaffold_skyrl_gym
+from scaffold_testkit import ScriptedEngine, make_contexts, plugin_set, run_episodes
+from scaffold_testkit.conformance import ControllerConformance, TaskConformance
+from scaffold_testkit.conformance.controllers import right_or_wrong
 
 import scaffold_multiturn
 from scaffold_core.errors import ConfigError, DataError
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ScriptedEngine, make_contexts, plugin_set, run_episodes
-from scaffold_core.testing.conformance import ControllerConformance, TaskConformance
-from scaffold_core.testing.conformance.controllers import right_or_wrong
 
 skyrl_gym = pytest.importorskip("skyrl_gym")
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402

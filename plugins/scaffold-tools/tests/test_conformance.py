@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from jail_helpers import bubblewrap_or_skip
+from scaffold_testkit.conformance import ToolConformance
 
 import scaffold_tools
-from scaffold_core.testing.conformance import ToolConformance
 
 
 class TestCalculatorConformance(ToolConformance):

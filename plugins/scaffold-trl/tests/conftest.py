@@ -55,7 +55,7 @@ def training_plugin():
 def scaffold_train(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
                    check: bool = True) -> subprocess.CompletedProcess:
     """``scaffold train ARGS`` in a subprocess with the test plugins enabled."""
-    full_env = {**os.environ, "SCAFFOLD_EXTRA_PLUGINS": "scaffold_core.testing.plugin,training_plugin",
+    full_env = {**os.environ, "SCAFFOLD_EXTRA_PLUGINS": "scaffold_testkit.plugin,training_plugin",
                 "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                 "TRL_EXPERIMENTAL_SILENCE": "1", **(env or {})}
     done = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", *args, "--no-progress", "--no-report"],

@@ -11,13 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from scaffold_testkit import plugin_set  # noqa: E402
+
 from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.engines.model_loading import bundled_smollm2_gguf  # noqa: E402
 from scaffold_core.generation import GenerationRequest  # noqa: E402
 from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.sampling import SamplingParams  # noqa: E402
-from scaffold_core.testing import plugin_set  # noqa: E402
 from scaffold_core.train.step_ledger import StepLedger  # noqa: E402
 from scaffold_core.trainer import TrainJob  # noqa: E402
 from scaffold_core.verifier import Verdict, Verifier  # noqa: E402
@@ -58,9 +59,9 @@ def teacher_forced(model, state, sample):
 
 
 def test_two_grpo_steps_train_on_rollouts_of_the_live_weights(tmp_path):
+    import scaffold_testkit.plugin as test_tasks
     from transformers import TrainerCallback
 
-    import scaffold_core.testing.plugin as test_tasks
     import scaffold_trl
     from scaffold_trl import GRPORun
 
@@ -138,7 +139,7 @@ class SyncedEngine:
     """A separate engine (as SGLang would be): scripted answers, and a record of every weight sync."""
 
     def __init__(self):
-        from scaffold_core.testing import ScriptedEngine
+        from scaffold_testkit import ScriptedEngine
 
         class Engine(ScriptedEngine):
             syncs: list = []
@@ -165,9 +166,9 @@ class SyncedEngine:
 def test_a_separate_engine_gets_the_weights_after_every_step(tmp_path):
     """With an engine other than the embedded one, the trained policy is saved and loaded into the engine
     (update_weights) after each optimizer step, and the next rollouts carry the new version."""
+    import scaffold_testkit.plugin as test_tasks
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import scaffold_core.testing.plugin as test_tasks
     import scaffold_trl
     from scaffold_core.engines.model_loading import load_model_and_tokenizer, resolve_model
     from scaffold_trl import GRPORun

@@ -8,14 +8,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import scaffold_testkit.plugin as test_tasks
+from scaffold_testkit import ListTask, ScriptedEngine, plugin_set
 
-import scaffold_core.testing.plugin as test_tasks
 from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.builtins.verifiers import ExactMatchVerifier
 from scaffold_core.config import load_config
 from scaffold_core.run.assembly import Components
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.testing import ListTask, ScriptedEngine, plugin_set
 from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 from scaffold_core.trajectory import TrainingSample
 from scaffold_trl.loop_thread import LoopThread

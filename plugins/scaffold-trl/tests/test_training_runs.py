@@ -110,7 +110,7 @@ def test_a_run_killed_during_step_3_resumes_and_finishes_with_every_step_once(tm
     cfg = config(tmp_path, tiny_policy, "six", [dict(r, answer="length") for r in MIXED], max_steps=6,
                  save_steps=2, filter_groups="none")
     run, held = tmp_path / "run", tmp_path / "held"
-    env = {**os.environ, "SCAFFOLD_EXTRA_PLUGINS": "scaffold_core.testing.plugin,training_plugin",
+    env = {**os.environ, "SCAFFOLD_EXTRA_PLUGINS": "scaffold_testkit.plugin,training_plugin",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
            # 2 prompts x 2 samples per step: verification 9 is the first of step 3
            "SCAFFOLD_TEST_HOLD_AT": "9", "SCAFFOLD_TEST_HOLD_FILE": str(held),
@@ -153,13 +153,13 @@ def test_a_run_killed_during_step_3_resumes_and_finishes_with_every_step_once(tm
 def test_a_task_whose_groups_all_have_equal_rewards_takes_no_optimizer_step(tmp_path, tiny_policy, training_plugin):
     """Every row's samples get the same reward: each step draws the other rows (bounded), finds nothing to learn
     from, and skips its optimizer step: the weights and the optimizer's state stay as they were."""
+    import scaffold_testkit.plugin as test_tasks
     import torch
+    from scaffold_testkit import plugin_set
 
-    import scaffold_core.testing.plugin as test_tasks
     import scaffold_trl
     from scaffold_core.config import load_config
     from scaffold_core.errors import ScaffoldError
-    from scaffold_core.testing import plugin_set
     from scaffold_core.train.session import run_training
 
     pset = plugin_set(test_tasks, scaffold_trl, training_plugin)

@@ -81,7 +81,7 @@ class Environments:
             return self.envs[key], self.judges[key]
 
     async def _start_endpoint(self) -> None:
-        from scaffold_serve.episodes import AgentEndpoint
+        from scaffold_serve import AgentEndpoint
 
         from .program import run_chat_program_here
 
@@ -128,9 +128,8 @@ class VerifiersRolloutController(NativeController):
                  sampling: Literal["config", "request"] = "config", tool_format: str | dict[str, Any] = "hermes",
                  model_name: str = "scaffold", max_calls: int = 256, context_length: int | None = None):
         super().__init__(samples)
-        from scaffold_multiturn.agent import build_format
-        from scaffold_serve.episodes import check_agent_options
-        from scaffold_serve.service import ServeOptions
+        from scaffold_core.plugins import build_tool_format as build_format
+        from scaffold_serve import ServeOptions, check_agent_options
 
         check_agent_options(timeout=timeout, sampling=sampling, max_calls=max_calls, context_length=context_length)
         self.judge = parse_judge_option(judge)
@@ -159,13 +158,13 @@ class VerifiersRolloutController(NativeController):
         if not reference.get("rollout"):
             return (yield from NativeController.process(self, ctx))
         if self.samples > 1:
-            from scaffold_multiturn.controller import samples_in_parallel
+            from scaffold_core.controller import samples_in_parallel
 
             return (yield from samples_in_parallel(self, ctx))
         return (yield from self._play(ctx, reference))
 
     def _play(self, ctx: EpisodeContext, reference: dict[str, Any]):
-        from scaffold_serve.episodes import EpisodeSessions
+        from scaffold_serve import EpisodeSessions
 
         environments = self.environments
         if environments is None:

@@ -19,6 +19,7 @@ import pytest
 vf = pytest.importorskip("verifiers.v1")
 
 import scaffold_verifiers  # noqa: E402
+from scaffold_testkit import ScriptedEngine, plugin_set  # noqa: E402
 from scaffold_verifiers.environment import UnsupportedEnvironment  # noqa: E402
 from scaffold_verifiers.task import VerifiersTask  # noqa: E402
 
@@ -28,7 +29,6 @@ from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
-from scaffold_core.testing import ScriptedEngine, plugin_set  # noqa: E402
 
 ENVS = Path(__file__).resolve().parent / "envs"
 

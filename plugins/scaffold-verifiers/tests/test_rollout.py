@@ -16,6 +16,7 @@ vf = pytest.importorskip("verifiers.v1")
 datasets = pytest.importorskip("datasets")
 
 import scaffold_verifiers  # noqa: E402
+from scaffold_testkit import BackgroundLoop, ScriptedEngine, plugin_set  # noqa: E402
 from scaffold_verifiers.environment import check_rollout, load  # noqa: E402
 from scaffold_verifiers.program import run_chat_program_here  # noqa: E402
 
@@ -25,7 +26,6 @@ from scaffold_core import hookimpl  # noqa: E402
 from scaffold_core.config import load_config  # noqa: E402
 from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
-from scaffold_core.testing import BackgroundLoop, ScriptedEngine, plugin_set  # noqa: E402
 from scaffold_core.tokenizers import ByteTokenizer  # noqa: E402
 
 JUDGE_PROMPT = "determine if the response is correct"

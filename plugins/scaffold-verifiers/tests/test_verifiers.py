@@ -20,6 +20,8 @@ import pytest
 vf = pytest.importorskip("verifiers.v1")
 
 import scaffold_verifiers  # noqa: E402
+from scaffold_testkit import ScriptedEngine, make_contexts, plugin_set, run_episodes  # noqa: E402
+from scaffold_testkit.conformance import TaskConformance, VerifierConformance  # noqa: E402
 from scaffold_verifiers.task import VerifiersTask  # noqa: E402
 
 from scaffold_core.config import load_config  # noqa: E402
@@ -28,8 +30,6 @@ from scaffold_core.output import read_records  # noqa: E402
 from scaffold_core.plugins import get_plugins  # noqa: E402
 from scaffold_core.run.rollout import Rollout  # noqa: E402
 from scaffold_core.sampling import SamplingParams  # noqa: E402
-from scaffold_core.testing import ScriptedEngine, make_contexts, plugin_set, run_episodes  # noqa: E402
-from scaffold_core.testing.conformance import TaskConformance, VerifierConformance  # noqa: E402
 
 ENVS = Path(__file__).resolve().parent / "envs"
 BONUS = {"task": {"rewards": {"bonus": {"fn": "scaffold_vf_qa:bonus", "weight": 0.5}}}}

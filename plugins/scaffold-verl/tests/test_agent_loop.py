@@ -11,6 +11,7 @@ import asyncio
 
 import fake_verl
 import pytest
+from scaffold_testkit.replies import answers, by_turn
 from verl_helpers import (
     EOS,
     MESSAGES,
@@ -29,7 +30,6 @@ from verl_helpers import (
 from scaffold_core.controller import Controller
 from scaffold_core.episode import Outcome, Sample
 from scaffold_core.generation import VerificationTask
-from scaffold_core.testing.replies import answers, by_turn
 
 
 @pytest.fixture(params=["fake", "real"])

@@ -9,11 +9,11 @@ import sys
 
 import fake_verl
 import pytest
+from scaffold_testkit.installed import fake_modules, listed_plugin, modules_loaded
+from scaffold_testkit.replies import answers
 from verl_helpers import EOS, MESSAGES, PROMPT_LENGTH, RESPONSE_LENGTH, SAMPLING, TOKENIZER
 
 from scaffold_core.errors import MissingDependencyError
-from scaffold_core.testing.installed import fake_modules, listed_plugin, modules_loaded
-from scaffold_core.testing.replies import answers
 
 
 def test_listed_by_scaffold_list_plugins():

@@ -9,8 +9,7 @@ from typing import Any
 
 import fake_verl
 import pytest
-
-from scaffold_core.testing.replies import EOS, TOKENIZER
+from scaffold_testkit.replies import EOS, TOKENIZER
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 256, 128
 MESSAGES = [{"role": "user", "content": "What is 40 + 2?"}]

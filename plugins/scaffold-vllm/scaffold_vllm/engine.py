@@ -2,7 +2,7 @@
 
 What every server engine shares (connections, retries, routing, launching,
 readiness, weight versions per token, partial rollouts across an update) is
-:class:`scaffold_core.remote.engine.RemoteEngine`; this class adds what is
+:class:`scaffold_remote.engine.RemoteEngine`; this class adds what is
 vLLM's: the token-in/token-out protocols (:mod:`.protocol`), ``/v1/models``,
 the pause endpoints (``POST /pause?mode=abort|keep|wait``, ``/resume``) and
 the weight endpoints (``/collective_rpc`` into :mod:`.worker_extension`, or
@@ -18,9 +18,10 @@ import logging
 import os
 from typing import Any
 
+from scaffold_remote.client import error_message
+from scaffold_remote.engine import RemoteEngine
+
 from scaffold_core.errors import ConfigError, EngineError
-from scaffold_core.remote.client import error_message
-from scaffold_core.remote.engine import RemoteEngine
 from scaffold_core.sampling import CONSTRAINT_KINDS
 
 from .launcher import VLLMLaunchOptions, VLLMServer, flag_value

@@ -2,7 +2,7 @@
 
 The launching itself (ports from the worker's slice, process groups, logs,
 readiness, stopping) is the shared launcher's
-(:mod:`scaffold_core.remote.launcher`); this module says only what is vLLM's:
+(:mod:`scaffold_remote.launcher`); this module says only what is vLLM's:
 
 * the command: ``python -m vllm.entrypoints.cli.main serve <model>`` (the
   ``vllm serve`` console script, run by this Python), ``--host``,
@@ -29,8 +29,9 @@ import os
 import sys
 from typing import ClassVar
 
+from scaffold_remote.launcher import LaunchOptions, ServerSpec
+
 from scaffold_core.errors import require_module
-from scaffold_core.remote.launcher import LaunchOptions, ServerSpec
 
 COMMAND = ("-m", "vllm.entrypoints.cli.main", "serve")  # after sys.executable
 WORKER_EXTENSION = "scaffold_vllm.worker_extension.WeightLoader"

@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+from scaffold_remote.client import ProtocolError, WireProtocol, decode_json, encode_ids
 
 from scaffold_core.generation import GenerationRequest, GenerationResult
-from scaffold_core.remote.client import ProtocolError, WireProtocol, decode_json, encode_ids
 
 GENERATE_PATH = "/inference/v1/generate"
 COMPLETIONS_PATH = "/v1/completions"

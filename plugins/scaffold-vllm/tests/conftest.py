@@ -9,9 +9,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from scaffold_testkit.remote_server import server_fixtures  # noqa: E402
 from vllm_testkit import ServerSubprocess  # noqa: E402
-
-from scaffold_core.testing.remote_server import server_fixtures  # noqa: E402
 
 # server_subprocess: start(*args) runs a vLLM test server subprocess; every one is killed at the end of the test.
 # no_leftover_servers (autouse): a test that leaves a launched server running fails.

@@ -82,11 +82,12 @@ def test_max_tokens_is_always_sent_so_vllms_16_token_default_never_applies():
 
 def test_each_request_carries_its_own_seed_from_the_run_seed_and_the_sample():
     """Through the runtime: seeds derived from the run's seed, the episode and the sample; same seed, same tokens."""
+    from scaffold_testkit import ListTask, make_contexts
+
     from scaffold_core.builtins.controllers import NativeController
     from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
     from scaffold_core.sampling import SamplingParams
-    from scaffold_core.testing import ListTask, make_contexts
 
     def rollout(run_seed: int):
         server = byte_server(backend_options={"mean_tokens": 12})

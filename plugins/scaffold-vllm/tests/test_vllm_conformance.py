@@ -11,10 +11,9 @@ import os
 
 import pytest
 import scaffold_vllm
+from scaffold_testkit.conformance import RemoteEngineConformance
+from scaffold_testkit.remote_server import serve_engine_in_process
 from vllm_testkit import byte_server
-
-from scaffold_core.testing.conformance import RemoteEngineConformance
-from scaffold_core.testing.remote_server import serve_engine_in_process
 
 
 class TestVLLMEngineConformance(RemoteEngineConformance):

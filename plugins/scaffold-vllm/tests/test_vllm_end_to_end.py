@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import scaffold_vllm
+from scaffold_testkit.remote_server import assert_token_faithful, records, run_rollout
 
 from scaffold_core.output import read_records
-from scaffold_core.testing.remote_server import assert_token_faithful, records, run_rollout
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gsm8k-vllm.yaml"
 
@@ -126,7 +126,7 @@ def test_scaffold_train_two_steps_pushes_the_weights_to_vllm_after_every_step(tm
     done = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", str(config), "-o", str(out),
                            "--no-progress", "--no-report"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1",
-                               "SCAFFOLD_EXTRA_PLUGINS": "scaffold_core.testing.plugin"})  # the `list` task
+                               "SCAFFOLD_EXTRA_PLUGINS": "scaffold_testkit.plugin"})  # the `list` task
     assert done.returncode == 0, done.stderr[-3000:]
     served = records(record)
     assert len(served) == 8  # 2 steps x 2 prompts x 2 generations

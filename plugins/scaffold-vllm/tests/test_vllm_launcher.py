@@ -14,6 +14,8 @@ import socket
 from pathlib import Path
 
 import pytest
+from scaffold_remote.launcher import Launcher, live_servers, parse_launch_options
+from scaffold_testkit.remote_server import start_failure
 from scaffold_vllm import VLLMEngine
 from scaffold_vllm.launcher import VLLMLaunchOptions, VLLMServer
 from vllm_testkit import BYTE_VOCAB, SERVER_COMMAND, free_port_range, pid_alive, req, run
@@ -22,8 +24,6 @@ from scaffold_core.distributed.net import has_ipv6
 from scaffold_core.distributed.ports import rank_slice
 from scaffold_core.engine import RunInfo
 from scaffold_core.errors import MissingDependencyError
-from scaffold_core.remote.launcher import Launcher, live_servers, parse_launch_options
-from scaffold_core.testing.remote_server import start_failure
 
 
 def launched_engine(tmp_path: Path, *server_args: str, count: int = 1, port_range=None, rank: int = 0,
@@ -131,7 +131,7 @@ def test_a_zone_id_is_passed_raw_to_the_server_and_percent_encoded_in_its_url():
     argv = VLLMServer().argv(options, ["vllm", "serve"], 0, options.host, [8000, 8001], [0], None)
     assert argv[argv.index("--host") + 1] == "fe80::1%eth0"  # what the server's socket calls need
     launcher = Launcher(options, VLLMServer(), port_range=(20000, 20063), log_dir=Path("/unused"))
-    from scaffold_core.remote.launcher import ServerProcess
+    from scaffold_remote.launcher import ServerProcess
 
     server = ServerProcess(0, options.host, [8000, 8001], argv, Path("/unused"), name=launcher.name)
     assert server.url == "http://[fe80::1%25eth0]:8000"  # RFC 6874

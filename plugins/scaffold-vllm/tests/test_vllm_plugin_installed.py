@@ -1,4 +1,4 @@
-from scaffold_core.testing.installed import listed_plugin, modules_loaded
+from scaffold_testkit.installed import listed_plugin, modules_loaded
 
 
 def test_listed_by_scaffold_list_plugins():

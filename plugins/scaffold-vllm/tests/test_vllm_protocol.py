@@ -7,6 +7,7 @@ import json
 import orjson
 import pytest
 import vllm_test_server as ts
+from scaffold_remote.client import ProtocolError
 from scaffold_vllm.protocol import (
     COMPLETIONS_EXTRA,
     GENERATE_EXTRA,
@@ -21,7 +22,6 @@ from scaffold_vllm.protocol import (
 )
 
 from scaffold_core.generation import GenerationRequest
-from scaffold_core.remote.client import ProtocolError
 from scaffold_core.sampling import SamplingParams
 
 

@@ -40,7 +40,7 @@ Each token is sampled under the server's current weights label (the path of
 the checkpoint loaded last): ``responses[i]["labels"]`` is the ground truth
 a client's per-token versions are checked against. Run it like ``vllm serve``
 (``python vllm_test_server.py [serve] MODEL --port 8000``); the test-only flags
-of :mod:`scaffold_core.testing.remote_server` simulate slow starts, servers
+of :mod:`scaffold_testkit.remote_server` simulate slow starts, servers
 that never become ready, crashes, per-token latency, 5xx answers and dropped
 connections.
 """
@@ -56,8 +56,7 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-
-from scaffold_core.testing.remote_server import (
+from scaffold_testkit.remote_server import (
     DEFAULT_MODEL,
     FakeServer,
     Generated,
@@ -66,7 +65,7 @@ from scaffold_core.testing.remote_server import (
     add_common_flags,
     running,
 )
-from scaffold_core.testing.remote_server import (
+from scaffold_testkit.remote_server import (
     main as serve_main,
 )
 

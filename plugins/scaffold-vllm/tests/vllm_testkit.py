@@ -11,12 +11,12 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import vllm_test_server as ts  # noqa: E402
+from scaffold_testkit.remote_server import ServerSubprocess as _ServerSubprocess  # noqa: E402
+from scaffold_testkit.remote_server import free_port, free_port_range, pid_alive, run  # noqa: E402, F401
 from scaffold_vllm import VLLMEngine  # noqa: E402
 
 from scaffold_core.generation import GenerationRequest  # noqa: E402
 from scaffold_core.sampling import SamplingParams  # noqa: E402
-from scaffold_core.testing.remote_server import ServerSubprocess as _ServerSubprocess  # noqa: E402
-from scaffold_core.testing.remote_server import free_port, free_port_range, pid_alive, run  # noqa: E402, F401
 
 SERVER_SCRIPT = HERE / "vllm_test_server.py"
 #: The launcher's command prefix that starts the test server instead of `vllm serve`.

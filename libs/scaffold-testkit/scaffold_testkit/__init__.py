@@ -1,0 +1,28 @@
+"""Test helpers for scaffold and its plugins (also a pytest plugin: see ``pytest_plugin``).
+
+* :func:`plugin_set` builds a registry with given plugins registered (and,
+  by default, none of the installed entry points), for fast isolated tests.
+* :class:`ScriptedEngine` is a tiny deterministic engine: a function of the
+  prompt text decides the response; optional delays and injected faults.
+* :class:`ListTask` is a task over an in-memory list of rows.
+* :func:`run_episodes` runs contexts through a :class:`Runtime` and returns
+  the results; :func:`run_one_episode` runs one task row end to end.
+* :class:`LiveEngine` starts an engine on a background event loop so
+  synchronous tests can share it (the ``smollm2_engine`` fixture is one).
+* :class:`LoopLagMonitor` measures the longest time something held the
+  event loop without yielding.
+* :mod:`scaffold_testkit.conformance` holds the conformance base classes
+  a plugin's tests subclass (imported on demand: it needs pytest).
+* :mod:`scaffold_testkit.replies` scripts a fake inference server's
+  answers (token ids in, token ids out); :mod:`scaffold_testkit.installed`
+  checks a plugin's installation (listed, light to load, dependencies faked).
+"""
+
+from __future__ import annotations
+
+from .engines import ScriptedEngine
+from .helpers import ListTask, make_contexts, plugin_set, run_episodes, run_one_episode
+from .live import BackgroundLoop, LiveEngine, LoopLagMonitor
+
+__all__ = ["ScriptedEngine", "ListTask", "plugin_set", "make_contexts", "run_episodes", "run_one_episode",
+           "BackgroundLoop", "LiveEngine", "LoopLagMonitor"]
