@@ -76,14 +76,13 @@ def train(name: str, cfg: dict[str, Any], work: Path, env: dict[str, str], timeo
 
 
 def reach(result: dict[str, Any], target: float) -> dict[str, Any]:
-    rewards = [s.get("metrics", s).get("reward_mean") for s in result["steps"]]
-    times = [t.get("step_s") or t.get("seconds") or t.get("metrics", {}).get("step_time_s") for t in result["timings"]]
+    rewards = [s.get("reward_mean") for s in result["steps"]]
+    step_s = [t.get("step_time_s") or 0.0 for t in result["timings"]]
     first = next((i for i, r in enumerate(rewards) if r is not None and r >= target), None)
-    clock = None
-    if first is not None and all(isinstance(t, (int, float)) for t in times[:first + 1]):
-        clock = round(sum(times[:first + 1]), 1)
-    kl = [s.get("metrics", s).get("teacher_kl") for s in result["steps"]]
+    clock = None if first is None else round(sum(step_s[:first + 1]), 1)  # steps' own time, no model loading
+    kl = [s.get("teacher_kl") for s in result["steps"]]
     return {"rewards": rewards, "teacher_kl": kl if any(k is not None for k in kl) else None,
+            "step_s": [round(t, 1) for t in step_s],
             "steps_to_target": None if first is None else first + 1, "wall_s_to_target": clock,
             "final_reward": rewards[-1] if rewards else None, "rc": result["rc"], "wall_s": result["wall_s"]}
 
