@@ -37,6 +37,7 @@ from scaffold_core.sampling import derive_seed
 from scaffold_core.trainer import TrainStep
 
 from .checkpoints import write_state
+from .distill import distill_advantages
 
 #: TRL's log keys reported with each step (renamed where scaffold has its own name).
 TRL_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy", "learning_rate": "learning_rate",
@@ -84,8 +85,15 @@ def make_trainer(run: Any, **kwargs: Any) -> Any:
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             output = super()._generate_and_score_completions(inputs)
+            if run.teacher is not None:
+                run.distill_figures = distill_advantages(run.teacher, run.loop, output, run.options.mix,
+                                                         run.options.rollout_timeout)
             if getattr(self.model, "training", False):
-                run.bridge.trained([float(a) for a in output["advantages"].reshape(-1).tolist()])
+                advantages = output["advantages"]
+                if advantages.dim() == 2:  # per token: each sample's mean over its completion tokens
+                    mask = output["completion_mask"].to(advantages.dtype)
+                    advantages = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+                run.bridge.trained([float(a) for a in advantages.reshape(-1).tolist()])
             return output
 
         def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
@@ -121,7 +129,8 @@ def step_report(logs: dict[str, Any], state: Any, checkpoint: bool) -> TrainStep
 #: The per-step metrics scaffold adds to the Trainer's log (see ``GRPORun.step_log``).
 SCAFFOLD_KEYS = ("reward_mean", "version", "stale_dropped", "stale_regenerated", "groups_used", "groups_filtered",
                  "refill_rounds", "skipped", "steps_skipped", "samples", "completions", "generated_tokens",
-                 "rollout_s")
+                 "rollout_s", "teacher_kl", "teacher_kl_max_sample", "teacher_calls", "teacher_samples",
+                 "teacher_tokens", "teacher_scored_tokens", "teacher_s")
 
 
 def callbacks(run: Any) -> Any:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scaffold_core.errors import ConfigError
+from scaffold_core.teacher import DistillMix
 from scaffold_core.train.filtering import GroupFilter
 from scaffold_core.trainer import Trainer, TrainJob
 
@@ -79,10 +80,12 @@ class TRLTrainer(Trainer):
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0, warmup_steps: int = 0,
                  save_steps: int | None = None, save_total_limit: int | None = None, seed: int = 0,
                  threads: int | None = None, policy: str | None = None, rollout_timeout: float = 3600.0,
-                 filter_groups: Literal["none", "zero_variance"] = "zero_variance", max_refill_rounds: int = 2,
+                 filter_groups: Literal["none", "zero_variance"] | None = None, max_refill_rounds: int = 2,
                  report_to: list[Sink] | None = None, deterministic: bool = False, eval_every: int | None = None,
                  eval_task: dict[str, Any] | None = None, eval_samples: int = 4,
-                 grpo: dict[str, Any] | None = None):
+                 grpo: dict[str, Any] | None = None, algorithm: Literal["grpo", "opd"] = "grpo",
+                 teacher: dict[str, Any] | None = None, opd_kl_weight: float = 1.0, opd_reward_weight: float = 0.0,
+                 opd_clip: float | None = None):
         for name, value, least in (("max_steps", max_steps, 1), ("prompts_per_step", prompts_per_step, 1),
                                    ("num_generations", num_generations, 2), ("save_steps", save_steps, 1),
                                    ("save_total_limit", save_total_limit, 1), ("threads", threads, 1),
@@ -122,6 +125,21 @@ class TRLTrainer(Trainer):
         self.threads = threads
         self.policy = policy
         self.rollout_timeout = rollout_timeout
+        if algorithm not in ("grpo", "opd"):
+            raise ValueError(f"algorithm must be 'grpo' or 'opd', got {algorithm!r}")
+        if algorithm == "opd" and not teacher:
+            raise ValueError("algorithm: opd needs teacher: the teacher model's options, e.g. "
+                             "teacher: {model: runs/teacher/final}")
+        if algorithm == "opd" and filter_groups == "zero_variance":
+            raise ValueError("filter_groups: zero_variance drops groups whose rewards are equal, but on-policy "
+                             "distillation learns from every sample (the teacher scores each token); use none")
+        if opd_clip is not None and opd_clip <= 0:
+            raise ValueError(f"opd_clip must be > 0 or null, got {opd_clip}")
+        self.algorithm = algorithm
+        self.teacher = dict(teacher or {})
+        self.mix = DistillMix(opd_kl_weight, opd_reward_weight, opd_clip)
+        # GRPO filters groups whose rewards are all equal by default; distillation learns from every group.
+        filter_groups = filter_groups or ("none" if algorithm == "opd" else "zero_variance")
         self.group_filter = GroupFilter(filter_groups, max_refill_rounds)
         self.report_to = tracking.check_sinks(list(report_to or []))
         self.deterministic = deterministic
@@ -161,6 +179,8 @@ class GRPORun:
         self.eval_source: Any = None
         self.pending_eval: dict[str, Any] = {}
         self.resumed_from: str | None = None
+        self.teacher: Any = None
+        self.distill_figures: dict[str, float] = {}
 
     def __enter__(self) -> GRPORun:
         try:
@@ -195,6 +215,8 @@ class GRPORun:
             torch.set_num_threads(self.options.threads)
         self._load_policy()
         self.loop = LoopThread()
+        if self.options.algorithm == "opd":
+            self._open_teacher()
         from scaffold_core.distributed.ports import rank_slice
         from scaffold_core.engine import RunInfo
 
@@ -255,6 +277,20 @@ class GRPORun:
         else:
             self.engine = self.job.registry.create("engine", engine_cfg.name, engine_cfg.options, path="engine")
 
+    def _open_teacher(self) -> None:
+        from scaffold_core.engines.teacher import TransformersTeacher
+        from scaffold_core.teacher import check_same_tokenizer
+
+        s = self.config.sampling
+        if s.temperature != 1.0:
+            raise ConfigError("sampling.temperature: on-policy distillation compares the student's sampling "
+                              "distribution with the teacher's at temperature 1, so sample with temperature: 1.0 "
+                              f"(got {s.temperature})")
+        assert self.loop is not None
+        self.teacher = TransformersTeacher(**{"device": self.device, **self.options.teacher})
+        self.loop.run(self.teacher.start(), 3600.0)
+        check_same_tokenizer(self.tokenizer, self.teacher.tokenizer)
+
     def _save_for_engine(self, trainer: Any) -> str:
         """Save the current weights where a separate engine can load them (``update_weights``)."""
         target = Path(self.job.output_dir) / "weights-sync"
@@ -304,7 +340,8 @@ class GRPORun:
         stats = self.rollouts.stats
         if record.skipped:
             drop_skipped_figures(logs, series)
-        logs.update({**record.metrics, "version": record.version, "stale_dropped": stats.stale_dropped,
+        logs.update({**record.metrics, **self.distill_figures, "version": record.version,
+                     "stale_dropped": stats.stale_dropped,
                      "stale_regenerated": stats.stale_regenerated, "skipped": int(record.skipped),
                      "steps_skipped": self.steps_skipped, **self.pending_eval})
         self.pending_eval = {}
@@ -384,7 +421,8 @@ class GRPORun:
                 "checkpoint-*")), "weight_version": self.engine.weight_version,
             "rollouts": self.rollouts.stats.to_dict(), "train_s": round(time.perf_counter() - started, 2),
             "same_text_prompts": self.index.same_text, "unusable_rows": len(self.index.unusable),
-            "steps_skipped": self.steps_skipped, "resumed_from": self.resumed_from,
+            "steps_skipped": self.steps_skipped, "resumed_from": self.resumed_from, "algorithm": self.options.algorithm,
+            **({"teacher": self.teacher.stats.to_dict()} if self.teacher is not None else {}),
         }
 
     def close(self) -> None:
@@ -393,6 +431,8 @@ class GRPORun:
                 self.loop.run(self.rollouts.close(), 600.0)
         finally:
             if self.loop is not None:
+                if self.teacher is not None:
+                    self.loop.run(self.teacher.close(), 600.0)
                 self.loop.stop()
             self.rollouts = None
             self.loop = None

