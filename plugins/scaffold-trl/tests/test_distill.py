@@ -24,9 +24,10 @@ def test_opd_options_are_checked():
 def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
+    from scaffold_testkit import plugin_set
+
     from scaffold_core.config import load_config
     from scaffold_core.engines.model_loading import bundled_smollm2_gguf
-    from scaffold_testkit import plugin_set
     from scaffold_core.trainer import TrainJob
 
     if bundled_smollm2_gguf() is None:
