@@ -177,14 +177,14 @@ def test_tutorial_has_commands_and_files():
 
 @pytest.mark.slow
 def test_tutorial_runs_as_written(dist_dir, uv_pip_install):
-    """A fresh venv with scaffold-core from the session's dist/ (as the README installs it) and pip; the
-    tutorial's blocks, in order, in a temp folder."""
+    """A fresh venv with scaffold-core and scaffold-testkit from the session's dist/ (as the tutorial installs
+    them) and pip; the tutorial's blocks, in order, in a temp folder."""
     from scaffold_testkit.freshenv import FreshVenv
 
     with FreshVenv.create() as venv:
         work = venv.root / "tutorial"
         work.mkdir()
-        uv_pip_install(venv, ["--find-links", str(dist_dir), "scaffold-core", "pip"], cwd=work)
+        uv_pip_install(venv, ["--find-links", str(dist_dir), "scaffold-core", "scaffold-testkit", "pip"], cwd=work)
         for number, (kind, first, second) in enumerate(tutorial_steps(), start=1):
             if kind == "file":
                 path = work / first
