@@ -13,7 +13,7 @@ import time
 def main() -> int:
     rank, world, init_method, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     from scaffold_core import distributed
-    from scaffold_core.train.microbatch import MicroBatchSpec, min_micro_batches, split_padded_tensor_dict
+    from scaffold_areal.microbatch import MicroBatchSpec, min_micro_batches, split_padded_tensor_dict
 
     if mode == "rendezvous-timeout":
         t0 = time.monotonic()
@@ -37,7 +37,7 @@ def main() -> int:
         # Unequal data: rank r holds 8 + 3r sequences; a budget of 64 tokens per micro-batch.
         from scaffold_areal.padding import to_padded_tensor_dict
 
-        from scaffold_core.train.microbatch import allocate_synced
+        from scaffold_areal.microbatch import allocate_synced
         from scaffold_core.trajectory import TrainingSample
 
         lengths = [8 + (7 * i + 5 * rank) % 40 for i in range(8 + 3 * rank)]

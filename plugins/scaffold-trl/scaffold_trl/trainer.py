@@ -229,7 +229,7 @@ class GRPORun:
                               "prompts_per_step or give the task more rows (limit, a larger split)")
         self.index = index
         if self.options.eval_every:
-            from scaffold_core.train.evaluation import eval_task
+            from .evaluation import eval_task
 
             self.eval_source = eval_task(self.config, self.job.registry, self.options.eval_task)
             self.eval_rows = list(self.eval_source.load())
@@ -345,7 +345,7 @@ class GRPORun:
         every = self.options.eval_every
         if not every or step % every or self.eval_source is None:
             return
-        from scaffold_core.train.evaluation import evaluate
+        from .evaluation import evaluate
 
         started = time.perf_counter()
         figures = self.run(evaluate(self.rollouts, self.eval_source, self.eval_rows,
