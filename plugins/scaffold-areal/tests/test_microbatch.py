@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from scaffold_areal.microbatch import (
     MicroBatchSpec,
     allocate,
