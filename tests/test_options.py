@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+import re
+from pathlib import Path
+from typing import Annotated, Any
 
 import pytest
 from annotated_types import Ge, Le
@@ -66,6 +68,7 @@ CONVERTED = [  # (kind, name, option, a value out of bounds, the bound the error
     ("engine", "vllm", "request_timeout", 0, "> 0"),
     ("engine", "sglang", "max_retries", -1, ">= 0"),
     ("tool", "mcp", "max_output_chars", 5, ">= 100"),
+    ("tool", "mcp", "prefix", "a b", "matches ^[A-Za-z0-9_-]{0,32}$"),
     ("tool", "search", "max_chars", 10, ">= 20"),
     ("tool", "calculator", "max_digits", 10**6, "<= 4000"),
     ("tool", "python", "memory_mb", 8, ">= 32"),
@@ -162,3 +165,62 @@ class ByHand:
 
 def test_the_range_check_finder_finds_range_checks():
     assert _hand_written_range_checks(ByHand) == ["limit < 1", "size < 1", "timeout > 0"]
+
+
+# -- the option tables of the docs agree with the declarations --------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+MARK = re.compile(r"^<!-- options: (\w+):([\w-]+) ")
+
+
+def _option_tables() -> list[tuple[str, str, str, list[tuple[list[str], str]]]]:
+    """(file, kind, name, rows of (option names, default cell)) for each table marked ``<!-- options: kind:name``."""
+    tables = []
+    for path in sorted([*ROOT.glob("docs/*.md"), *ROOT.glob("plugins/*/README.md")]):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if not (mark := MARK.match(line)):
+                continue
+            header = [c.strip() for c in lines[i + 1].strip("|").split("|")]
+            rows = []
+            for row in lines[i + 3:]:
+                if not row.startswith("|"):
+                    break
+                cells = [c.strip() for c in row.strip("|").split("|")]
+                rows.append((re.findall(r"`(\w+)`", cells[0]), cells[header.index("default")]))
+            tables.append((str(path.relative_to(ROOT)), mark[1], mark[2], rows))
+    return tables
+
+
+def _literal(cell: str) -> tuple[bool, Any]:
+    """The default a cell states, when it states a plain value (``4``, ``1e-05``, ``null``, ``"dapo"``, ``run``)."""
+    text = cell.strip("`").strip('"')
+    if text in ("null", "none", "None", "–", "-"):
+        return True, None
+    if text in ("true", "false"):
+        return True, text == "true"
+    try:
+        return True, float(text)
+    except ValueError:
+        return (bool(re.fullmatch(r"[\w.]+", text)) and cell.startswith(("`", '"'))), text
+
+
+def test_marked_option_tables_name_every_declared_option_and_its_default():
+    from scaffold_core.plugins import get_registry
+
+    tables, registry, problems = _option_tables(), get_registry(), []
+    assert len(tables) >= 10
+    for where, kind, name, rows in tables:
+        if name not in registry.names(kind):
+            continue
+        declared = {o.name: o for o in option_table(registry.get(kind, name).factory)}
+        listed = {option: default for options, default in rows for option in options}
+        problems += [f"{where}: {kind} {name!r} has no option {o!r}" for o in listed if o not in declared]
+        problems += [f"{where}: {kind} {name!r} option {o!r} is not in the table" for o in declared if o not in listed]
+        for option, cell in listed.items():
+            plain, value = _literal(cell)
+            default = declared[option].default if option in declared else ...
+            if plain and default is not ... and value != (float(default) if isinstance(default, (int, float))
+                                                          and not isinstance(default, bool) else default):
+                problems.append(f"{where}: {kind} {name!r} option {option!r}: the table says {cell}, "
+                                f"the declaration {default!r}")
+    assert problems == []
