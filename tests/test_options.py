@@ -109,7 +109,7 @@ def test_converted_components_are_validated_and_listed_from_their_declaration(ki
     assert f"{kind}.{option}: " in first and f"got {bad!r}" in first and f"({listed.bounds})" in first
 
 
-#: Components whose factories still check ranges by hand (the embedded engines, reworked elsewhere).
+#: Components whose factories still check ranges by hand, to convert: the engines of scaffold_core/engines/.
 BY_HAND = {("engine", "transformers"), ("engine", "benchmark_canned")}
 
 
