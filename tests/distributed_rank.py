@@ -12,8 +12,9 @@ import time
 
 def main() -> int:
     rank, world, init_method, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    from scaffold_areal.microbatch import MicroBatchSpec, min_micro_batches, split_padded_tensor_dict
+
     from scaffold_core import distributed
-    from scaffold_core.train.microbatch import MicroBatchSpec, min_micro_batches, split_padded_tensor_dict
 
     if mode == "rendezvous-timeout":
         t0 = time.monotonic()
@@ -35,9 +36,9 @@ def main() -> int:
         dist.all_reduce(total)  # default group
         cpu_backend = str(dist.get_backend(groups.cpu_group))
         # Unequal data: rank r holds 8 + 3r sequences; a budget of 64 tokens per micro-batch.
+        from scaffold_areal.microbatch import allocate_synced
         from scaffold_areal.padding import to_padded_tensor_dict
 
-        from scaffold_core.train.microbatch import allocate_synced
         from scaffold_core.trajectory import TrainingSample
 
         lengths = [8 + (7 * i + 5 * rank) % 40 for i in range(8 + 3 * rank)]

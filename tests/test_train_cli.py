@@ -47,7 +47,7 @@ def test_train_runs_the_trainer_and_writes_metrics_per_step(tmp_path, test_plugi
 @pytest.mark.parametrize("trainer, expected", [
     ({"name": "rollout_onyl"}, "trainer.name: unknown trainer 'rollout_onyl'"),
     ({"name": "rollout_only", "stepz": 2}, "trainer.stepz"),
-    ({"name": "rollout_only", "steps": 0}, "steps and group must be >= 1"),
+    ({"name": "rollout_only", "steps": 0}, "trainer.steps: Input should be greater than or equal to 1; got 0"),
 ])
 def test_a_bad_trainer_section_fails_in_one_line(tmp_path, test_plugins, capsys, trainer, expected):
     path = tmp_path / "bad.yaml"

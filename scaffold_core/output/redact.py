@@ -60,9 +60,6 @@ class Redactor:
     def redact(self, data: bytes) -> bytes:
         return data if self.pattern is None else self.pattern.sub(MASK, data)
 
-    def redact_text(self, text: str) -> str:
-        return self.redact(text.encode("utf-8", errors="surrogateescape")).decode("utf-8", errors="replace")
-
 
 def copy_redacted(source: IO[bytes], fd: int, redactor: Redactor) -> None:
     """Copy ``source`` (a pipe) line by line into the open file ``fd``, redacted, until EOF; closes both."""

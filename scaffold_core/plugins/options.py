@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,10 @@ def describe_options(factory: Any) -> dict[str, str]:
 def _type_text(annotation: Any) -> str:
     if annotation is Any or annotation is inspect.Parameter.empty:
         return "any"
+    if isinstance(annotation, str):
+        return annotation
+    if annotation is type(None):
+        return "None"
     if isinstance(annotation, type):
         return annotation.__name__
     return str(annotation).replace("typing.", "")
@@ -104,11 +109,7 @@ def option_table(factory: Any) -> list[OptionInfo]:
     for pname, param in inspect.signature(factory).parameters.items():
         if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL, param.POSITIONAL_ONLY):
             continue
-        annotation = hints.get(pname, param.annotation)
-        extras: tuple[Any, ...] = ()
-        if typing.get_origin(annotation) is typing.Annotated:
-            annotation, *rest = typing.get_args(annotation)
-            extras = tuple(rest)
+        annotation, extras = _unwrap(hints.get(pname, param.annotation))
         help_text = " ".join(e.text for e in extras if isinstance(e, Help))
         bounds = ", ".join(_bound_text(e) for e in extras if not isinstance(e, Help))
         out.append(OptionInfo(pname, _type_text(annotation), ... if param.default is param.empty else param.default,
@@ -116,11 +117,25 @@ def option_table(factory: Any) -> list[OptionInfo]:
     return out
 
 
+def _unwrap(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
+    """(the type, its ``Annotated`` extras), also for ``Annotated[int, Ge(1)] | None``."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        base, *extras = typing.get_args(annotation)
+        return base, tuple(extras)
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    if any(typing.get_origin(m) is typing.Annotated for m in members):
+        unwrapped = [_unwrap(m) for m in members]
+        return " | ".join(_type_text(t) for t, _ in unwrapped), tuple(e for _, extra in unwrapped for e in extra)
+    return annotation, ()
+
+
 def _bound_text(constraint: Any) -> str:
     """``>= 1`` for ``Ge(1)``, and so on (annotated_types); anything else as it prints."""
     symbols = {"Gt": ">", "Ge": ">=", "Lt": "<", "Le": "<=", "MultipleOf": "multiple of", "MinLen": "length >=",
                "MaxLen": "length <="}
     name = type(constraint).__name__
+    if getattr(constraint, "pattern", None):  # pydantic's StringConstraints
+        return f"matches {constraint.pattern}"
     if name in symbols:
         (value,) = [getattr(constraint, f) for f in constraint.__dataclass_fields__]
         return f"{symbols[name]} {value}"

@@ -41,17 +41,30 @@ import concurrent.futures
 import logging
 import os
 from collections.abc import Coroutine
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.engine import Engine, RunInfo
 from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult, version_number
+from scaffold_core.plugins import Help
 from scaffold_core.sampling import mix_seed
 from scaffold_core.tokenizers import response_text
 
 log = logging.getLogger("scaffold.remote")
 
 PAUSE_MODES = ("abort", "keep", "wait")
+
+# The options every server engine declares (its factory's signature), bounds and help declared once here.
+RequestTimeout = Annotated[float, Gt(0), Help("seconds one request may take")]
+ConnectTimeout = Annotated[float, Gt(0), Help("seconds to connect to a server")]
+MaxRetries = Annotated[int, Ge(0), Help("retries of a failed request")]
+RetryBackoff = Annotated[float, Ge(0), Help("seconds of the first retry's backoff (it grows exponentially)")]
+MaxConnections = Annotated[int, Ge(1), Help("connections to the servers at once")]
+SetupTimeout = Annotated[float, Gt(0), Help("seconds launched servers get to start")]
+UrlWaitTimeout = Annotated[float, Gt(0), Help("seconds to wait for engine.url's servers to answer")]
+PauseMode = Annotated[Literal["abort", "keep", "wait"], Help("what a weight update does to requests in flight")]
 #: A request continued after this many pauses is failed instead (something keeps aborting it).
 MAX_SEGMENTS = 64
 
@@ -80,18 +93,6 @@ class RemoteEngine(Engine):
                              "(servers this worker starts), not both")
         if url is None and launch is None:
             url = self.default_url
-        for name, value in (("request_timeout", request_timeout), ("connect_timeout", connect_timeout),
-                            ("setup_timeout", setup_timeout), ("url_wait_timeout", url_wait_timeout)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if retry_backoff < 0:
-            raise ValueError(f"retry_backoff must be >= 0 seconds, got {retry_backoff}")
-        if max_connections < 1:
-            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-        if pause_mode not in PAUSE_MODES:
-            raise ValueError(f"pause_mode must be one of {', '.join(PAUSE_MODES)}, got {pause_mode!r}")
         self.urls = parse_urls(url) if url is not None else []
         self.launch = parse_launch_options(launch, self.launch_options or LaunchOptions) if launch is not None \
             else None

@@ -4,7 +4,8 @@
   by default, none of the installed entry points), for fast isolated tests.
 * :class:`ScriptedEngine` is a tiny deterministic engine: a function of the
   prompt text decides the response; optional delays and injected faults.
-* :class:`ListTask` is a task over an in-memory list of rows.
+* :class:`ListTask` is a task over an in-memory list of rows; :func:`build` builds a component from
+  options as a config does (validated against its declaration first).
 * :func:`run_episodes` runs contexts through a :class:`Runtime` and returns
   the results; :func:`run_one_episode` runs one task row end to end.
 * :class:`LiveEngine` starts an engine on a background event loop so
@@ -21,8 +22,8 @@
 from __future__ import annotations
 
 from .engines import ScriptedEngine
-from .helpers import ListTask, make_contexts, plugin_set, run_episodes, run_one_episode
+from .helpers import ListTask, build, make_contexts, plugin_set, run_episodes, run_one_episode
 from .live import BackgroundLoop, LiveEngine, LoopLagMonitor
 
-__all__ = ["ScriptedEngine", "ListTask", "plugin_set", "make_contexts", "run_episodes", "run_one_episode",
+__all__ = ["ScriptedEngine", "ListTask", "build", "plugin_set", "make_contexts", "run_episodes", "run_one_episode",
            "BackgroundLoop", "LiveEngine", "LoopLagMonitor"]

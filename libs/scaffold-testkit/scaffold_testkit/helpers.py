@@ -15,6 +15,17 @@ from scaffold_core.task import Task, episode_context
 from scaffold_core.verifier import Reference
 
 
+def build(factory: Any, **options: Any) -> Any:
+    """A component built as a config builds it: ``options`` validated against the factory's declaration first.
+
+    Out-of-bounds or unknown options raise the same :class:`~scaffold_core.errors.ConfigError` a config gets.
+    """
+    from scaffold_core.plugins.options import validate_options
+
+    name = getattr(factory, "__name__", "component")
+    return factory(**validate_options(factory, options, path=name, label=name))
+
+
 def plugin_set(*plugins: Any, entry_points: bool = False, **named: Any) -> PluginSet:
     """A fresh PluginSet with the built-ins, ``plugins`` (auto-named) and ``named`` plugins registered."""
     extra = {f"test-plugin-{i}": p for i, p in enumerate(plugins)}

@@ -22,8 +22,11 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
+from annotated_types import Ge
+
+from scaffold_core.plugins import Help
 from scaffold_core.plugins.markers import hookimpl
 
 from .helpers import ListTask
@@ -45,9 +48,7 @@ class ArithmeticTask(ListTask):
     default_config: ClassVar[dict[str, Any]] = {"verifier": {"name": "exact_match"},
                                                 "sampling": {"max_tokens": 32}}
 
-    def __init__(self, count: int = 16, seed: int = 0, system: str | None = None):
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
+    def __init__(self, count: Annotated[int, Ge(0), Help("questions")] = 16, seed: int = 0, system: str | None = None):
         super().__init__([], system)
         self.count = count
         self.seed = seed
@@ -96,12 +97,12 @@ class RolloutOnlyTrainer:
     checkpoint: ``--resume`` starts it over.
     """
 
-    def __init__(self, steps: int = 2, group: int = 2, filter_groups: Literal["none", "zero_variance"] = "none",
+    def __init__(self, steps: Annotated[int, Ge(1), Help("training steps")] = 2,
+                 group: Annotated[int, Ge(1), Help("samples per prompt")] = 2,
+                 filter_groups: Literal["none", "zero_variance"] = "none",
                  max_refill_rounds: int = 2):
         from scaffold_core.train.filtering import GroupFilter
 
-        if steps < 1 or group < 1:
-            raise ValueError(f"steps and group must be >= 1, got {steps} and {group}")
         self.steps = steps
         self.group = group
         self.filter = GroupFilter(filter_groups, max_refill_rounds)

@@ -31,9 +31,12 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge
 
 from scaffold_core.errors import require_module
+from scaffold_core.plugins import Help
 from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answers
 
 from .answers import GLUED_UNITS, VALUE_WORDS, AnswerError, answer_number, extract_answer, gold_answer, strip_emphasis
@@ -210,11 +213,9 @@ class MathVerifyVerifier(Verifier):
 
     executor: ClassVar[str] = "process"
 
-    def __init__(self, timeout_s: int = 5, max_answer_chars: int = 1000, float_rounding: int = 6):
-        if timeout_s < 1:
-            raise ValueError(f"timeout_s must be >= 1 (math-verify counts whole seconds), got {timeout_s}")
-        if max_answer_chars < 1:
-            raise ValueError(f"max_answer_chars must be >= 1, got {max_answer_chars}")
+    def __init__(self, timeout_s: Annotated[int, Ge(1), Help("seconds per parse (math-verify counts whole ones)")] = 5,
+                 max_answer_chars: Annotated[int, Ge(1), Help("a longer answer is refused")] = 1000,
+                 float_rounding: int = 6):
         self.timeout_s = timeout_s
         self.max_answer_chars = max_answer_chars
         self.float_rounding = float_rounding

@@ -21,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge
 
 from scaffold_core.engine import Engine
 from scaffold_core.errors import EngineError, require_module
 from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.plugins import Help
 
 INSTALL = 'pip install "scaffold-llamacpp[llama]"  (compiles llama.cpp: several minutes)'
 
@@ -33,14 +36,14 @@ INSTALL = 'pip install "scaffold-llamacpp[llama]"  (compiles llama.cpp: several 
 class LlamaCppEngine(Engine):
     """llama.cpp (llama-cpp-python) on a GGUF file; see the module doc."""
 
-    def __init__(self, model: str | None = None, n_ctx: int = 16384, max_batch_size: int = 32, n_batch: int = 512,
-                 threads: int | None = None, logprobs: str = "temperature"):
-        if max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if n_ctx < 16 or n_batch < 1:
-            raise ValueError("n_ctx must be >= 16 and n_batch >= 1")
-        if logprobs not in ("temperature", "processed"):
-            raise ValueError("logprobs must be 'temperature' or 'processed'")
+    def __init__(self, model: Annotated[str | None, Help("a .gguf file (default: the bundled SmolLM2 GGUF)")] = None,
+                 n_ctx: Annotated[int, Ge(16), Help("the context's tokens, shared by the batch")] = 16384,
+                 max_batch_size: Annotated[int, Ge(1), Help("sequences decoded together")] = 32,
+                 n_batch: Annotated[int, Ge(1), Help("tokens per llama.cpp decode call")] = 512,
+                 threads: Annotated[int, Ge(1)] | None = None,
+                 logprobs: Annotated[Literal["temperature", "processed"],
+                                     Help("logprobs after temperature only, or after top-k/top-p too")]
+                 = "temperature"):
         from scaffold_core.engines.model_loading import resolve_model
 
         self.source = resolve_model(model)

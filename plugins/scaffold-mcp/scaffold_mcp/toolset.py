@@ -23,8 +23,12 @@ import contextlib
 import json
 import re
 import weakref
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from annotated_types import Ge, Gt
+from pydantic import StringConstraints
+
+from scaffold_core.plugins import Help
 from scaffold_core.tool import DEFAULT_TIMEOUT, NAME_PATTERN, Tool, ToolCallError, ToolContext, ToolResult, ToolSet
 
 from .connection import McpConnection, McpServerGone, McpStartError, check_sdk
@@ -52,21 +56,17 @@ class McpToolSet(ToolSet):
 
     name = "mcp"
 
-    def __init__(self, server: str | list[str] | dict[str, Any], tools: list[str] | None = None,
-                 exclude: list[str] | None = None, prefix: str = "", timeout: float = 30.0,
-                 startup_timeout: float = 60.0, max_output_chars: int = 20_000,
-                 scope: Literal["run", "episode"] = "run"):
+    def __init__(self, server: Annotated[str | list[str] | dict[str, Any], Help("a command, a URL or a dict")],
+                 tools: Annotated[list[str] | None, Help("only these of the server's tools")] = None,
+                 exclude: Annotated[list[str] | None, Help("not these")] = None,
+                 prefix: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{0,32}$"),
+                                   Help("put before every tool name")] = "",
+                 timeout: Annotated[float, Gt(0), Help("seconds one call may take")] = 30.0,
+                 startup_timeout: Annotated[float, Gt(0), Help("seconds to start and list the tools")] = 60.0,
+                 max_output_chars: Annotated[int, Ge(100), Help("a result's text is cut to this")] = 20_000,
+                 scope: Annotated[Literal["run", "episode"], Help("one server for the run, or one per episode")]
+                 = "run"):
         check_sdk()
-        if max_output_chars < 100:
-            raise ValueError(f"max_output_chars must be >= 100, got {max_output_chars}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        if not startup_timeout > 0:
-            raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
-        if prefix and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", prefix):
-            raise ValueError(f"prefix must be letters, digits, '_' or '-' (at most 32), got {prefix!r}")
-        if scope not in ("run", "episode"):
-            raise ValueError(f"scope must be run (one server for the run) or episode (one per episode), got {scope!r}")
         self.scope = scope
         self.spec = parse_server(server)
         self.include = list(tools) if tools is not None else None

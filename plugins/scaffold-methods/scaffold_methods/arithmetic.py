@@ -19,8 +19,11 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge, Le
+
+from scaffold_core.plugins import Help
 from scaffold_core.task import Task
 from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answers
 
@@ -41,11 +44,12 @@ class ArithmeticTask(Task):
         "verifier": {"name": "small_arithmetic"},
     }
 
-    def __init__(self, count: int = 200, digits: int = 1, operands: int = 2, operations: Sequence[str] = ("+",),
+    def __init__(self, count: Annotated[int, Ge(1), Help("problems")] = 200,
+                 digits: Annotated[int, Ge(1), Le(9), Help("digits of an operand")] = 1,
+                 operands: Annotated[int, Ge(2), Le(6), Help("operands of a problem")] = 2,
+                 operations: Sequence[str] = ("+",),
                  seed: int = 0, instruction: str = DEFAULT_INSTRUCTION, system_prompt: str | None = None):
         super().__init__()
-        if count < 1 or not 1 <= digits <= 9 or not 2 <= operands <= 6:
-            raise ValueError("count must be >= 1, digits within 1-9 and operands within 2-6")
         unknown = [op for op in operations if op not in _OPS]
         if unknown or not operations:
             raise ValueError(f"operations must be a non-empty list of {sorted(_OPS)}, got {list(operations)!r}")

@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, Le
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
+from scaffold_core.plugins import Help
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.verifier import Verdict
 
@@ -55,21 +58,19 @@ from .traces import TRUNCATED, Trace
 class DeepConfController(Controller):
     """DeepConf@N, offline or online (see the module docstring)."""
 
-    def __init__(self, samples: int = 8, mode: Literal["offline", "online"] = "offline", keep: float = 0.9,
-                 measure: Literal["auto", "top_k", "sampled"] = "auto", top_logprobs: int = 20, window: int = 32,
+    def __init__(self, samples: Annotated[int, Ge(1), Help("traces per prompt")] = 8,
+                 mode: Literal["offline", "online"] = "offline",
+                 keep: Annotated[float, Gt(0), Le(1), Help("the fraction of traces kept")] = 0.9,
+                 measure: Literal["auto", "top_k", "sampled"] = "auto", top_logprobs: int = 20,
+                 window: Annotated[int, Ge(1), Help("tokens of a confidence group")] = 32,
                  trace_score: Literal["lowest_group", "bottom_10", "tail", "mean"] = "lowest_group",
-                 weighted: bool = True, warmup: int = 4, chunk: int = 32, per_round: int = 2,
-                 consensus: float | None = 0.95, keep_stopped: bool = True):
-        if samples < 1 or window < 1 or chunk < 1 or per_round < 1 or warmup < 1:
-            raise ValueError("samples, window, chunk, per_round and warmup must be >= 1")
-        if mode not in ("offline", "online"):
-            raise ValueError(f"mode must be 'offline' or 'online', got {mode!r}")
-        if not 0 < keep <= 1:
-            raise ValueError(f"keep (the fraction of traces kept) must be within (0, 1], got {keep}")
-        if consensus is not None and not 0 < consensus <= 1:
-            raise ValueError(f"consensus must be within (0, 1] (or null: never stop early), got {consensus}")
-        if measure not in ("auto", "top_k", "sampled"):
-            raise ValueError(f"measure must be auto, top_k or sampled, got {measure!r}")
+                 weighted: bool = True,
+                 warmup: Annotated[int, Ge(1), Help("online: traces generated in full to set the threshold")] = 4,
+                 chunk: Annotated[int, Ge(1), Help("tokens generated between checks")] = 32,
+                 per_round: Annotated[int, Ge(1), Help("online: traces generated at a time")] = 2,
+                 consensus: Annotated[float, Gt(0), Le(1),
+                                      Help("online: the leading answer's share that ends the search (null: never)")]
+                 | None = 0.95, keep_stopped: bool = True):
         if measure != "sampled" and top_logprobs < 2:
             raise ValueError("top_logprobs must be >= 2 for the top_k measure (DeepConf uses 20)")
         trace_confidence([1.0], window, trace_score)  # validates the name

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Generator, Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import EpisodeContext, Outcome
+from scaffold_core.plugins import Help
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.tokenizers import encode
 
@@ -42,10 +45,11 @@ DEFAULT_HEDGES = ("wait", "hmm", "but", "however", "alternatively", "double-chec
 class DynasorController(Controller):
     """Dynasor-CoT certainty probing (see the module docstring)."""
 
-    def __init__(self, chunk: int = 32, certainty: int = 3, probe: str = DEFAULT_PROBE, probe_tokens: int = 16,
-                 probe_stop: Sequence[str] = ("\n",), hedges: Sequence[str] = DEFAULT_HEDGES, min_tokens: int = 0):
-        if chunk < 1 or certainty < 1 or probe_tokens < 1 or min_tokens < 0:
-            raise ValueError("chunk, certainty and probe_tokens must be >= 1, min_tokens >= 0")
+    def __init__(self, chunk: Annotated[int, Ge(1), Help("tokens generated between probes")] = 32,
+                 certainty: Annotated[int, Ge(1), Help("probes in a row with one answer that stop the trace")] = 3,
+                 probe: str = DEFAULT_PROBE, probe_tokens: Annotated[int, Ge(1), Help("tokens of a probe")] = 16,
+                 probe_stop: Sequence[str] = ("\n",), hedges: Sequence[str] = DEFAULT_HEDGES,
+                 min_tokens: Annotated[int, Ge(0), Help("trace tokens before probing starts")] = 0):
         if not probe.strip():
             raise ValueError("probe must be text that asks for the answer, e.g. '... Final answer: ####'")
         self.chunk, self.certainty, self.probe = chunk, certainty, probe

@@ -34,10 +34,13 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.episode import EpisodeContext
 from scaffold_core.generation import AwaitTask, GenerationTask
+from scaffold_core.plugins import Help
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.tokenizers import render_chat
 from scaffold_core.verifier import Reference, Verdict, Verifier, reference_answers
@@ -70,15 +73,13 @@ class JudgeVerifier(Verifier):
     def __init__(self, engine: str | dict[str, Any] = "policy", url: str | None = None, model: str | None = None,
                  api_key_env: str | None = None, mode: Literal["score", "yes_no"] = "score", low: float = 0.0,
                  high: float = 10.0, system: str | None = DEFAULT_SYSTEM, template: str | None = None,
-                 partial_template: str | None = None, max_tokens: int = 64, temperature: float = 0.0,
-                 top_logprobs: int = 20, use_reference: bool = False, timeout: float = 120.0,
+                 partial_template: str | None = None,
+                 max_tokens: Annotated[int, Ge(1), Help("tokens of the judge's reply")] = 64, temperature: float = 0.0,
+                 top_logprobs: Annotated[int, Ge(0)] = 20, use_reference: bool = False,
+                 timeout: Annotated[float, Gt(0), Help("seconds one judgement may take")] = 120.0,
                  start_timeout: float = 900.0):
-        if mode not in ("score", "yes_no"):
-            raise ValueError(f"mode must be 'score' or 'yes_no', got {mode!r}")
         if not low < high:
             raise ValueError(f"the judge's scale needs low < high, got low={low}, high={high}")
-        if max_tokens < 1 or timeout <= 0 or top_logprobs < 0:
-            raise ValueError("max_tokens must be >= 1, timeout > 0 and top_logprobs >= 0")
         for name, text in (("template", template), ("partial_template", partial_template)):
             if text is not None and "{response}" not in text:
                 raise ValueError(f"{name} must contain {{response}} where the response goes")

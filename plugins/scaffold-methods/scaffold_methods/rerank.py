@@ -16,10 +16,13 @@ scorer's reason. Metrics: ``best@N`` (the chosen response is correct),
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
+from scaffold_core.plugins import Help
 
 from .accounting import TokenCount, question_of, verify_texts
 from .scoring import ScorerLifetime, make_scorer, rank_key
@@ -30,9 +33,7 @@ class RerankController(ScorerLifetime, Controller):
 
     shared: ClassVar[tuple[str, ...]] = ("scorer",)  # keeps no per-episode state; may hold an engine or a model
 
-    def __init__(self, samples: int = 8, scorer: Any = "self_eval"):
-        if samples < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
+    def __init__(self, samples: Annotated[int, Ge(1), Help("candidates per prompt")] = 8, scorer: Any = "self_eval"):
         self.samples = samples
         self.scorer = make_scorer(scorer, "controller.scorer")
 

@@ -30,16 +30,18 @@ import asyncio
 import math
 import weakref
 from collections.abc import Generator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from annotated_types import Ge, Gt, MinLen
 
 from scaffold_core.episode import EpisodeContext
 from scaffold_core.generation import AwaitTask
+from scaffold_core.plugins import Help
 from scaffold_core.verifier import Reference, Verdict, Verifier
 
 from .batching import ThreadBatcher
 from .scoring import Scores
 
-AGGREGATES = ("min", "last", "mean", "prod")
 #: Reward models alive in this process, closed by the plugin's ``on_run_end`` hook.
 LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -51,20 +53,18 @@ class RewardModelVerifier(Verifier):
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __init__(self, checkpoint: str | None = None, kind: Literal["classifier", "prm"] = "classifier",
-                 device: str = "cpu", dtype: str = "float32", max_batch_size: int = 16, batch_wait_ms: float = 5.0,
-                 max_length: int = 2048, label: int | None = None, use_chat_template: bool = True,
-                 step_delimiter: str = "\n", step_tag: str = " \u043a\u0438", good_token: str = "+",
+                 device: str = "cpu", dtype: str = "float32", max_batch_size: Annotated[int, Ge(1)] = 16,
+                 batch_wait_ms: Annotated[float, Ge(0)] = 5.0,
+                 max_length: Annotated[int, Ge(8), Help("tokens of a scored text")] = 2048, label: int | None = None,
+                 use_chat_template: bool = True,
+                 step_delimiter: Annotated[str, MinLen(1)] = "\n",
+                 step_tag: Annotated[str, MinLen(1)] = " \u043a\u0438", good_token: str = "+",
                  bad_token: str = "-", aggregate: Literal["min", "last", "mean", "prod"] = "min",
-                 timeout: float = 300.0, trust_remote_code: bool = False):
-        if kind not in ("classifier", "prm"):
-            raise ValueError(f"kind must be 'classifier' or 'prm', got {kind!r}")
+                 timeout: Annotated[float, Gt(0), Help("seconds one scoring may take")] = 300.0,
+                 trust_remote_code: bool = False):
         if kind == "classifier" and not checkpoint:
             raise ValueError("a classifier reward model needs checkpoint: a local directory or hub id of a "
                              "sequence-classification model")
-        if aggregate not in AGGREGATES:
-            raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")
-        if max_length < 8 or timeout <= 0 or not step_delimiter or not step_tag:
-            raise ValueError("max_length must be >= 8, timeout > 0, step_delimiter and step_tag non-empty")
         self.checkpoint, self.kind, self.device, self.dtype = checkpoint, kind, device, dtype
         self.max_length, self.label, self.use_chat_template = max_length, label, use_chat_template
         self.step_delimiter, self.step_tag = step_delimiter, step_tag

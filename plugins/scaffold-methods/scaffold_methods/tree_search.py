@@ -35,10 +35,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from annotated_types import Ge, MinLen
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import EpisodeContext, Outcome
+from scaffold_core.plugins import Help
 from scaffold_core.tokenizers import response_text
 
 from .accounting import TokenCount, question_of, verify_texts
@@ -66,17 +69,14 @@ class TreeSearchController(ScorerLifetime, Controller):
 
     shared: ClassVar[tuple[str, ...]] = ("scorer",)
 
-    def __init__(self, strategy: Literal["beam", "best_first"] = "beam", width: int = 2, expansions: int = 2,
-                 depth: int = 4, delimiter: str = "\n", step_tokens: int = 64, budget: int | None = None,
+    def __init__(self, strategy: Literal["beam", "best_first"] = "beam",
+                 width: Annotated[int, Ge(1), Help("nodes kept per level")] = 2,
+                 expansions: Annotated[int, Ge(1), Help("children per node")] = 2,
+                 depth: Annotated[int, Ge(1), Help("steps at most")] = 4,
+                 delimiter: Annotated[str, MinLen(1), Help("the text that ends a step")] = "\n",
+                 step_tokens: Annotated[int, Ge(1), Help("tokens of one step at most")] = 64,
+                 budget: Annotated[int, Ge(1), Help("tokens in all (null: no cap)")] | None = None,
                  scorer: Any = "self_eval", keep_partial: bool = False):
-        if strategy not in ("beam", "best_first"):
-            raise ValueError(f"strategy must be 'beam' or 'best_first', got {strategy!r}")
-        if width < 1 or expansions < 1 or depth < 1 or step_tokens < 1:
-            raise ValueError("width, expansions, depth and step_tokens must be >= 1")
-        if budget is not None and budget < 1:
-            raise ValueError(f"budget must be >= 1 token (or null: no cap), got {budget}")
-        if not delimiter:
-            raise ValueError("delimiter must be the text that ends a step, e.g. a newline")
         self.strategy, self.width, self.expansions, self.depth = strategy, width, expansions, depth
         self.delimiter, self.step_tokens, self.budget, self.keep_partial = delimiter, step_tokens, budget, keep_partial
         self.scorer = make_scorer(scorer, "controller.scorer")

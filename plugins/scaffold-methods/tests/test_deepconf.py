@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 from methods_testkit import ScriptEngine, run
+from scaffold_testkit import build
 
+from scaffold_core.errors import ConfigError
 from scaffold_core.sampling import SamplingParams
 from scaffold_methods.deepconf import DeepConfController
 
@@ -106,5 +108,5 @@ def test_online_consensus_starts_no_more_traces():
 @pytest.mark.parametrize("bad", [{"keep": 0.0}, {"keep": 1.5}, {"mode": "both"}, {"samples": 0},
                                  {"consensus": 0.0}, {"top_logprobs": 1}, {"trace_score": "median"}])
 def test_bad_options_are_refused(bad):
-    with pytest.raises(ValueError):
-        DeepConfController(**bad)
+    with pytest.raises((ConfigError, ValueError)):
+        build(DeepConfController, **bad)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 from methods_testkit import ASSISTANT, ScriptEngine, run
+from scaffold_testkit import build
 
+from scaffold_core.errors import ConfigError
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.trajectory import sample_tokens
 from scaffold_methods.dynasor import DEFAULT_PROBE, DynasorController
@@ -88,5 +90,5 @@ def test_min_tokens_delays_the_first_probe():
 
 @pytest.mark.parametrize("bad", [{"chunk": 0}, {"certainty": 0}, {"probe": "  "}, {"probe_tokens": 0}])
 def test_bad_options_are_refused(bad):
-    with pytest.raises(ValueError):
-        DynasorController(**bad)
+    with pytest.raises((ConfigError, ValueError)):
+        build(DynasorController, **bad)

@@ -8,10 +8,10 @@ import math
 import httpx
 import pytest
 from methods_testkit import ScriptEngine, run
-from scaffold_testkit import ListTask, ScriptedEngine, make_contexts, run_episodes
+from scaffold_testkit import ListTask, ScriptedEngine, build, make_contexts, run_episodes
 
 from scaffold_core.builtins.trajectories import SingleTurnTrajectoryMaker
-from scaffold_core.errors import VerifierError
+from scaffold_core.errors import ConfigError, VerifierError
 from scaffold_core.sampling import SamplingParams
 from scaffold_methods.backends import JudgeError
 from scaffold_methods.judge import JudgeVerifier
@@ -137,8 +137,8 @@ def test_transport_failures_and_missing_keys_are_named(monkeypatch):
             "12", "12")
     for bad in ({"url": "ftp://x"}, {"url": "http://x"}, {"url": "http://x", "model": "m", "engine": {"name": "x"}},
                 {"mode": "vote"}, {"low": 5, "high": 5}, {"template": "no placeholder"}):
-        with pytest.raises(ValueError):
-            JudgeVerifier(**bad)
+        with pytest.raises((ConfigError, ValueError)):
+            build(JudgeVerifier, **bad)
 
 
 def test_yes_no_at_a_url_reads_the_first_tokens_logprobs():

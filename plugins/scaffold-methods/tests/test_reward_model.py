@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from scaffold_testkit import build
 
+from scaffold_core.errors import ConfigError
 from scaffold_methods.reward_model import RewardModelVerifier
 
 torch = pytest.importorskip("torch")
@@ -87,8 +89,8 @@ def test_as_a_scorer_inside_episodes_requests_are_batched_across_episodes(tiny_c
 def test_bad_options_are_refused(tiny_classifier):
     for bad in ({"kind": "classifier"}, {"checkpoint": "x", "kind": "orm"}, {"checkpoint": "x", "aggregate": "max"},
                 {"checkpoint": "x", "max_length": 2}):
-        with pytest.raises(ValueError):
-            RewardModelVerifier(**bad)
+        with pytest.raises((ConfigError, ValueError)):
+            build(RewardModelVerifier, **bad)
     model = RewardModelVerifier(checkpoint=str(tiny_classifier), label=5)
     try:
         with pytest.raises(ValueError, match="label 5"):

@@ -6,8 +6,9 @@ from collections import Counter
 
 import pytest
 from methods_testkit import ASSISTANT, run
-from scaffold_testkit import ScriptedEngine
+from scaffold_testkit import ScriptedEngine, build
 
+from scaffold_core.errors import ConfigError
 from scaffold_core.sampling import SamplingParams
 from scaffold_methods.scoring import Scores
 from scaffold_methods.tree_search import TreeSearchController
@@ -114,5 +115,5 @@ def test_keep_partial_adds_unfinished_paths():
 @pytest.mark.parametrize("bad", [{"strategy": "mcts"}, {"width": 0}, {"expansions": 0}, {"depth": 0},
                                  {"budget": 0}, {"delimiter": ""}])
 def test_bad_options_are_refused(bad):
-    with pytest.raises(ValueError):
-        TreeSearchController(**{"scorer": TableScorer(), **bad})
+    with pytest.raises((ConfigError, ValueError)):
+        build(TreeSearchController, **{"scorer": TableScorer(), **bad})

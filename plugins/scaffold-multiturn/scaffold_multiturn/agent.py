@@ -25,7 +25,9 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.chat_template import render_text
 from scaffold_core.controller import Controller, samples_in_parallel
@@ -41,8 +43,8 @@ from scaffold_core.errors import (
     UnknownComponentError,
 )
 from scaffold_core.generation import AwaitTask, VerificationTask
+from scaffold_core.plugins import Help, current_path, current_registry
 from scaffold_core.plugins import build_tool_format as build_format
-from scaffold_core.plugins import current_path, current_registry
 from scaffold_core.tokenizers import encode
 from scaffold_core.tool import (
     UNISOLATED_METRIC,
@@ -222,26 +224,20 @@ class AgentController(Controller):
     """
 
     def __init__(self, tools: list[str | dict[str, Any]] | None = None, format: str | dict[str, Any] = "hermes",
-                 max_turns: int = 4, max_total_tokens: int | None = None,
-                 answer_now: str | None = DEFAULT_ANSWER_NOW, answer_reserve: int | None = None,
-                 answer_tag: str | None = None, stop_on_answer: bool = False, max_calls_per_turn: int = 8,
-                 tool_timeout: float | None = None, samples: int = 1, drift_check: bool = True):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if max_total_tokens is not None and max_total_tokens < 2:
-            raise ValueError(f"max_total_tokens must be >= 2 (or null for no limit), got {max_total_tokens}")
-        if answer_reserve is not None and answer_reserve < 0:
-            raise ValueError(f"answer_reserve must be >= 0 tokens (or null), got {answer_reserve}")
+                 max_turns: Annotated[int, Ge(1), Help("model turns per episode")] = 4,
+                 max_total_tokens: Annotated[int, Ge(2), Help("the conversation's tokens (null: no limit)")] | None
+                 = None,
+                 answer_now: str | None = DEFAULT_ANSWER_NOW,
+                 answer_reserve: Annotated[int, Ge(0), Help("tokens kept for the answer-now turn")] | None = None,
+                 answer_tag: str | None = None, stop_on_answer: bool = False,
+                 max_calls_per_turn: Annotated[int, Ge(1), Help("calls past it get a limit error, unrun")] = 8,
+                 tool_timeout: Annotated[float, Gt(0), Help("seconds per call (null: each tool's own)")] | None = None,
+                 samples: Annotated[int, Ge(1), Help("episodes per prompt, run concurrently")] = 1,
+                 drift_check: bool = True):
         if answer_now is not None and not answer_now.strip():
             raise ValueError("answer_now must be a message (or null for no answer-now turn)")
         if answer_tag is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,40}", answer_tag):
             raise ValueError(f"answer_tag must be a tag name such as 'answer', got {answer_tag!r}")
-        if max_calls_per_turn < 1:
-            raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
-        if tool_timeout is not None and not tool_timeout > 0:
-            raise ValueError(f"tool_timeout must be > 0 seconds (or null for each tool's own), got {tool_timeout}")
-        if samples < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
         path = current_path("controller")
         self.tools: dict[str, Tool]
         self.tools, self.tool_sets = build_tools_and_sets(tools, f"{path}.tools")

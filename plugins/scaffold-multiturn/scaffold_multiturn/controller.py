@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Gt, Le
 
 from scaffold_core.controller import Controller, samples_in_parallel
 from scaffold_core.conversation import Conversation, DriftReport
@@ -11,6 +13,7 @@ from scaffold_core.environment import EnvironmentFailure, EnvStep, run_step
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 from scaffold_core.errors import ConfigError, EpisodeError, PluginLoadError, UnknownComponentError
 from scaffold_core.generation import VerificationTask
+from scaffold_core.plugins import Help
 from scaffold_core.verifier import Verdict
 
 
@@ -72,19 +75,14 @@ class MultiTurnChatController(Controller):
 
     shared = ("environment",)
 
-    def __init__(self, environment: str | dict[str, Any] | None = None, max_turns: int = 3,
-                 turn_discount: float = 1.0, samples: int = 1, max_total_tokens: int | None = None,
-                 drift_check: bool = True, environment_timeout: float = 600.0):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if not 0.0 <= turn_discount <= 1.0:
-            raise ValueError(f"turn_discount must be in [0, 1], got {turn_discount}")
-        if samples < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
-        if max_total_tokens is not None and max_total_tokens < 2:
-            raise ValueError(f"max_total_tokens must be >= 2 (or null for no limit), got {max_total_tokens}")
-        if environment_timeout <= 0:
-            raise ValueError(f"environment_timeout must be > 0 seconds, got {environment_timeout}")
+    def __init__(self, environment: str | dict[str, Any] | None = None,
+                 max_turns: Annotated[int, Ge(1), Help("model turns per episode")] = 3,
+                 turn_discount: Annotated[float, Ge(0), Le(1), Help("a later turn's reward weight")] = 1.0,
+                 samples: Annotated[int, Ge(1), Help("conversations per prompt, run concurrently")] = 1,
+                 max_total_tokens: Annotated[int, Ge(2), Help("the conversation's tokens (null: no limit)")] | None
+                 = None,
+                 drift_check: bool = True,
+                 environment_timeout: Annotated[float, Gt(0), Help("seconds one environment step may take")] = 600.0):
         self.environment, self.environment_name = build_environment(
             copy.deepcopy(environment) if isinstance(environment, dict) else environment)
         self.max_turns = max_turns

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Gt
 
 from scaffold_core.environment import Environment, EnvStep
 from scaffold_core.errors import EngineError, EpisodeError
 from scaffold_core.generation import AwaitTask, GenerationRequest, GenerationResult, VerificationTask
+from scaffold_core.plugins import Help
 from scaffold_core.sampling import SamplingParams, mix_seed
 from scaffold_core.tokenizers import render_chat
 
@@ -35,7 +38,8 @@ class SimulatedUserEnvironment(Environment):
     def __init__(self, engine: dict[str, Any] | None = None, instructions: str = DEFAULT_INSTRUCTIONS,
                  max_tokens: int = 128, temperature: float = 0.7, top_p: float = 1.0,
                  done_phrase: str | None = "[DONE]", stop_when_correct: bool = False,
-                 start_timeout: float = 900.0, request_timeout: float = 300.0):
+                 start_timeout: Annotated[float, Gt(0), Help("seconds the user's engine may take to start")] = 900.0,
+                 request_timeout: Annotated[float, Gt(0), Help("seconds one reply may take")] = 300.0):
         from scaffold_core.plugins import current_registry
 
         spec = dict(engine or {"name": "transformers"})
@@ -43,8 +47,6 @@ class SimulatedUserEnvironment(Environment):
         if not isinstance(name, str):
             raise ValueError(f"engine must be an engine section with a name, e.g. {{name: transformers}}; "
                              f"got {engine!r}")
-        if start_timeout <= 0 or request_timeout <= 0:
-            raise ValueError("start_timeout and request_timeout must be > 0 seconds")
         if done_phrase is not None and not done_phrase.strip():
             raise ValueError("done_phrase must not be empty (null never ends the conversation early)")
         self.engine_name = name

@@ -459,7 +459,8 @@ def test_config_selects_tools_by_name_with_validated_options():
     ({"name": "agent", "tools": ["add", "add"]}, "controller.tools[1]: two tools are both called 'add'"),
     ({"name": "agent", "tools": ["add"], "format": "hermez"}, "controller.format: unknown tool_format 'hermez'"),
     ({"name": "agent", "tools": ["add"], "format": {"name": "hermes", "call_tag": "a b"}}, "controller.format: "),
-    ({"name": "agent", "tools": ["add"], "max_turns": 0}, "max_turns must be >= 1"),
+    ({"name": "agent", "tools": ["add"], "max_turns": 0},
+     "controller.max_turns: Input should be greater than or equal to 1; got 0"),
     ({"name": "majority_vote", "generator": {"name": "agent", "tools": ["add", {"name": "sleep", "x": 1}]}},
      "controller.generator.tools[1].x: unknown option"),
 ])

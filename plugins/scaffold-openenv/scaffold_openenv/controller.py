@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.controller import Controller, samples_in_parallel
 from scaffold_core.conversation import Conversation
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 from scaffold_core.errors import EpisodeError
 from scaffold_core.generation import AwaitTask
+from scaffold_core.plugins import Help
 from scaffold_core.tokenizers import render_chat
 from scaffold_core.verifier import Verdict
 
@@ -40,14 +43,12 @@ class OpenEnvController(Controller):
     """
 
     def __init__(self, environment: str, env_args: dict[str, Any] | None = None, action_field: str | None = None,
-                 observation_field: str | None = None, max_turns: int = 5, reward: Literal["sum", "last"] = "sum",
-                 max_total_tokens: int | None = None, step_timeout: float = 120.0, samples: int = 1):
-        if max_turns < 1 or samples < 1:
-            raise ValueError(f"max_turns and samples must be >= 1, got {max_turns} and {samples}")
-        if reward not in ("sum", "last"):
-            raise ValueError(f"reward must be 'sum' or 'last', got {reward!r}")
-        if not step_timeout > 0:
-            raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout}")
+                 observation_field: str | None = None,
+                 max_turns: Annotated[int, Ge(1), Help("model turns per episode")] = 5,
+                 reward: Annotated[Literal["sum", "last"], Help("the steps' rewards summed, or the last")] = "sum",
+                 max_total_tokens: Annotated[int, Ge(2)] | None = None,
+                 step_timeout: Annotated[float, Gt(0), Help("seconds one environment step may take")] = 120.0,
+                 samples: Annotated[int, Ge(1), Help("episodes per prompt")] = 1):
         self.environment = environment
         self.env_class = environment_class(environment)
         self.action_cls = action_type(self.env_class)

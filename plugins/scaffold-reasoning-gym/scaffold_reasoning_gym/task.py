@@ -11,8 +11,11 @@ config, size, seed, index); the ``reasoning_gym`` verifier scores a response wit
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge
+
+from scaffold_core.plugins import Help
 from scaffold_core.task import Task
 
 from .datasets import dataset, library
@@ -28,13 +31,12 @@ class ReasoningGymTask(Task):
     default_config: ClassVar[dict[str, Any]] = {"verifier": {"name": "reasoning_gym"},
                                                 "sampling": {"max_tokens": 1024}}
 
-    def __init__(self, dataset: str, config: dict[str, Any] | None = None, size: int = 100, seed: int = 42,
-                 system_prompt: str | None = "default", limit: int | None = None):
+    def __init__(self, dataset: Annotated[str, Help("the reasoning-gym dataset's name")],
+                 config: Annotated[dict[str, Any] | None, Help("its config fields")] = None,
+                 size: Annotated[int, Ge(1), Help("entries generated")] = 100, seed: int = 42,
+                 system_prompt: Annotated[str | None, Help("a key of SYSTEM_PROMPTS, a text, or null")] = "default",
+                 limit: Annotated[int, Ge(1), Help("rows at most (null: every entry)")] | None = None):
         super().__init__()
-        if size < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be >= 1 (or null for every entry), got {limit}")
         self.name = dataset
         self.config = dict(config or {})
         self.size = size

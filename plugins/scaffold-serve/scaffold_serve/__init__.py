@@ -19,12 +19,17 @@ from __future__ import annotations
 
 from scaffold_core import hookimpl
 
+# The options every agent-running controller shares, declared once (other plugins' controllers take them too).
+from .options import AgentSampling as AgentSampling
+from .options import AgentTimeout as AgentTimeout
+from .options import ContextLength as ContextLength
+from .options import MaxCalls as MaxCalls
+
 __version__ = "0.1.0"
 
 #: The public API other plugins build on (an endpoint per run, sessions per episode, the agent options), loaded on
 #: first use so that listing plugins stays fast. Everything else in this package is private.
-PUBLIC = {"AgentEndpoint": "episodes", "EpisodeSessions": "episodes", "check_agent_options": "episodes",
-          "ServeOptions": "service"}
+PUBLIC = {"AgentEndpoint": "episodes", "EpisodeSessions": "episodes", "ServeOptions": "service"}
 
 
 def __getattr__(name):

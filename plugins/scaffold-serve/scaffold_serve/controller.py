@@ -28,17 +28,20 @@ import logging
 import math
 import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any
+
+from annotated_types import Ge
 
 from scaffold_core.controller import Controller, samples_in_parallel
 from scaffold_core.episode import EpisodeContext, Outcome, copy_data
 from scaffold_core.errors import ConfigError, EpisodeError
 from scaffold_core.generation import VerificationTask
+from scaffold_core.plugins import Help, current_path
 from scaffold_core.plugins import build_tool_format as build_format
-from scaffold_core.plugins import current_path
 from scaffold_core.verifier import Verdict
 
-from .episodes import AgentEndpoint, EpisodeSessions, check_agent_options
+from .episodes import AgentEndpoint, EpisodeSessions
+from .options import AgentSampling, AgentTimeout, ContextLength, MaxCalls
 from .service import ServeOptions
 from .session import Session
 
@@ -131,15 +134,13 @@ class OpenAIAgentController(Controller):
 
     shared = ("serving",)
 
-    def __init__(self, entry: str, samples: int = 1, tool_format: str | dict[str, Any] = "hermes",
-                 timeout: float = 600.0, model_name: str = "scaffold",
-                 sampling: Literal["config", "request"] = "config", max_calls: int = 256,
-                 context_length: int | None = None):
+    def __init__(self, entry: Annotated[str, Help("the agent: 'package.module:function' or 'path/agent.py:function'")],
+                 samples: Annotated[int, Ge(1), Help("episodes per prompt")] = 1,
+                 tool_format: str | dict[str, Any] = "hermes", timeout: AgentTimeout = 600.0,
+                 model_name: str = "scaffold", sampling: AgentSampling = "config", max_calls: MaxCalls = 256,
+                 context_length: ContextLength | None = None):
         if not isinstance(entry, str) or not ENTRY.fullmatch(entry):
             raise ValueError(f"entry must be 'package.module:function' or 'path/to/agent.py:function', got {entry!r}")
-        if samples < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
-        check_agent_options(timeout=timeout, sampling=sampling, max_calls=max_calls, context_length=context_length)
         self.entry = entry
         self.samples = samples
         self.format = build_format(tool_format, f"{current_path('controller')}.tool_format")

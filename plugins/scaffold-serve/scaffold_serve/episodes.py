@@ -167,18 +167,6 @@ class EpisodeSessions:
             service.close_session(session.id)
 
 
-def check_agent_options(*, timeout: float, sampling: str, max_calls: int, context_length: int | None) -> None:
-    """The options every agent-running controller shares, checked alike (ValueError naming the option)."""
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    if sampling not in ("config", "request"):
-        raise ValueError(f"sampling must be 'config' or 'request', got {sampling!r}")
-    if max_calls < 1:
-        raise ValueError(f"max_calls must be >= 1, got {max_calls}")
-    if context_length is not None and context_length < 2:
-        raise ValueError(f"context_length must be >= 2 (or null), got {context_length}")
-
-
 def context_length(tokenizer: Any) -> int | None:
     """The tokenizer's ``model_max_length`` when it is a real limit (tokenizers report 10**30 for none)."""
     limit = getattr(tokenizer, "model_max_length", None)

@@ -14,7 +14,17 @@ import logging
 import os
 from typing import Any
 
-from scaffold_remote.engine import RemoteEngine
+from scaffold_remote.engine import (
+    ConnectTimeout,
+    MaxConnections,
+    MaxRetries,
+    PauseMode,
+    RemoteEngine,
+    RequestTimeout,
+    RetryBackoff,
+    SetupTimeout,
+    UrlWaitTimeout,
+)
 
 from scaffold_core.errors import EngineError
 from scaffold_core.sampling import CONSTRAINT_KINDS
@@ -54,16 +64,16 @@ class SGLangEngine(RemoteEngine):
         tokenizer: str | None = None,
         trust_remote_code: bool = False,
         api_key_env: str | None = None,
-        request_timeout: float = 600.0,
-        connect_timeout: float = 10.0,
-        max_retries: int = 4,
-        retry_backoff: float = 0.5,
-        max_connections: int = 1024,
-        setup_timeout: float = 1200.0,
-        url_wait_timeout: float = 60.0,
+        request_timeout: RequestTimeout = 600.0,
+        connect_timeout: ConnectTimeout = 10.0,
+        max_retries: MaxRetries = 4,
+        retry_backoff: RetryBackoff = 0.5,
+        max_connections: MaxConnections = 1024,
+        setup_timeout: SetupTimeout = 1200.0,
+        url_wait_timeout: UrlWaitTimeout = 60.0,
         health_path: str = "/health_generate",
         sticky_episodes: bool = True,
-        pause_mode: str = "abort",
+        pause_mode: PauseMode = "abort",
         send_sampling_seed: bool = False,
         sampling_extra: dict[str, Any] | None = None,
     ):

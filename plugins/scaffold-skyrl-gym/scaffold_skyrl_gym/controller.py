@@ -21,13 +21,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.controller import Controller, samples_in_parallel
 from scaffold_core.conversation import Conversation, DriftReport
 from scaffold_core.episode import EpisodeContext, Outcome, Sample
 from scaffold_core.errors import EpisodeError
 from scaffold_core.generation import AwaitTask
+from scaffold_core.plugins import Help
 from scaffold_core.tokenizers import render_chat
 from scaffold_core.verifier import Verdict
 
@@ -54,21 +57,15 @@ class GymEnvController(Controller):
 
     shared = ("_executor",)
 
-    def __init__(self, env: str | None = None, env_args: dict[str, Any] | None = None, max_turns: int = 5,
-                 reward: Literal["sum", "last"] = "sum", max_total_tokens: int | None = None,
-                 step_timeout: float = 120.0, env_threads: int = 32, samples: int = 1, drift_check: bool = True):
-        if env_threads < 1:
-            raise ValueError(f"env_threads must be >= 1, got {env_threads}")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if reward not in ("sum", "last"):
-            raise ValueError(f"reward must be 'sum' or 'last', got {reward!r}")
-        if max_total_tokens is not None and max_total_tokens < 2:
-            raise ValueError(f"max_total_tokens must be >= 2 (or null for no limit), got {max_total_tokens}")
-        if not step_timeout > 0:
-            raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout}")
-        if samples < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
+    def __init__(self, env: str | None = None, env_args: dict[str, Any] | None = None,
+                 max_turns: Annotated[int, Ge(1), Help("model turns per episode")] = 5,
+                 reward: Annotated[Literal["sum", "last"], Help("the steps' rewards summed, or the last")] = "sum",
+                 max_total_tokens: Annotated[int, Ge(2), Help("the conversation's tokens (null: no limit)")] | None
+                 = None,
+                 step_timeout: Annotated[float, Gt(0), Help("seconds one environment step may take")] = 120.0,
+                 env_threads: Annotated[int, Ge(1), Help("threads the environments' steps run on")] = 32,
+                 samples: Annotated[int, Ge(1), Help("conversations per prompt, run concurrently")] = 1,
+                 drift_check: bool = True):
         self.env = env
         self.env_args = dict(env_args or {})
         self.max_turns = max_turns

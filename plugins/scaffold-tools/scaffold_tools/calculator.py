@@ -14,8 +14,11 @@ import ast
 import math
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
+from annotated_types import Ge, Gt, Le
+
+from scaffold_core.plugins import Help
 from scaffold_core.tool import Tool, ToolCallError, ToolContext, ToolResult
 
 Number = int | float
@@ -263,17 +266,12 @@ class CalculatorTool(Tool):
         "additionalProperties": False,
     }
 
-    def __init__(self, max_length: int = 1000, max_digits: int = 1000, max_exponent: int = 10_000,
-                 precision: int = 12, timeout: float = 5.0):
-        for option, value in (("max_length", max_length), ("max_digits", max_digits),
-                              ("max_exponent", max_exponent), ("precision", precision)):
-            if value < 1:
-                raise ValueError(f"{option} must be at least 1, got {value}")
-        if max_digits > MAX_DIGITS_LIMIT:
-            raise ValueError(f"max_digits must be at most {MAX_DIGITS_LIMIT} (Python prints no longer integers), "
-                             f"got {max_digits}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    def __init__(self, max_length: Annotated[int, Ge(1), Help("characters of an expression")] = 1000,
+                 max_digits: Annotated[int, Ge(1), Le(MAX_DIGITS_LIMIT),
+                                       Help("digits of an integer (Python prints no longer ones)")] = 1000,
+                 max_exponent: Annotated[int, Ge(1), Help("largest exponent of a power")] = 10_000,
+                 precision: Annotated[int, Ge(1), Help("significant digits of a float result (17 at most)")] = 12,
+                 timeout: Annotated[float, Gt(0), Help("seconds one call may take")] = 5.0):
         self.max_length = max_length
         self.max_digits = max_digits
         self.max_exponent = max_exponent

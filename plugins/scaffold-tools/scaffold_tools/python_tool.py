@@ -16,9 +16,12 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.errors import ConfigError
+from scaffold_core.plugins import Help
 from scaffold_core.tool import Tool, ToolContext, ToolResult
 
 from .jail import USERNS_HINT, Jail, JailUnavailable, check_bwrap, check_setpriv, host_uid
@@ -58,12 +61,6 @@ def jail_summary() -> str:
     return f"bubblewrap jail with a system-call filter; whole-jail limits: {limits}"
 
 
-def _check_positive(**values: float) -> None:
-    for option, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{option} must be positive, got {value}")
-
-
 class PythonTool(Tool):
     """Runs Python code in a jail and returns what it printed."""
 
@@ -83,10 +80,19 @@ class PythonTool(Tool):
         "additionalProperties": False,
     }
 
-    def __init__(self, timeout: float = 10.0, cpu_seconds: int = 5, memory_mb: int = 512,
-                 file_mb: int = 16, workdir_mb: int = 64, max_output_bytes: int = 8192, max_open_files: int = 64,
-                 max_processes: int = 32, max_code_bytes: int = 100_000, max_concurrent: int = 0,
-                 total_memory_mb: int | None = None, cpus: float = 1.0,
+    def __init__(self, timeout: Annotated[float, Gt(0), Help("seconds one call may take")] = 10.0,
+                 cpu_seconds: Annotated[int, Gt(0), Help("CPU seconds of one call")] = 5,
+                 memory_mb: Annotated[int, Ge(32), Help("address space of one process (the interpreter needs ~20)")]
+                 = 512,
+                 file_mb: Annotated[int, Gt(0), Help("largest file written")] = 16,
+                 workdir_mb: Annotated[int, Gt(0), Help("size of the temporary directory")] = 64,
+                 max_output_bytes: Annotated[int, Gt(0), Help("output kept")] = 8192,
+                 max_open_files: Annotated[int, Ge(16), Help("open files (the interpreter needs a few)")] = 64,
+                 max_processes: Annotated[int, Gt(0)] = 32, max_code_bytes: Annotated[int, Gt(0)] = 100_000,
+                 max_concurrent: Annotated[int, Ge(0), Help("calls at once (0: one per CPU core)")] = 0,
+                 total_memory_mb: Annotated[int | None, Help("what every process of the jail uses together "
+                                                             "(>= memory_mb)")] = None,
+                 cpus: Annotated[float, Gt(0), Help("the jail's CPU bandwidth in cores")] = 1.0,
                  cgroup: Literal["auto", "require", "off"] = "auto",
                  isolation: Literal["bubblewrap", "none"] = "bubblewrap", audit_hook: bool = True,
                  site_packages: bool | list[str] = False, print_last_expression: bool = True,
@@ -94,29 +100,14 @@ class PythonTool(Tool):
                  namespaces: Any = None):
         if namespaces is not None:
             raise ValueError(REMOVED_NAMESPACES.format(value=namespaces))
-        _check_positive(timeout=timeout, cpu_seconds=cpu_seconds, memory_mb=memory_mb, file_mb=file_mb,
-                        workdir_mb=workdir_mb, max_output_bytes=max_output_bytes, max_open_files=max_open_files,
-                        max_processes=max_processes, max_code_bytes=max_code_bytes)
-        if memory_mb < 32:
-            raise ValueError(f"memory_mb must be at least 32 (the interpreter itself needs about 20), got {memory_mb}")
-        if max_open_files < 16:
-            raise ValueError(f"max_open_files must be at least 16 (the interpreter needs a few), got {max_open_files}")
         total_memory_mb = max(2 * memory_mb, memory_mb + workdir_mb) if total_memory_mb is None else total_memory_mb
         if total_memory_mb < memory_mb:
             raise ValueError(f"total_memory_mb ({total_memory_mb}) must be at least memory_mb ({memory_mb}): it is "
                              "what every process of the jail uses together")
-        if not cpus > 0:
-            raise ValueError(f"cpus must be positive (the jail's CPU bandwidth in cores), got {cpus}")
-        if cgroup not in ("auto", "require", "off"):
-            raise ValueError(f"cgroup must be auto, require or off, got {cgroup!r}")
-        if max_concurrent < 0:
-            raise ValueError(f"max_concurrent must be 0 (one per CPU core) or more, got {max_concurrent}")
         if python is not None and not os.access(python, os.X_OK):
             raise ValueError(f"python {python!r} is not an executable file; give the path of a Python interpreter")
         if tmp_root is not None and not os.path.isdir(tmp_root):
             raise ValueError(f"tmp_root {tmp_root!r} is not a directory")
-        if isolation not in ("bubblewrap", "none"):
-            raise ValueError(f"isolation must be bubblewrap or none, got {isolation!r}")
         self.limits = SandboxLimits(
             wall_seconds=float(timeout), cpu_seconds=int(cpu_seconds), memory_mb=int(memory_mb),
             file_mb=int(file_mb), max_output_bytes=int(max_output_bytes), max_open_files=int(max_open_files),

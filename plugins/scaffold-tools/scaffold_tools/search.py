@@ -15,9 +15,12 @@ import os
 import threading
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.errors import ConfigError
+from scaffold_core.plugins import Help
 from scaffold_core.tool import Tool, ToolCallError, ToolContext, ToolResult
 
 SAMPLE_COLLECTION = "encyclopedia.jsonl"
@@ -110,17 +113,13 @@ class SearchTool(Tool):
         "additionalProperties": False,
     }
 
-    def __init__(self, path: str | None = None, top_k: int = 3, id_field: str = "id", title_field: str = "title",
-                 text_field: str = "text", max_chars: int = 600, stopwords: str | None = "en",
-                 max_query_chars: int = 500, timeout: float = 10.0):
-        if top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        if max_chars < 20:
-            raise ValueError(f"max_chars must be at least 20, got {max_chars}")
-        if max_query_chars < 1:
-            raise ValueError(f"max_query_chars must be at least 1, got {max_query_chars}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    def __init__(self, path: Annotated[str | None, Help("a JSONL collection (default: the bundled sample)")] = None,
+                 top_k: Annotated[int, Ge(1), Help("passages returned")] = 3, id_field: str = "id",
+                 title_field: str = "title", text_field: str = "text",
+                 max_chars: Annotated[int, Ge(20), Help("a passage is cut to this")] = 600,
+                 stopwords: str | None = "en",
+                 max_query_chars: Annotated[int, Ge(1), Help("a longer query is refused")] = 500,
+                 timeout: Annotated[float, Gt(0), Help("seconds one call may take")] = 10.0):
         self.path = os.path.expanduser(path) if path else sample_collection_path()
         if not os.path.isfile(self.path):
             raise ConfigError(f"search: the collection {self.path!r} does not exist; set `path` to a JSONL file "

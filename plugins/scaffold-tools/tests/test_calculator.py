@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from scaffold_core.errors import ConfigError
+from scaffold_core.plugins.options import validate_options
 from scaffold_core.tool import ToolContext, check_tool, invoke_tool
 from scaffold_tools.calculator import CalculatorError, CalculatorTool, evaluate, format_number
 
@@ -138,10 +140,11 @@ def test_limits_are_options():
 
 
 def test_options_are_checked():
-    with pytest.raises(ValueError, match="max_digits must be at most 4000"):
-        CalculatorTool(max_digits=10_000)
-    with pytest.raises(ValueError, match="max_length must be at least 1"):
-        CalculatorTool(max_length=0)
+    with pytest.raises(ConfigError, match=r"tools\.calculator\.max_digits: Input should be less than or equal to 4000; "
+                                          r"got 10000 .*max_digits: int \(>= 1, <= 4000\) = 1000"):
+        validate_options(CalculatorTool, {"max_digits": 10_000}, path="tools.calculator", label="tool 'calculator'")
+    with pytest.raises(ConfigError, match=r"tools\.calculator\.max_length: Input should be greater than or equal to 1"):
+        validate_options(CalculatorTool, {"max_length": 0}, path="tools.calculator", label="tool 'calculator'")
 
 
 def test_wrong_argument_types_are_caught_by_the_schema():

@@ -411,10 +411,11 @@ def test_options_are_validated():
         validate_options(PythonTool, {"isolation": "maybe"}, path="tools.python", label="tool 'python'")
     with pytest.raises(ConfigError, match="Did you mean 'memory_mb'"):
         validate_options(PythonTool, {"memory_mbs": 64}, path="tools.python", label="tool 'python'")
-    with pytest.raises(ValueError, match="memory_mb must be at least 32"):
-        PythonTool(memory_mb=8)
-    with pytest.raises(ValueError, match="workdir_mb must be positive"):
-        PythonTool(workdir_mb=0)
+    with pytest.raises(ConfigError, match=r"tools\.python\.memory_mb: Input should be greater than or equal to 32; "
+                                          r"got 8 .*memory_mb: int \(>= 32\) = 512"):
+        validate_options(PythonTool, {"memory_mb": 8}, path="tools.python", label="tool 'python'")
+    with pytest.raises(ConfigError, match=r"tools\.python\.workdir_mb: Input should be greater than 0; got 0"):
+        validate_options(PythonTool, {"workdir_mb": 0}, path="tools.python", label="tool 'python'")
     with pytest.raises(ValueError, match="is not an executable file"):
         PythonTool(python="/no/such/python")
 
@@ -490,8 +491,8 @@ def test_isolation_none_warns_loudly_and_says_so_in_every_result(tmp_root, capsy
 def test_whole_jail_options_are_validated():
     with pytest.raises(ValueError, match="total_memory_mb .* must be at least memory_mb"):
         PythonTool(memory_mb=256, total_memory_mb=128)
-    with pytest.raises(ValueError, match="cpus must be positive"):
-        PythonTool(cpus=0)
+    with pytest.raises(ConfigError, match=r"tools\.python\.cpus: Input should be greater than 0; got 0"):
+        validate_options(PythonTool, {"cpus": 0}, path="tools.python", label="tool 'python'")
     with pytest.raises(ConfigError, match="cgroup"):
         validate_options(PythonTool, {"cgroup": "maybe"}, path="tools.python", label="tool 'python'")
     assert PythonTool(memory_mb=100, workdir_mb=300).limits.total_memory_mb == 400

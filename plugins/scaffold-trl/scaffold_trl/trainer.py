@@ -27,9 +27,12 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt
 
 from scaffold_core.errors import ConfigError
+from scaffold_core.plugins import Help
 from scaffold_core.teacher import DistillMix
 from scaffold_core.train.filtering import GroupFilter
 from scaffold_core.trainer import Trainer, TrainJob
@@ -54,8 +57,6 @@ OPTION_FIELDS = {"learning_rate": "learning_rate", "beta": "beta", "loss_type": 
                  "save_total_limit": "save_total_limit", "seed": "seed", "report_to": "report_to",
                  "full_determinism": "deterministic"}
 Sink = Literal["tensorboard", "trackio", "wandb"]
-#: Options that may not be null.
-REQUIRED = ("max_steps", "prompts_per_step", "num_generations", "eval_samples")
 
 
 def _check_grpo(grpo: dict[str, Any]) -> None:
@@ -73,34 +74,31 @@ def _check_grpo(grpo: dict[str, Any]) -> None:
 class TRLTrainer(Trainer):
     """``trainer: {name: trl, ...}``: GRPO on scaffold's rollouts with TRL (see the plugin README)."""
 
-    def __init__(self, max_steps: int = 20, learning_rate: float = 1e-5, num_generations: int = 4,
-                 prompts_per_step: int = 4, micro_batch_size: int | None = None, beta: float = 0.0,
+    def __init__(self, max_steps: Annotated[int, Ge(1), Help("optimizer steps")] = 20,
+                 learning_rate: Annotated[float, Gt(0), Help("AdamW learning rate")] = 1e-5,
+                 num_generations: Annotated[int, Ge(2), Help("samples per prompt (the GRPO group compares them)")] = 4,
+                 prompts_per_step: Annotated[int, Ge(1), Help("distinct prompts per optimizer step")] = 4,
+                 micro_batch_size: Annotated[int, Ge(1), Help("sequences per forward/backward pass (divides "
+                                                              "prompts_per_step * num_generations)")] | None = None,
+                 beta: Annotated[float, Ge(0), Help("KL coefficient; > 0 loads a reference model")] = 0.0,
                  loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "dapo",
                  scale_rewards: Literal["group", "batch", "none"] = "group", epsilon: float = 0.2,
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 save_steps: int | None = None, save_total_limit: int | None = None, seed: int = 0,
-                 threads: int | None = None, policy: str | None = None, rollout_timeout: float = 3600.0,
+                 save_steps: Annotated[int, Ge(1), Help("checkpoint every N steps (null: at the end)")] | None = None,
+                 save_total_limit: Annotated[int, Ge(1), Help("keep the last N checkpoints (null: all)")] | None = None,
+                 seed: int = 0, threads: Annotated[int, Ge(1), Help("torch CPU threads")] | None = None,
+                 policy: str | None = None,
+                 rollout_timeout: Annotated[float, Gt(0), Help("seconds one step's rollouts may take")] = 3600.0,
                  filter_groups: Literal["none", "zero_variance"] | None = None, max_refill_rounds: int = 2,
-                 report_to: list[Sink] | None = None, deterministic: bool = False, eval_every: int | None = None,
-                 eval_task: dict[str, Any] | None = None, eval_samples: int = 4,
+                 report_to: list[Sink] | None = None, deterministic: bool = False,
+                 eval_every: Annotated[int, Ge(1), Help("evaluate held-out rows every N steps")] | None = None,
+                 eval_task: dict[str, Any] | None = None,
+                 eval_samples: Annotated[int, Ge(1), Help("samples per held-out prompt")] = 4,
                  grpo: dict[str, Any] | None = None, algorithm: Literal["grpo", "opd"] = "grpo",
                  teacher: dict[str, Any] | None = None, opd_kl_weight: float = 1.0, opd_reward_weight: float = 0.0,
-                 opd_clip: float | None = None):
-        for name, value, least in (("max_steps", max_steps, 1), ("prompts_per_step", prompts_per_step, 1),
-                                   ("num_generations", num_generations, 2), ("save_steps", save_steps, 1),
-                                   ("save_total_limit", save_total_limit, 1), ("threads", threads, 1),
-                                   ("eval_every", eval_every, 1), ("eval_samples", eval_samples, 1)):
-            if value is not None and value < least:
-                why = " (GRPO compares samples of one prompt)" if name == "num_generations" else ""
-                raise ValueError(f"{name} must be >= {least}{'' if name in REQUIRED else ' or null'}{why}, "
-                                 f"got {value}")
-        for positive, amount in (("learning_rate", learning_rate), ("rollout_timeout", rollout_timeout)):
-            if amount <= 0:
-                raise ValueError(f"{positive} must be > 0, got {amount}")
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
+                 opd_clip: Annotated[float, Gt(0)] | None = None):
         batch = prompts_per_step * num_generations
-        if micro_batch_size is not None and (micro_batch_size < 1 or batch % micro_batch_size):
+        if micro_batch_size is not None and batch % micro_batch_size:
             raise ValueError(f"micro_batch_size must divide prompts_per_step * num_generations ({batch}), "
                              f"got {micro_batch_size}")
         _check_grpo(grpo or {})
@@ -125,16 +123,12 @@ class TRLTrainer(Trainer):
         self.threads = threads
         self.policy = policy
         self.rollout_timeout = rollout_timeout
-        if algorithm not in ("grpo", "opd"):
-            raise ValueError(f"algorithm must be 'grpo' or 'opd', got {algorithm!r}")
         if algorithm == "opd" and not teacher:
             raise ValueError("algorithm: opd needs teacher: the teacher model's options, e.g. "
                              "teacher: {model: runs/teacher/final}")
         if algorithm == "opd" and filter_groups == "zero_variance":
             raise ValueError("filter_groups: zero_variance drops groups whose rewards are equal, but on-policy "
                              "distillation learns from every sample (the teacher scores each token); use none")
-        if opd_clip is not None and opd_clip <= 0:
-            raise ValueError(f"opd_clip must be > 0 or null, got {opd_clip}")
         self.algorithm = algorithm
         self.teacher = dict(teacher or {})
         self.mix = DistillMix(opd_kl_weight, opd_reward_weight, opd_clip)
@@ -235,7 +229,7 @@ class GRPORun:
                               "prompts_per_step or give the task more rows (limit, a larger split)")
         self.index = index
         if self.options.eval_every:
-            from scaffold_core.train.evaluation import eval_task
+            from .evaluation import eval_task
 
             self.eval_source = eval_task(self.config, self.job.registry, self.options.eval_task)
             self.eval_rows = list(self.eval_source.load())
@@ -351,7 +345,7 @@ class GRPORun:
         every = self.options.eval_every
         if not every or step % every or self.eval_source is None:
             return
-        from scaffold_core.train.evaluation import evaluate
+        from .evaluation import evaluate
 
         started = time.perf_counter()
         figures = self.run(evaluate(self.rollouts, self.eval_source, self.eval_rows,

@@ -155,7 +155,7 @@ def test_trainer_options_are_validated_before_anything_loads():
 
     pset = plugin_set(test_tasks, scaffold_trl)
     base = {"task": {"name": "list", "rows": ROWS[:2]}}
-    for trainer, message in (({"num_generations": 1}, "num_generations must be >= 2"),
+    for trainer, message in (({"num_generations": 1}, r"trainer\.num_generations: .* or equal to 2; got 1"),
                              ({"prompts_per_step": 3, "micro_batch_size": 5}, "micro_batch_size must divide"),
                              ({"grpo": {"temperature": 0.5}}, "come from scaffold's config"),
                              ({"loss_type": "ppo"}, "trainer.loss_type")):

@@ -29,13 +29,16 @@ import math
 import os
 import secrets
 import time
-from typing import Any, Literal
+from typing import Annotated, Any
+
+from annotated_types import Ge
 
 from scaffold_core.builtins.controllers import NativeController
 from scaffold_core.episode import EpisodeContext, Outcome
 from scaffold_core.errors import ConfigError, EpisodeError
 from scaffold_core.generation import AwaitTask
-from scaffold_core.plugins import current_path
+from scaffold_core.plugins import Help, current_path
+from scaffold_serve import AgentSampling, AgentTimeout, ContextLength, MaxCalls
 
 from .environment import check_rollout
 from .jail_runtime import jailed_task_class
@@ -124,14 +127,14 @@ class VerifiersRolloutController(NativeController):
 
     shared = ("environments", "options", "_format")
 
-    def __init__(self, samples: int = 1, judge: Any = "same", timeout: float = 600.0,
-                 sampling: Literal["config", "request"] = "config", tool_format: str | dict[str, Any] = "hermes",
-                 model_name: str = "scaffold", max_calls: int = 256, context_length: int | None = None):
+    def __init__(self, samples: Annotated[int, Ge(1), Help("episodes per prompt")] = 1, judge: Any = "same",
+                 timeout: AgentTimeout = 600.0, sampling: AgentSampling = "config",
+                 tool_format: str | dict[str, Any] = "hermes", model_name: str = "scaffold", max_calls: MaxCalls = 256,
+                 context_length: ContextLength | None = None):
         super().__init__(samples)
         from scaffold_core.plugins import build_tool_format as build_format
-        from scaffold_serve import ServeOptions, check_agent_options
+        from scaffold_serve import ServeOptions
 
-        check_agent_options(timeout=timeout, sampling=sampling, max_calls=max_calls, context_length=context_length)
         self.judge = parse_judge_option(judge)
         self.timeout = float(timeout)
         self.model_name = model_name

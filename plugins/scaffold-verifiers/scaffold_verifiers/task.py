@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from annotated_types import Ge
 
 from scaffold_core.errors import DataError
+from scaffold_core.plugins import Help
 from scaffold_core.task import Task
 
 from .environment import (
@@ -62,11 +65,11 @@ class VerifiersTask(Task):
                                                 "controller": {"name": "verifiers_rollout"}}
 
     def __init__(self, env: str, env_args: dict[str, Any] | None = None, harness: str | None = None,
-                 env_config: dict[str, Any] | None = None, limit: int | None = None, shuffle: bool = False,
+                 env_config: dict[str, Any] | None = None,
+                 limit: Annotated[int, Ge(1), Help("tasks at most (null: every task)")] | None = None,
+                 shuffle: bool = False,
                  seed: int = 0, code_execution: Literal["jail", "host"] = "jail"):
         super().__init__()
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be >= 1 (or null for every task), got {limit}")
         if env_config is not None and "taskset" in env_config:
             raise ValueError("env_config: the taskset is configured by env and env_args, not env_config.taskset")
         self.env = env

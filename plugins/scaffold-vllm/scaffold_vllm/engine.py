@@ -16,12 +16,23 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from scaffold_remote.client import error_message
-from scaffold_remote.engine import RemoteEngine
+from scaffold_remote.engine import (
+    ConnectTimeout,
+    MaxConnections,
+    MaxRetries,
+    PauseMode,
+    RemoteEngine,
+    RequestTimeout,
+    RetryBackoff,
+    SetupTimeout,
+    UrlWaitTimeout,
+)
 
 from scaffold_core.errors import ConfigError, EngineError
+from scaffold_core.plugins import Help
 from scaffold_core.sampling import CONSTRAINT_KINDS
 
 from .launcher import VLLMLaunchOptions, VLLMServer, flag_value
@@ -30,8 +41,6 @@ log = logging.getLogger("scaffold.vllm")
 
 DEFAULT_API_KEY_ENV = "VLLM_API_KEY"  # vllm serve reads its --api-key from the same variable
 DEFAULT_URL = "http://127.0.0.1:8000"
-APIS = ("auto", "generate", "completions")
-WEIGHT_SYNCS = ("rpc", "transfer")
 DEV_MODE_HINT = ("; vLLM serves its pause and weight endpoints only with VLLM_SERVER_DEV_MODE=1 in the server's "
                  "environment (engine.launch sets it)")
 RPC_HINT = ("; start the servers with --worker-extension-cls scaffold_vllm.worker_extension.WeightLoader and "
@@ -64,18 +73,20 @@ class VLLMEngine(RemoteEngine):
         tokenizer: str | None = None,
         trust_remote_code: bool = False,
         api_key_env: str | None = None,
-        request_timeout: float = 600.0,
-        connect_timeout: float = 10.0,
-        max_retries: int = 4,
-        retry_backoff: float = 0.5,
-        max_connections: int = 1024,
-        setup_timeout: float = 1200.0,
-        url_wait_timeout: float = 60.0,
+        request_timeout: RequestTimeout = 600.0,
+        connect_timeout: ConnectTimeout = 10.0,
+        max_retries: MaxRetries = 4,
+        retry_backoff: RetryBackoff = 0.5,
+        max_connections: MaxConnections = 1024,
+        setup_timeout: SetupTimeout = 1200.0,
+        url_wait_timeout: UrlWaitTimeout = 60.0,
         health_path: str = "/health",
         sticky_episodes: bool = True,
-        pause_mode: str = "abort",
-        api: str = "auto",
-        weight_sync: str = "rpc",
+        pause_mode: PauseMode = "abort",
+        api: Literal["auto", "generate", "completions"] = "auto",
+        weight_sync: Annotated[Literal["rpc", "transfer"], Help("rpc: the worker extension loads a checkpoint "
+                                                                "directory; transfer: vLLM's weight-transfer API")]
+        = "rpc",
         sampling_extra: dict[str, Any] | None = None,
     ):
         from .protocol import check_extra_sampling
@@ -85,12 +96,6 @@ class VLLMEngine(RemoteEngine):
                          max_retries=max_retries, retry_backoff=retry_backoff, max_connections=max_connections,
                          setup_timeout=setup_timeout, url_wait_timeout=url_wait_timeout, health_path=health_path,
                          sticky_episodes=sticky_episodes, pause_mode=pause_mode)
-        if api not in APIS:
-            raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
-        if weight_sync not in WEIGHT_SYNCS:
-            raise ValueError(f"weight_sync must be one of {', '.join(WEIGHT_SYNCS)} (rpc: the worker extension "
-                             "loads a checkpoint directory; transfer: vLLM's weight-transfer API), got "
-                             f"{weight_sync!r}")
         self.api = api
         self.weight_sync = weight_sync
         self.sampling_extra = check_extra_sampling(sampling_extra) if api != "completions" else \

@@ -275,10 +275,17 @@ def test_several_servers_least_loaded_and_one_episode_per_server():
 def test_options_are_validated_before_anything_starts():
     from scaffold_vllm import VLLMEngine
 
-    for options, message in (({"api": "chat"}, "api must be one of auto, generate, completions"),
-                             ({"weight_sync": "nfs"}, "weight_sync must be one of rpc, transfer"),
-                             ({"pause_mode": "freeze"}, "pause_mode must be one of abort, keep, wait"),
-                             ({"url": "http://::1:8000"}, r"http://\[addr\]:port"),
+    from scaffold_core.errors import ConfigError
+    from scaffold_core.plugins.options import validate_options
+
+    for options, message in (({"api": "chat"}, "engine.api: Input should be 'auto', 'generate' or 'completions'"),
+                             ({"weight_sync": "nfs"}, "engine.weight_sync: Input should be 'rpc' or 'transfer'"),
+                             ({"pause_mode": "freeze"}, "engine.pause_mode: Input should be 'abort', 'keep' or 'wait'"),
+                             ({"request_timeout": 0}, r"engine.request_timeout: Input should be greater than 0; got 0"),
+                             ({"max_retries": -1}, "engine.max_retries: Input should be greater than or equal to 0")):
+        with pytest.raises(ConfigError, match=message):
+            validate_options(VLLMEngine, options, path="engine", label="engine 'vllm'")
+    for options, message in (({"url": "http://::1:8000"}, r"http://\[addr\]:port"),
                              ({"sampling_extra": {"bogus": 1}}, "not a sampling field"),
                              ({"api": "completions", "sampling_extra": {"bad_words": ["x"]}}, "/v1/completions"),
                              ({"url": "http://a:1", "launch": {"model_path": "m"}}, "not both"),

@@ -212,7 +212,7 @@ def allocate_synced(lengths: Sequence[int], spec: MicroBatchSpec, group: Any = N
     Outside torch.distributed this is plain :func:`allocate` (with the same
     checks).
     """
-    from ..distributed.groups import all_gather_objects
+    from scaffold_core.distributed import all_gather_objects
 
     local = (min_micro_batches(lengths, spec), len(lengths))
     needs = [(int(need), int(held)) for need, held in all_gather_objects(local, group)]

@@ -1,12 +1,11 @@
-"""Balanced micro-batch allocation and the padded-tensor-dict splitter (scaffold_core.train.microbatch)."""
+"""Balanced micro-batch allocation and the padded-tensor-dict splitter (scaffold_areal.microbatch)."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from scaffold_core.train.microbatch import (
+from scaffold_areal.microbatch import (
     MicroBatchSpec,
     allocate,
     allocate_synced,

@@ -21,8 +21,8 @@ import asyncio
 import copy
 from typing import Any
 
-from ..task import episode_id_of
-from .prompt_groups import TrainingRollouts
+from scaffold_core.task import episode_id_of
+from scaffold_core.train.prompt_groups import TrainingRollouts
 
 
 def eval_task(config: Any, registry: Any, options: dict[str, Any]) -> Any:
