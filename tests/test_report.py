@@ -138,9 +138,16 @@ def test_reader_gives_heads_without_tokens_and_whole_records_by_position(eval_di
         assert record["episode_id"] == heads[5]["episode_id"] and len(record["trajectories"]) == 4
 
 
-def test_versions_are_the_evals_own_record(eval_dir, dice_plugins, tmp_path):
+def test_versions_are_the_runs_own_record(eval_dir, dice_plugins, tmp_path):
     out = tmp_path / "r"
     shutil.copytree(eval_dir, out)
+    recorded = json.loads((out / "provenance.json").read_text())
+    recorded["versions"]["scaffold-core"] = "9.9.9-provenance"
+    (out / "provenance.json").write_text(json.dumps(recorded))
+    report = read_report(out, tokenizer=None, registry=dice_plugins.registry)
+    assert report.versions_recorded and report.versions["scaffold-core"] == "9.9.9-provenance"
+    # a directory of an earlier version, without provenance.json: the eval's own record
+    (out / "provenance.json").unlink()
     figures = json.loads((out / "eval.json").read_text())
     figures["versions"]["scaffold-core"] = "9.9.9-recorded"
     (out / "eval.json").write_text(json.dumps(figures))

@@ -151,7 +151,7 @@ def _components(report: Report) -> str:
     if not rows:
         return ""
     libs = dict((report.versions or {}).get("libraries") or {})
-    where = "recorded by the eval" if report.versions_recorded else "installed where this report was built"
+    where = "recorded by the run" if report.versions_recorded else "installed where this report was built"
     libs_text = ", ".join(f"{k} {v}" for k, v in libs.items())
     core = (report.versions or {}).get(CORE_DISTRIBUTION, version())
     note = (f'<p class="note">Versions {where}: {escape(CORE_DISTRIBUTION)} {escape(str(core))}, Python '
@@ -181,8 +181,28 @@ def _failures(report: Report) -> str:
 def summary_section(report: Report) -> str:
     config = (f'<details class="config"><summary>Resolved config (config.yaml)</summary><pre>'
               f"{escape(report.config_text)}</pre></details>") if report.config_text else ""
-    return (f'<section id="summary"><h2>Summary</h2>{_cards(report)}{_components(report)}{_failures(report)}'
-            f"{config}</section>")
+    return (f'<section id="summary"><h2>Summary</h2>{_provenance(report)}{_cards(report)}{_components(report)}'
+            f"{_failures(report)}{config}</section>")
+
+
+def _provenance(report: Report) -> str:
+    """One line of what produced the run: model, weights, tokenizer, engine, seed, scaffold (``provenance.json``)."""
+    p = report.provenance
+    if not p:
+        return ""
+    model, engine = p.get("model") or {}, p.get("engine") or {}
+    weights = model.get("weights") or {}
+    parts = [("model", str(model.get("name")) + (f"@{model['revision']}" if model.get("revision") else "")),
+             ("weights", f"{weights['fingerprint']} ({_number(weights.get('bytes'))} bytes)" if weights else
+              "not a local file"),
+             ("tokenizer", str(model.get("tokenizer"))),
+             ("engine", f"{engine.get('name')} " + " ".join(f"{k}={_short(v, 40)}" for k, v in
+                                                               (engine.get("options") or {}).items())),
+             ("seed", str(p.get("seed"))),
+             (CORE_DISTRIBUTION, str((p.get("versions") or {}).get(CORE_DISTRIBUTION)))]
+    items = "".join(f"<span><b>{escape(k)}</b> <code>{escape(v.strip())}</code></span>" for k, v in parts)
+    return f'<div class="provenance" title="provenance.json">{items}</div>'
+
 
 
 # -- rewards ------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from ..task import episode_context, episode_id_of
 from .assembly import Components, Limits, started
 from .finalize import finalize_run_dir
 from .metrics import RunMetrics
+from .provenance import write_provenance
 from .runtime import Runtime
 from .verifier_pool import VerifierPool
 
@@ -120,6 +121,9 @@ class Rollout:
                 self.output.write_config(cfg)
             async with started(self.components, self.limits, run_info=self._run_info(),
                                verifier_name=cfg.verifier.name) as pool:
+                if self.rank == 0:  # the engine has started: it knows the model it resolved and its tokenizer
+                    write_provenance(self.dir, cfg.to_dict(), registry=self.registry, engine=self.components.engine,
+                                     private=cfg.output.private)
                 todo = rows.todo
                 self.metrics.resumed = rows.count - todo  # this shard's share (other workers append theirs meanwhile)
                 self.runtime = self._runtime(pool)

@@ -170,6 +170,9 @@ def run_training(config: Any, output_dir: Path, *, registry: Any = None, progres
         if changes:
             record_forced_change(output_dir, changes, private=private)
         atomic_write_text(output_dir / CONFIG_FILE, config.to_yaml(), private=private)
+        from ..run.provenance import write_provenance
+
+        write_provenance(output_dir, config.to_dict(), registry=registry, private=private)
         summary = _train(trainer, config, output_dir, ledger, registry, resume=resume, progress=progress,
                          stream=stream)
     finally:
