@@ -89,7 +89,7 @@ def run_answers(config: Config, *, output_dir: str | Path | None, resume: bool, 
     from ..run.rollout import Rollout
 
     rollout = Rollout(config, output_dir=output_dir, resume=resume, progress=progress, force_config=force_config,
-                      plugins=plugins)
+                      plugins=plugins, answers_per_episode=int(config.controller.options.get("n") or 1))
     print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
     metrics = rollout.run()
     return metrics, rollout.dir, getattr(rollout.components.engine, "tokenizer", None)
