@@ -25,7 +25,7 @@ def write_config(tmp_path, **trainer):
 
 def test_train_runs_the_trainer_and_writes_metrics_per_step(tmp_path, test_plugins, capsys):
     out = tmp_path / "run"
-    code = main(["train", str(write_config(tmp_path, steps=3, group=2)), "-o", str(out), "--no-progress"])
+    code = main(["train", str(write_config(tmp_path, steps=3, group=2)), "-o", str(out), "--no-progress", "--json"])
     captured = capsys.readouterr()
     assert code == ExitCode.OK
     steps = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
@@ -82,3 +82,20 @@ def test_the_progress_bar_counts_steps_and_shows_the_reward(tmp_path):
     text = stream.getvalue()
     assert "training: 100%" in text and "2/2" in text and "reward=0.500" in text
     assert "step 1/2  reward_mean=0.5" in text
+
+
+def test_train_and_run_end_with_a_short_summary_not_a_json_dump(tmp_path, test_plugins, capsys):
+    assert main(["train", str(write_config(tmp_path, steps=2, group=2)), "-o", str(tmp_path / "t"),
+                 "--no-progress", "--no-report"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert out.startswith("steps") and "{" not in out and len(out.strip().splitlines()) <= 8
+    assert "rollouts  " in out and str(tmp_path / "t") in out
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({"task": {"name": "list", "rows": ROWS},
+                                   "engine": {"name": "benchmark_canned", "response": "2"}}))
+    assert main(["run", str(run), "-o", str(tmp_path / "r"), "--no-progress", "--no-report"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert out.startswith("episodes") and "{" not in out and len(out.strip().splitlines()) <= 8
+    assert "accuracy  0.500" in out and "metrics.json" in out  # the rows ask for 2 and 4; it answers 2
+    assert main(["run", str(run), "-o", str(tmp_path / "r2"), "--no-progress", "--no-report", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2  # --json: the metrics, for scripts
