@@ -82,6 +82,9 @@ def format_run_summary(metrics: dict[str, Any]) -> str:
     if metrics.get("unscored_samples"):
         samples += f" ({int(metrics['unscored_samples']):,} unscored)"
     rows.append(("samples", samples))
+    skipped = metrics.get("skipped_rows") or {}
+    if skipped:
+        rows.append(("skipped rows", ", ".join(f"{n:,} {reason}" for reason, n in sorted(skipped.items()))))
     rows.append(("accuracy", f"{float(metrics.get('accuracy') or 0.0):.3f}   reward mean "
                              f"{float(metrics.get('reward_mean') or 0.0):.3f}"))
     extra = [f"{k} {float(v):.3f}" for k, v in metrics.items()
