@@ -99,3 +99,31 @@ def test_train_and_run_end_with_a_short_summary_not_a_json_dump(tmp_path, test_p
     assert "accuracy  0.500" in out and "metrics.json" in out  # the rows ask for 2 and 4; it answers 2
     assert main(["run", str(run), "-o", str(tmp_path / "r2"), "--no-progress", "--no-report", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 2  # --json: the metrics, for scripts
+
+
+@pytest.mark.parametrize("command", ["train", "run", "eval", "config"])
+def test_a_malformed_set_is_a_usage_error_exit_2(tmp_path, test_plugins, capsys, command):
+    with pytest.raises(SystemExit) as exited:
+        main([command, str(write_config(tmp_path)), "--set", "trainer.steps"])
+    assert exited.value.code == ExitCode.USAGE
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_train_takes_unset(tmp_path, test_plugins):
+    out = tmp_path / "t"
+    assert main(["train", str(write_config(tmp_path, steps=1, group=3)), "-o", str(out), "--no-progress",
+                 "--no-report", "--unset", "trainer.group"]) == ExitCode.OK
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["trainer"] == {"name": "rollout_only", "steps": 1}  # group removed: its default applies
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_resume_with_overwrite_is_refused_before_anything_is_touched(tmp_path, test_plugins, capsys, command):
+    out = tmp_path / "r"
+    assert main(["run", str(write_config(tmp_path)), "-o", str(out), "--no-progress", "--no-report"]) == 0
+    before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    assert main([command, str(write_config(tmp_path)), "-o", str(out), "--resume", "--overwrite"]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "--resume continues the run" in err and "pass one" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in out.iterdir()) == before

@@ -55,8 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a policy on scaffold's rollouts with the configured trainer plugin")
     p.add_argument("config", help="YAML config file with a trainer section (e.g. trainer: {name: trl})")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key, e.g. --set trainer.max_steps=10 (repeatable)")
+    add_override_arguments(p, "trainer.max_steps=10")
     p.add_argument("-o", "--output", help="output directory for checkpoints and metrics (overrides output.dir)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous training run in the directory")
     p.add_argument("--resume", action="store_true",

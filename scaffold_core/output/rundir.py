@@ -102,6 +102,10 @@ class RunOutput:
         """
         self.dir = Path(directory)
         self.resume = resume
+        if resume and overwrite and not prepared:
+            raise ConfigError(f"--resume continues the run in {self.dir} and --overwrite (output.overwrite: true) "
+                              "replaces it: pass one (--set output.overwrite=false to resume a config that "
+                              "overwrites)")
         if private is None:
             private = bool(getattr(getattr(config, "output", None), "private", True))
         self.private = private
