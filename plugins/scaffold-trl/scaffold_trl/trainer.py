@@ -78,7 +78,7 @@ class TRLTrainer(Trainer):
                  loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "dapo",
                  scale_rewards: Literal["group", "batch", "none"] = "group", epsilon: float = 0.2,
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 save_steps: int | None = None, save_total_limit: int | None = None, seed: int = 0,
+                 save_steps: int | None = None, save_total_limit: int | None = 1, seed: int = 0,
                  threads: int | None = None, policy: str | None = None, rollout_timeout: float = 3600.0,
                  filter_groups: Literal["none", "zero_variance"] | None = None, max_refill_rounds: int = 2,
                  report_to: list[Sink] | None = None, deterministic: bool = False, eval_every: int | None = None,

@@ -191,3 +191,21 @@ def test_trls_warning_about_scaffolds_padding_rows_is_dropped_and_any_other_kept
         trl_log.warning(warning.format(group=""))
         trl_log.warning(warning.format(group="g7"))
     assert [r.getMessage() for r in caplog.records] == [warning.format(group="g7")]
+
+
+def test_only_the_last_checkpoint_is_kept_by_default(tmp_path):
+    """A checkpoint holds the optimizer's state (about three times the model): a short run keeps one, not one per
+    save; trainer.save_total_limit keeps more, null all."""
+    from types import SimpleNamespace
+
+    from scaffold_trl.trainer import GRPORun, TRLTrainer
+
+    def grpo_config(**options):
+        run = SimpleNamespace(options=TRLTrainer(max_steps=3, save_steps=1, **options), device="cpu",
+                              job=SimpleNamespace(output_dir=tmp_path),
+                              config=SimpleNamespace(sampling=SimpleNamespace(max_tokens=8, temperature=1.0)))
+        return GRPORun._grpo_config(run)
+
+    assert grpo_config().save_total_limit == 1
+    assert grpo_config(save_total_limit=3).save_total_limit == 3
+    assert grpo_config(save_total_limit=None).save_total_limit is None
