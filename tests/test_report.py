@@ -303,3 +303,17 @@ def test_the_reward_band_of_a_training_chart_stays_within_the_rewards_given(tmp_
     chart = re.search(r"<svg[^>]*aria-label=\"Reward[^\"]*\".*?</svg>", html, re.S).group(0)
     y_ticks = re.findall(r'text-anchor="end">([^<]+)</text>', chart)
     assert y_ticks and all(not t.startswith(("-", "−")) for t in y_ticks)  # 0/1 rewards: no band below 0
+
+
+def test_training_charts_show_groups_learning_rate_length_clip_ratio_and_kl(tmp_path):
+    from scaffold_core.report.contents import Report
+    from scaffold_core.report.page import training_section
+
+    steps = [{"step": i, "reward_mean": 0.5, "groups_used": 3, "groups_filtered": 1, "learning_rate": 1e-5 * i,
+              "completion_length": 40.0 + i, "clip_ratio": 0.01 * i, "kl": 0.002 * i} for i in (1, 2, 3)]
+    html = training_section(Report(directory=tmp_path, kind="train", steps=steps))
+    titles = re.findall(r'aria-label="([^"]+)"', html)
+    for title in ("Prompt groups", "Learning rate", "Completion length", "Clip ratio", "KL"):
+        assert any(t.startswith(title) for t in titles), title
+    groups = re.search(r'<svg[^>]*aria-label="Prompt groups[^"]*".*?</svg>', html, re.S).group(0)
+    assert "groups_filtered" in groups and "groups_used" in groups

@@ -328,6 +328,11 @@ TRAIN_CHARTS = (
     ("Staleness", "samples", ("stale_dropped", "stale_regenerated"), None),
     ("Weight version", "version", ("version",), None),
     ("Gradient norm", "norm", ("grad_norm",), None),
+    ("Prompt groups", "groups", ("groups_used", "groups_filtered"), None),
+    ("Learning rate", "learning rate", ("learning_rate",), None),
+    ("Completion length", "tokens (mean)", ("completion_length",), None),
+    ("Clip ratio", "fraction of tokens", ("clip_ratio",), None),
+    ("KL", "KL (nats)", ("kl", "teacher_kl"), None),
     ("Step time", "seconds", ("step_time_s", "rollout_s"), None),
 )
 
