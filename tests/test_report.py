@@ -109,6 +109,10 @@ def test_train_report_plots_each_step(test_plugins, tmp_path, capsys):
     assert "Not reported by this trainer: loss, entropy" in html  # rollout_only trains nothing
     assert "no episode ledger" not in html  # the training run's rollouts are in its ledger: browsable
     assert len(page_data(html)["episodes"]) == 3 * 3 * 2  # steps x rows x samples (one episode each)
+    # each sample carries its step, GRPO group, advantage and whether it was trained on; the ids are explained
+    sample = page_data(html)["episodes"][-1]["s"][0]
+    assert sample["st"] == 3 and sample["gid"].startswith("s3/") and "adv" in sample and sample["u"] in (True, False)
+    assert 'id="f-step"' in html and 'id="f-used"' in html and "the refill round and the slot" in html
     training = re.search(r'<section id="training">.*?</section>', html, re.S).group(0)
     x_ticks = re.findall(r'<text class="tick" x="[\d.]+" y="[\d.]+" text-anchor="middle">([^<]+)</text>', training)
     assert x_ticks and all(t.isdigit() for t in x_ticks)  # optimizer steps are whole: no tick at 1.5

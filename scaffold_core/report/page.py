@@ -389,11 +389,20 @@ def trajectories_section(report: Report) -> str:
     else:
         sampled = f"All {stats.episodes:,} episodes."
     tokens = f" Token texts: {escape(report.tokens_from)}." if report.tokens_from else ""
+    train = report.kind == "train"
+    ids = ('<p class="note">Episode ids of a training run read <code>s&lt;step&gt;/r&lt;round&gt;.&lt;slot&gt;/'
+           "&lt;row id&gt;/&lt;n&gt;</code>: the optimizer step, the refill round and the slot of the prompt in "
+           "it, the dataset row's id (together: the GRPO group), and the sample's number in its group (a "
+           "trailing <code>rN</code>: a retried attempt). Each sample shows its step, group, advantage, and "
+           "whether the trainer used it or left it out (a group whose rewards were all equal, or a sample cut "
+           "from a group).</p>") if train else ""
+    step_filter = ('<label>step <select id="f-step"></select></label>'
+                   '<label>training <select id="f-used"></select></label>') if train else ""
     return f"""<section id="trajectories"><h2>Trajectories</h2>
-<p class="note">{sampled}{tokens}</p>
+<p class="note">{sampled}{tokens}</p>{ids}
 <div class="browser">
   <div class="filters" id="filters">
-    <label>reward <select id="f-reward"></select></label>
+    {step_filter}<label>reward <select id="f-reward"></select></label>
     <label>status <select id="f-status"></select></label>
     <label>finish <select id="f-finish"></select></label>
     <label>branch <select id="f-branch"></select></label>
