@@ -141,7 +141,8 @@ def model_provenance(config: dict[str, Any], engine: Any = None) -> dict[str, An
 def provenance(config: dict[str, Any], registry: Any = None, engine: Any = None) -> dict[str, Any]:
     """Everything that says what produced a run: the model (name, revision, weights fingerprint, tokenizer),
     the engine and its options, the seed, and the versions of scaffold, its plugins and key libraries."""
-    engine_section = config.get("engine") if isinstance(config.get("engine"), dict) else {}
+    section = config.get("engine")
+    engine_section: dict[str, Any] = section if isinstance(section, dict) else {}
     return {
         "model": model_provenance(config, engine),
         "engine": {"name": engine_section.get("name"),
