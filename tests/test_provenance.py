@@ -74,3 +74,7 @@ def test_the_model_comes_from_the_options_or_the_engine_that_resolved_a_default(
     resolved = model_provenance({"engine": {"name": "transformers"}}, engine)
     assert resolved["name"] == str(folder) and resolved["tokenizer"] == "tok-dir" and resolved["weights"]
     assert provenance({"engine": {"name": "x"}, "sampling": {"seed": None}})["seed"] is None
+    trained = model_provenance({"engine": {"name": "transformers"}, "trainer": {"name": "trl", "policy": str(folder)}})
+    assert trained["name"] == str(folder) and trained["weights"]["files"] == 2
+    default = model_provenance({"engine": {"name": "transformers"}})  # no engine object: its default model
+    assert default["name"] != "(the engine's default)"

@@ -123,8 +123,12 @@ def model_provenance(config: dict[str, Any], engine: Any = None) -> dict[str, An
     options, or from the running engine when it resolved a default (its ``source``); ``weights``: the local
     file's fingerprint (:func:`weights_fingerprint`), None for a hub id."""
     engine_opts, trainer_opts = config.get("engine"), config.get("trainer")
-    name = _option(engine_opts, MODEL_KEYS) or _option(trainer_opts, MODEL_KEYS)
+    name = _option(engine_opts, MODEL_KEYS) or _option(trainer_opts, ("policy", *MODEL_KEYS))
     source = getattr(engine, "source", None) if engine is not None else None
+    if source is None and name is None and isinstance(engine_opts, dict) and engine_opts.get("name") == "transformers":
+        from ..engines.model_loading import resolve_model  # no engine here (a training run): its default model
+
+        source = resolve_model(None)
     location = name
     if source is not None and getattr(source, "location", None):
         location = str(Path(source.location) / source.gguf_file) if getattr(source, "gguf_file", None) \
