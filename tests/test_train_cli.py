@@ -127,3 +127,15 @@ def test_resume_with_overwrite_is_refused_before_anything_is_touched(tmp_path, t
     err = capsys.readouterr().err
     assert "--resume continues the run" in err and "pass one" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_row_without_an_answer_is_unscored_never_a_zero_in_accuracy(tmp_path, test_plugins, capsys):
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({"task": {"name": "list", "rows": [ROWS[0], {"id": "c", "question": "3 + 3?"}]},
+                                   "engine": {"name": "benchmark_canned", "response": "2"},
+                                   "verifier": {"name": "exact_match"}}))
+    assert main(["run", str(run), "-o", str(tmp_path / "r"), "--no-progress", "--no-report"]) == ExitCode.OK
+    captured = capsys.readouterr()
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert metrics["unscored_samples"] == 1 and metrics["accuracy"] == 1.0  # the scored row only
+    assert "samples   2 (1 unscored)" in captured.out and "have no reward" in captured.err
