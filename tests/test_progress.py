@@ -137,3 +137,12 @@ def test_training_lines_show_the_reward_and_the_time_left(test_plugins, tmp_path
     lines = [line for line in stream.getvalue().splitlines() if line.startswith("step ")]
     assert len(lines) == steps and "reward_mean=" in lines[0]
     assert "elapsed " in lines[0] and "eta " in lines[0]
+
+
+def test_a_count_without_a_known_total_has_no_share_and_no_eta():
+    clock, log = Clock(), Log()
+    bar = Progress(None, enabled=None, stream=log, interval=15, clock=clock, desc="episodes (2 workers)")
+    clock.now += 20
+    bar.advance(5)
+    bar.close()
+    assert log.getvalue().splitlines()[0] == "scaffold: episodes (2 workers) 5  elapsed 0:20  eta ?"

@@ -40,10 +40,10 @@ def clock_text(seconds: float | None) -> str:
 
 
 class Progress:
-    """Progress of ``total`` units (episodes, or answers): ``enabled`` True (a bar), False (nothing) or None
-    (a bar on a terminal, else plain lines every ``interval`` seconds)."""
+    """Progress of ``total`` units (episodes, or answers; None: not known): ``enabled`` True (a bar), False
+    (nothing) or None (a bar on a terminal, else plain lines every ``interval`` seconds)."""
 
-    def __init__(self, total: int, *, enabled: bool | None, unit: str = "ep", desc: str = "episodes",
+    def __init__(self, total: int | None, *, enabled: bool | None, unit: str = "ep", desc: str = "episodes",
                  position: int | None = None, stream: TextIO | None = None, interval: float | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.stream = stream if stream is not None else sys.stderr
@@ -77,7 +77,7 @@ class Progress:
 
     def eta_s(self) -> float | None:
         """Seconds left at the rate so far (None before the first unit is done)."""
-        if not self.done:
+        if not self.done or self.total is None:
             return None
         return (self.clock() - self.started) / self.done * max(self.total - self.done, 0)
 
@@ -110,9 +110,9 @@ class Progress:
 
     def line(self) -> str:
         """``scaffold: episodes 12/40 (30%)  <status>  elapsed 0:42  eta 1:38``"""
-        share = f" ({self.done / self.total:.0%})" if self.total else ""
+        share = f"/{self.total:,} ({self.done / self.total:.0%})" if self.total else ""
         elapsed = self.clock() - self.started
-        parts = [f"scaffold: {self.desc} {self.done:,}/{self.total:,}{share}", self.status,
+        parts = [f"scaffold: {self.desc} {self.done:,}{share}", self.status,
                  f"elapsed {clock_text(elapsed)}", f"eta {clock_text(self.eta_s())}"]
         return "  ".join(p for p in parts if p)
 
