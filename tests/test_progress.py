@@ -146,3 +146,50 @@ def test_a_count_without_a_known_total_has_no_share_and_no_eta():
     bar.advance(5)
     bar.close()
     assert log.getvalue().splitlines()[0] == "scaffold: episodes (2 workers) 5  elapsed 0:20  eta ?"
+
+
+class SecondWaits(ScriptedEngine):
+    """Answers the first request at once and the second only once the progress counted the first's tokens."""
+
+    log: Log
+
+    async def generate(self, request):
+        if self.requests:
+            for _ in range(1000):  # up to 10 s
+                if "tokens 7" in self.log.getvalue():
+                    break
+                await asyncio.sleep(0.01)
+        return await super().generate(request)
+
+
+class SecondWaitsPlugin:
+    def __init__(self, log):
+        self.log = log
+
+    @hookimpl
+    def register_engines(self, registry):
+        log = self.log
+
+        def make():
+            engine = SecondWaits("#### 2")
+            engine.log = log
+            return engine
+
+        registry.add("second_waits", make)
+
+
+def test_tokens_of_returned_answers_count_before_their_episode_ends(tmp_path, monkeypatch):
+    import scaffold_testkit.plugin as test_tasks
+
+    log = Log()
+    monkeypatch.setattr(sys, "stderr", log)
+    monkeypatch.setattr(progress_module, "PLAIN_INTERVAL_S", 0.05)
+    monkeypatch.setattr(progress_module, "BAR_INTERVAL_S", 0.05)
+    plugins = plugin_set(test_tasks, second=SecondWaitsPlugin(log))
+    config = load_config(data={"task": {"name": "list", "rows": [{"question": "1+1?", "answer": "2"}]},
+                               "engine": {"name": "second_waits"}, "controller": {"name": "repeat", "n": 2},
+                               "sampling": {"temperature": 0.7}}, registry=plugins.registry)
+    Rollout(config, output_dir=tmp_path / "run", plugins=plugins, answers_per_episode=2).run()
+    lines = log.getvalue().splitlines()
+    assert any(line.startswith("scaffold: answers 0/2") and "tokens 7" in line for line in lines)
+    assert lines[-1].startswith("scaffold: answers 2/2 (100%)")

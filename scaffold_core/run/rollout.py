@@ -176,7 +176,7 @@ class Rollout:
         """The progress's status: samples, generated tokens (the engine's live count while a batch decodes),
         tokens/s, reward, failures."""
         live = getattr(self.components.engine, "decoded_tokens", None)
-        tokens = self.metrics.generated_tokens
+        tokens = max(self.metrics.generated_tokens, self.runtime.returned_tokens if self.runtime else 0)
         if isinstance(live, int) and not isinstance(live, bool):
             tokens = max(tokens, live - self._decoded_at_start)
         return run_status(self.metrics, tokens, self.metrics.wall_s)
