@@ -45,12 +45,14 @@ class Progress:
 
     def __init__(self, total: int | None, *, enabled: bool | None, unit: str = "ep", desc: str = "episodes",
                  position: int | None = None, stream: TextIO | None = None, interval: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, status: Callable[[], str] | None = None):
+        """``status``: called for the status text when the progress is drawn (at most once per ``interval``)."""
         self.stream = stream if stream is not None else sys.stderr
         self.total, self.done, self.desc = total, 0, desc
         self.clock = clock
         self.started = self.last_line = clock()
         self.status = ""
+        self.status_fn = status
         self.bar: Any = None
         if enabled is False:
             self.mode = "off"
@@ -96,15 +98,19 @@ class Progress:
         self.tick()
 
     def tick(self, force: bool = False) -> None:
-        """Refresh the bar's status, or print a plain line when ``interval`` seconds passed since the last."""
+        """Redraw the bar, or print a plain line, when ``interval`` seconds passed since the last time."""
+        if self.mode == "off":
+            return
         now = self.clock()
+        if not force and now - self.last_line < self.interval:
+            return
+        self.last_line = now
+        if self.status_fn is not None:
+            self.status = self.status_fn()
         if self.bar is not None:
             self.bar.set_postfix_str(self.status, refresh=False)
-            if force or now - self.last_line >= self.interval:
-                self.last_line = now
-                self.bar.refresh()
-        elif self.mode == "lines" and (force or now - self.last_line >= self.interval):
-            self.last_line = now
+            self.bar.refresh()
+        else:
             self.stream.write(self.line() + "\n")
             self.stream.flush()
 
@@ -118,6 +124,8 @@ class Progress:
 
     def close(self) -> None:
         if self.bar is not None:
+            if self.status_fn is not None:
+                self.status = self.status_fn()
             self.bar.set_postfix_str(self.status, refresh=False)
             self.bar.close()
         elif self.mode == "lines" and self.done:

@@ -170,7 +170,8 @@ class Rollout:
     def _progress(self, todo: int) -> Progress:
         n = self.answers_per_episode
         return Progress(todo * (n or 1), enabled=self.progress, unit="ans" if n else "ep",
-                        desc="answers" if n else "episodes", position=self.rank if self.world_size > 1 else None)
+                        desc="answers" if n else "episodes", position=self.rank if self.world_size > 1 else None,
+                        status=self._status)
 
     def _status(self) -> str:
         """The progress's status: samples, generated tokens (the engine's live count while a batch decodes),
@@ -185,7 +186,7 @@ class Rollout:
         """Refresh the progress while episodes run, so that a batch decoding for minutes is seen to move."""
         while True:
             await asyncio.sleep(min(bar.interval, BAR_INTERVAL_S))
-            bar.update(self._status())
+            bar.tick()
 
     def _result_sink(self, bar: Progress) -> Callable[[EpisodeResult], None]:
         """Count each finished episode and move the progress bar; record it at the end of the event loop's step.
@@ -223,7 +224,7 @@ class Rollout:
             pending.append(result)
             self.metrics.add(result)
             if bar.enabled:
-                bar.advance(per_episode or 1, self._status())
+                bar.advance(per_episode or 1)
 
         return on_result
 
