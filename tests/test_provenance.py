@@ -23,7 +23,10 @@ def test_a_run_records_its_provenance_and_its_report_shows_it_first(test_plugins
     assert main(["run", str(config), "-o", str(tmp_path / "run")]) == 0
     record = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert record["seed"] == 1234
-    assert record["engine"] == {"name": "benchmark_canned", "options": {"response": "#### 4"}}
+    assert record["engine"]["name"] == "benchmark_canned" and record["engine"]["options"] == {"response": "#### 4"}
+    assert "response" not in record["engine"]["defaults"]  # the options left at their defaults, apart
+    assert record["engine"]["defaults"] and all(not isinstance(v, (dict, list)) for v in
+                                                 record["engine"]["defaults"].values())
     assert record["versions"]["components"]["task"]["name"] == "arithmetic"
     assert record["versions"]["scaffold-core"] and "model" in record
     summary = _summary((tmp_path / "run" / "report.html").read_text())

@@ -147,13 +147,29 @@ def provenance(config: dict[str, Any], registry: Any = None, engine: Any = None)
     the engine and its options, the seed, and the versions of scaffold, its plugins and key libraries."""
     section = config.get("engine")
     engine_section: dict[str, Any] = section if isinstance(section, dict) else {}
+    options = {k: v for k, v in engine_section.items() if k != "name"}
     return {
         "model": model_provenance(config, engine),
-        "engine": {"name": engine_section.get("name"),
-                   "options": {k: v for k, v in engine_section.items() if k != "name"}},
+        "engine": {"name": engine_section.get("name"), "options": options,
+                   "defaults": _defaults(registry, engine_section.get("name"), options)},
         "seed": (config.get("sampling") or {}).get("seed"),
         "versions": versions(config, registry),
     }
+
+
+def _defaults(registry: Any, name: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The options the engine ``name`` declares that the config leaves at their defaults (plain values only)."""
+    if registry is None or not isinstance(name, str):
+        return {}
+    from ..plugins import option_table
+
+    try:
+        table = option_table(registry.get("engine", name).factory)
+    except Exception:  # not installed here, or a factory without a readable signature
+        return {}
+    plain = (type(None), bool, int, float, str)
+    return {o.name: o.default for o in table
+            if o.name not in given and o.default is not ... and isinstance(o.default, plain)}
 
 
 def write_provenance(directory: str | Path, config: dict[str, Any], *, registry: Any = None, engine: Any = None,
