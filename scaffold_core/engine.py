@@ -49,6 +49,9 @@ class Engine:
     #: The :class:`~scaffold_core.sampling.Constraint` kinds this engine enforces (grammar-constrained decoding);
     #: a request with any other constraint is refused before it reaches the engine (:func:`check_constraint`).
     constraints: frozenset[str] = frozenset()
+    #: Tokens decoded so far, counted as they are sampled (None: the engine keeps no live count). The run's
+    #: progress shows it while a batch decodes, before any request returns.
+    decoded_tokens: int | None = None
 
     def attach_run(self, info: RunInfo) -> None:
         """Called by the rollout before ``start()``: output dir, rank and this worker's port slice."""

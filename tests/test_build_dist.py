@@ -192,3 +192,17 @@ def test_a_missing_build_requirement_is_named_with_the_install_line_before_any_b
     monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: pytest.fail("built despite a missing requirement"))
     with pytest.raises(SystemExit, match=r"needs setuptools>=68 .*pip install 'setuptools>=68'"):
         script.build(tmp_path / "dist", ["scaffold-gsm8k"])
+
+
+@pytest.mark.parametrize("project", [REPO, *LIBS, *PLUGINS], ids=lambda p: p.name)
+def test_package_metadata_gives_setuptools_nothing_to_deprecate(project):
+    """``make setup`` builds every package: a license given as a TOML table makes setuptools print a
+    deprecation block per package; an SPDX string (setuptools >= 77) does not."""
+    import tomllib
+
+    data = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    license_ = data["project"].get("license")
+    assert license_ is None or isinstance(license_, str), f"{project.name}: project.license must be an SPDX string"
+    assert not any(c.startswith("License ::") for c in data["project"].get("classifiers", []))
+    floors = [r for r in data["build-system"]["requires"] if r.startswith("setuptools")]
+    assert floors == ["setuptools>=77"]

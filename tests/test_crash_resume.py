@@ -21,8 +21,8 @@ def start_run(site: Path, config: Path, out: Path, *extra: str) -> subprocess.Po
     # "dupe" and "clash" are fixtures that clash with other plugins and built-ins
     env = dict(os.environ, PYTHONPATH=str(site), SCAFFOLD_DISABLE_PLUGINS="dupe,clash")
     return subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "-o", str(out),
-                             "--no-progress", *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                             "--no-progress", "--json", *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def ledger_ids(out: Path) -> list[str]:

@@ -486,6 +486,12 @@ def test_the_readme_lists_every_doc_once_and_says_to_activate_the_venv():
     assert "source .venv/bin/activate" in readme
 
 
+def test_the_embedded_engines_install_says_how_to_get_the_cpu_build_of_torch():
+    cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    for page in (REPO / "README.md", DOCS / "runtime.md"):  # the install line, and the engine's section
+        assert cpu in page.read_text(encoding="utf-8").replace("\n", " "), page.name
+
+
 def test_the_readme_names_every_plugin_in_the_repository():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     missing = [p.name for p in sorted((REPO / "plugins").glob("scaffold-*")) if f"plugins/{p.name}`" not in readme]

@@ -158,3 +158,22 @@ def test_k_answers_at_temperature_zero_are_warned_about(dice_plugins, dice_confi
     run_eval(dice_config(sampling={"temperature": 0.7, "max_tokens": 16}, task={"name": "sums", "count": 2}),
              [1, 4], output_dir=tmp_path / "sampled", plugins=dice_plugins, progress=False)
     assert "copies of one answer" not in capsys.readouterr().err
+
+
+def test_a_forced_resume_with_another_verifier_says_the_saved_answers_are_not_rescored(eval_dir, dice_plugins, tmp_path,
+                                                                                      dice_config, capsys):
+    import shutil
+
+    out = tmp_path / "forced"
+    shutil.copytree(eval_dir, out)
+    run_eval(dice_config(verifier={"name": "exact_match"}), [1, 4], output_dir=out, resume=True, force_config=True,
+             plugins=dice_plugins, progress=False)
+    err = capsys.readouterr().err
+    assert "changed the verifier (verifier.name: \"last_number\" -> \"exact_match\")" in err
+    assert "does not re-score" in err and "scaffold score" in err
+    figures = json.loads((out / "eval.json").read_text())
+    assert figures["not_rescored"]["verifier.name"] == {"saved": "last_number", "now": "exact_match"}
+    run_eval(dice_config(verifier={"name": "exact_match"}), [1], output_dir=out, resume=True, plugins=dice_plugins,
+             progress=False)  # the same verifier as saved now: nothing to say
+    assert "does not re-score" not in capsys.readouterr().err
+    assert "not_rescored" not in json.loads((out / "eval.json").read_text())

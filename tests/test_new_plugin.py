@@ -118,6 +118,8 @@ def test_generated_files_are_complete(kind):
         assert "{{" not in text and "}}" not in text.replace("}}}", ""), f"unfilled placeholder in {path}"
         if path.endswith(".py"):
             compile(text, path, "exec")
+    # scaffold-core is not on a package index: the README says where it comes from, and links to no index page
+    assert "pypi.org" not in files["README.md"] and "make dist" in files["README.md"]
     import yaml
 
     example = yaml.safe_load(files["example.yaml"])

@@ -188,7 +188,7 @@ def test_a_run_where_every_episode_failed_exits_non_zero_and_says_why(test_plugi
     config.write_text("task: {name: arithmetic, count: 5}\n"
                       "engine: {name: benchmark_canned, response: '#### 42', delay_s: 1}\n"
                       "rollout: {request_timeout: 0.05}\noutput: {save_dataset: false}\n")
-    code, stdout, err = in_process("run", str(config), "-o", str(tmp_path / "out"), "--no-progress")
+    code, stdout, err = in_process("run", str(config), "-o", str(tmp_path / "out"), "--no-progress", "--json")
     assert code == ExitCode.ALL_FAILED == 3
     assert "5 of 5 episodes failed (100%)" in err and "every episode failed: exit code 3" in err
     cause, = json.loads(stdout)["top_failure_causes"]

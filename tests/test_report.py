@@ -109,6 +109,10 @@ def test_train_report_plots_each_step(test_plugins, tmp_path, capsys):
     assert "Not reported by this trainer: loss, entropy" in html  # rollout_only trains nothing
     assert "no episode ledger" not in html  # the training run's rollouts are in its ledger: browsable
     assert len(page_data(html)["episodes"]) == 3 * 3 * 2  # steps x rows x samples (one episode each)
+    # each sample carries its step, GRPO group, advantage and whether it was trained on; the ids are explained
+    sample = page_data(html)["episodes"][-1]["s"][0]
+    assert sample["st"] == 3 and sample["gid"].startswith("s3/") and "adv" in sample and sample["u"] in (True, False)
+    assert 'id="f-step"' in html and 'id="f-used"' in html and "the refill round and the slot" in html
     training = re.search(r'<section id="training">.*?</section>', html, re.S).group(0)
     x_ticks = re.findall(r'<text class="tick" x="[\d.]+" y="[\d.]+" text-anchor="middle">([^<]+)</text>', training)
     assert x_ticks and all(t.isdigit() for t in x_ticks)  # optimizer steps are whole: no tick at 1.5
@@ -138,9 +142,16 @@ def test_reader_gives_heads_without_tokens_and_whole_records_by_position(eval_di
         assert record["episode_id"] == heads[5]["episode_id"] and len(record["trajectories"]) == 4
 
 
-def test_versions_are_the_evals_own_record(eval_dir, dice_plugins, tmp_path):
+def test_versions_are_the_runs_own_record(eval_dir, dice_plugins, tmp_path):
     out = tmp_path / "r"
     shutil.copytree(eval_dir, out)
+    recorded = json.loads((out / "provenance.json").read_text())
+    recorded["versions"]["scaffold-core"] = "9.9.9-provenance"
+    (out / "provenance.json").write_text(json.dumps(recorded))
+    report = read_report(out, tokenizer=None, registry=dice_plugins.registry)
+    assert report.versions_recorded and report.versions["scaffold-core"] == "9.9.9-provenance"
+    # a directory of an earlier version, without provenance.json: the eval's own record
+    (out / "provenance.json").unlink()
     figures = json.loads((out / "eval.json").read_text())
     figures["versions"]["scaffold-core"] = "9.9.9-recorded"
     (out / "eval.json").write_text(json.dumps(figures))
@@ -296,3 +307,17 @@ def test_the_reward_band_of_a_training_chart_stays_within_the_rewards_given(tmp_
     chart = re.search(r"<svg[^>]*aria-label=\"Reward[^\"]*\".*?</svg>", html, re.S).group(0)
     y_ticks = re.findall(r'text-anchor="end">([^<]+)</text>', chart)
     assert y_ticks and all(not t.startswith(("-", "−")) for t in y_ticks)  # 0/1 rewards: no band below 0
+
+
+def test_training_charts_show_groups_learning_rate_length_clip_ratio_and_kl(tmp_path):
+    from scaffold_core.report.contents import Report
+    from scaffold_core.report.page import training_section
+
+    steps = [{"step": i, "reward_mean": 0.5, "groups_used": 3, "groups_filtered": 1, "learning_rate": 1e-5 * i,
+              "completion_length": 40.0 + i, "clip_ratio": 0.01 * i, "kl": 0.002 * i} for i in (1, 2, 3)]
+    html = training_section(Report(directory=tmp_path, kind="train", steps=steps))
+    titles = re.findall(r'aria-label="([^"]+)"', html)
+    for title in ("Prompt groups", "Learning rate", "Completion length", "Clip ratio", "KL"):
+        assert any(t.startswith(title) for t in titles), title
+    groups = re.search(r'<svg[^>]*aria-label="Prompt groups[^"]*".*?</svg>', html, re.S).group(0)
+    assert "groups_filtered" in groups and "groups_used" in groups

@@ -128,3 +128,37 @@ def test_the_report_opens_at_its_summary_not_scrolled_to_the_trajectories(page, 
     assert tab.evaluate("window.scrollY") == 0
     assert tab.evaluate("document.getElementById('list').scrollTop") > 0
     assert errors == []
+
+
+def test_a_training_runs_browser_filters_by_step_and_shows_each_samples_training_state(test_plugins, tmp_path):
+    need_browser()
+    from playwright.sync_api import sync_playwright
+
+    from scaffold_core.cli import main
+
+    config = tmp_path / "train.yaml"
+    config.write_text("task: {name: arithmetic, count: 2}\nengine: {name: benchmark_canned, response: '42'}\n"
+                      "trainer: {name: rollout_only, steps: 3, group: 2}\n")
+    assert main(["train", str(config), "-o", str(tmp_path / "t"), "--no-progress"]) == 0
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=60_000)
+        try:
+            tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+            tab.set_default_timeout(15_000)
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.goto((tmp_path / "t" / "report.html").as_uri())
+            total = tab.locator("#list .row").count()
+            tab.select_option("#f-step", "2")
+            steps = tab.locator("#list .row").evaluate_all("rows => rows.map(r => r.dataset.step)")
+            assert steps and set(steps) == {"2"} and len(steps) < total
+            first = tab.locator("#list .row").first
+            assert "step 2" in first.inner_text() and "adv " in first.inner_text()
+            first.click()
+            detail = tab.locator("#detail").inner_text()
+            assert "optimizer step" in detail and "GRPO group" in detail and "advantage" in detail
+            assert "training" in detail and ("used" in detail or "left out" in detail)
+            assert "refill round" in tab.locator("#trajectories").inner_text()  # the ids are explained
+        finally:
+            browser.close()
+    assert errors == []

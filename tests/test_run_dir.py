@@ -311,7 +311,7 @@ def test_a_kill_during_the_final_write_is_rebuilt_from_the_store_on_resume(test_
     shutil.copytree(out / "trajectories", out / ".trajectories.k1ll3d")
     (out / ".trajectories.k1ll3d" / "state.json").write_text("{")
     shutil.rmtree(out / "trajectories")
-    code, stdout, err = scaffold("run", str(config), "-o", str(out), "--resume")
+    code, stdout, err = scaffold("run", str(config), "-o", str(out), "--resume", "--json")
     assert code == 0, err
     metrics = json.loads((out / "metrics.json").read_text())
     reference = json.loads((clean / "metrics.json").read_text())

@@ -152,8 +152,8 @@ def start_slow_two_worker_run(tmp_path, count: int = 200, delay_s: float = 0.3, 
     data["task"] = {"name": "arithmetic", "count": count}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress", *args],
-                            start_new_session=True, **popen)
+    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "run", str(config), "--no-progress", "--json",
+                             *args], start_new_session=True, **popen)
     return proc, tmp_path / "out"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
 from ..errors import ConfigError, ScaffoldError
 from ..run.arguments import add_override_arguments, add_run_arguments
-from ..run.summary import ExitCode, exit_code_for, exit_reason, print_summary
+from ..run.summary import ExitCode, exit_code_for, exit_reason, format_train_summary, print_summary
 from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
 
 
@@ -47,14 +47,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    p.add_argument("--json", action="store_true", help="end with the metrics as JSON on stdout (for scripts) "
+                                                       "instead of the short summary")
     p.set_defaults(handler=cmd_run)
 
     _eval_parser(sub)
 
     p = sub.add_parser("train", help="train a policy on scaffold's rollouts with the configured trainer plugin")
     p.add_argument("config", help="YAML config file with a trainer section (e.g. trainer: {name: trl})")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key, e.g. --set trainer.max_steps=10 (repeatable)")
+    add_override_arguments(p, "trainer.max_steps=10")
     p.add_argument("-o", "--output", help="output directory for checkpoints and metrics (overrides output.dir)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous training run in the directory")
     p.add_argument("--resume", action="store_true",
@@ -63,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --resume: continue even though the config changed (recorded in config-history.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    p.add_argument("--json", action="store_true", help="end with the trainer's summary as JSON on stdout (for "
+                                                       "scripts) instead of the short summary")
     p.set_defaults(handler=cmd_train)
 
     _report_parser(sub)
@@ -271,7 +274,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics = rollout.run(on_head)
         if getattr(rollout.components.engine, "tokenizer", None) is not None:
             report_options["tokenizer"] = rollout.components.engine.tokenizer
-    print_summary(metrics)
+    print_summary(metrics, as_json=args.json)
     if not args.no_report and metrics.get("output_dir"):
         from ..report.build import report_at_end
 
@@ -301,7 +304,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # what trainer libraries print; stdout is the summary's
         summary = run_training(config, output_dir, progress=False if args.no_progress else None,
                                overwrite=overwrite, resume=args.resume, force_config=args.force_config)
-    print(json.dumps(summary, indent=2, default=str))
+    print(json.dumps(summary, indent=2, default=str) if args.json else format_train_summary(summary, output_dir))
     if not args.no_report:
         from ..report.build import report_at_end
 

@@ -152,6 +152,8 @@ class TransformersEngine(Engine):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = threading.Event()
         self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0, "abandoned": 0}
+        #: Tokens decoded so far, counted as each decode step samples them (the run's live progress reads it).
+        self.decoded_tokens: int = 0
         self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0,
                                "prefix_tokens_reused": 0, "prefill_s": 0.0}
         self._lent: tuple[Any, Any] | None = None  # (model, tokenizer) the caller owns: see wrap()
@@ -428,6 +430,7 @@ class TransformersEngine(Engine):
         while True:
             self._stats["decode_steps"] += 1
             live = [rows[i] for i in active]
+            self.decoded_tokens += len(live)
             if any(r.grammar is not None for r in live):  # constrained rows: disallowed tokens out before anything
                 mask_logits([r.grammar for r in live], logits)
             tokens, logprobs, report = sample(self._torch, logits, [r.request.sampling for r in live],

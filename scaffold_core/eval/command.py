@@ -89,7 +89,7 @@ def run_answers(config: Config, *, output_dir: str | Path | None, resume: bool, 
     from ..run.rollout import Rollout
 
     rollout = Rollout(config, output_dir=output_dir, resume=resume, progress=progress, force_config=force_config,
-                      plugins=plugins)
+                      plugins=plugins, answers_per_episode=int(config.controller.options.get("n") or 1))
     print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
     metrics = rollout.run()
     return metrics, rollout.dir, getattr(rollout.components.engine, "tokenizer", None)
@@ -170,14 +170,42 @@ def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = N
 
         print(warning, file=sys.stderr)
     config = repeat_config(config, n, registry)
+    changed = verifier_changes(config, Path(output_dir)) if resume and force_config and output_dir else {}
     metrics, directory, tokenizer = run_answers(config, output_dir=output_dir, resume=resume, progress=progress,
                                                 force_config=force_config, plugins=plugins)
     figures = compute_eval(directory, ks, select=select, registry=registry, bootstrap=bootstrap)
     figures.update(answers_per_problem=n, run={k: metrics.get(k) for k in (
         "episodes", "completed", "failed", "accuracy", "reward_mean", "generated_tokens", "truncated_fraction",
         "wall_s", "tokens_per_s")}, config=config.to_dict(), versions=versions(config.to_dict(), registry))
+    if changed:
+        import sys
+
+        figures["not_rescored"] = {key: {"saved": a, "now": b} for key, (a, b) in changed.items()}
+        print(not_rescored_warning(changed, directory), file=sys.stderr)
     atomic_write_text(directory / EVAL_FILE, json.dumps(figures, indent=2) + "\n", private=config.output.private)
     return EvalResult(metrics, figures, directory, tokenizer)
+
+
+def verifier_changes(config: Config, directory: Path) -> dict[str, tuple[Any, Any]]:
+    """The ``verifier`` keys of ``config`` that differ from the config saved in ``directory`` (a resume)."""
+    from ..output.saved_config import config_changes
+
+    saved = read_config(directory)
+    if saved is None:
+        return {}
+    return {key: change for key, change in config_changes({"verifier": saved[1].get("verifier")},
+                                                          {"verifier": config.to_dict().get("verifier")}).items()
+            if key.startswith("verifier")}
+
+
+def not_rescored_warning(changed: dict[str, tuple[Any, Any]], directory: Path) -> str:
+    from ..output.saved_config import describe
+
+    return (f"scaffold: WARNING: --force-config changed the verifier ({describe(changed)}), but the answers "
+            f"already in {directory} keep the rewards the saved verifier gave them: eval does not re-score "
+            "them, so its figures mix both verifiers (eval.json lists the change under not_rescored). Re-score "
+            f"the answers with scaffold score --verifier NAME --input {directory / 'samples.jsonl'}, or evaluate "
+            "into a new directory with -o")
 
 
 def format_table(figures: dict[str, Any]) -> str:

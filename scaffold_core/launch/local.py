@@ -290,19 +290,16 @@ def _restore_signals(previous: dict[int, Any] | None) -> None:
 
 
 class _StoreProgress:
-    """A progress bar over every worker's store (counts the episodes recorded in them)."""
+    """Progress over every worker's store (counts the episodes recorded in them): a bar on a terminal, plain
+    periodic lines otherwise (:class:`~scaffold_core.run.progress.Progress`)."""
 
     def __init__(self, directory: Path, workers: int, enabled: bool | None):
+        from ..run.progress import Progress
+
         self.paths = [directory / rank_store_name(r) for r in range(workers)]
         self.seen = {p: self._count(p) for p in self.paths}
-        self.bar = None
         self.last = 0.0
-        if enabled is False:
-            return
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=None, unit="ep", desc=f"episodes ({workers} workers)",
-                        disable=None if enabled is None else False, dynamic_ncols=True, mininterval=0.5)
+        self.bar = Progress(None, enabled=enabled, desc=f"episodes ({workers} workers)")
 
     @staticmethod
     def _count(path: Path) -> int:
@@ -313,7 +310,7 @@ class _StoreProgress:
 
     def update(self) -> None:
         now = time.monotonic()
-        if self.bar is None or now - self.last < 0.5:
+        if not self.bar.enabled or now - self.last < 0.5:
             return
         self.last = now
         new = 0
@@ -321,10 +318,9 @@ class _StoreProgress:
             count = self._count(path)
             new += max(0, count - self.seen[path])
             self.seen[path] = max(count, self.seen[path])
-        if new:
-            self.bar.update(new)
+        self.bar.advance(new)
 
     def close(self) -> None:
-        if self.bar is not None:
+        if self.bar.enabled:
             self.update()
-            self.bar.close()
+        self.bar.close()

@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not env.launched or env.world_size == 1:
         metrics = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress or None,
                           force_config=args.force_config).run()
-        print_summary(metrics)
+        print_summary(metrics, as_json=True)  # a worker entry point, read by scripts
         return exit_code_for(metrics, config.rollout.max_failed_fraction)
     return _standalone(config, args, env, progress)
 
@@ -178,7 +178,7 @@ def _standalone(config: Any, args: argparse.Namespace, env: Any, progress: bool)
         results = [WorkerResult(rank, env.world_size, lv, 0 if err is None else 1, err)
                    for rank, (lv, err) in enumerate(gathered)]
         metrics = finalize_run(config, directory, results, launcher="torchrun")
-        print_summary(metrics)
+        print_summary(metrics, as_json=True)  # a worker entry point, read by scripts
         report_failures(metrics)
         return exit_code_for(metrics, config.rollout.max_failed_fraction)
     finally:

@@ -41,6 +41,9 @@ TRAIN_TIMINGS = "train_timings.jsonl"
 #: ``scaffold train``: what the trainer returned, at the end.
 TRAIN_SUMMARY = "train_summary.json"
 METRICS_FILE = "metrics.json"
+#: What produced the run (model, weights fingerprint, tokenizer, engine, seed, versions): every run, eval and
+#: train directory has one (:mod:`scaffold_core.run.provenance`).
+PROVENANCE_FILE = "provenance.json"
 
 
 def _read_bytes(path: Path) -> bytes | None:

@@ -33,14 +33,14 @@ from ..errors import ConfigError, RunDirError
 from .export import DATASET, FAILURES, PARQUET, SAMPLES
 from .files import atomic_write_text, dir_mode, refuse_link, remove_stale_temps, safe_child
 from .lock import LOCK_FILE, RunLock
-from .reader import EVAL_FILE, REPORT_FILE
+from .reader import EVAL_FILE, PROVENANCE_FILE, REPORT_FILE
 from .saved_config import CONFIG_FILE, CONFIG_HISTORY, check_resume_config, record_forced_change
 from .store import RANK_STORE_GLOB, SIDE_SUFFIXES, STORE, EpisodeStore, completed_ids, count_episodes, store_paths
 
 #: Files and folders a run writes; ``overwrite`` removes only these (and the workers' stores and the stores'
 #: side files), never anything else.
 RUN_FILES = (STORE, SAMPLES, FAILURES, DATASET, PARQUET, "metrics.json", CONFIG_FILE, "workers", CONFIG_HISTORY,
-             EVAL_FILE, REPORT_FILE)
+             EVAL_FILE, REPORT_FILE, PROVENANCE_FILE)
 #: The run files that are folders.
 FOLDERS = (DATASET, "workers")
 #: The ledger of scaffold versions before the store (a JSON line per episode).
@@ -102,6 +102,10 @@ class RunOutput:
         """
         self.dir = Path(directory)
         self.resume = resume
+        if resume and overwrite and not prepared:
+            raise ConfigError(f"--resume continues the run in {self.dir} and --overwrite (output.overwrite: true) "
+                              "replaces it: pass one (--set output.overwrite=false to resume a config that "
+                              "overwrites)")
         if private is None:
             private = bool(getattr(getattr(config, "output", None), "private", True))
         self.private = private

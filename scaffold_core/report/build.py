@@ -16,6 +16,7 @@ from ..output.files import atomic_write_text
 from ..output.reader import (
     EVAL_FILE,
     METRICS_FILE,
+    PROVENANCE_FILE,
     REPORT_FILE,
     TRAIN_SUMMARY,
     EpisodeReader,
@@ -54,7 +55,8 @@ def read_report(directory: str | Path, *, tokenizer: Any = _NO_TOKENIZER, regist
 
 
 def _versions(report: Report, registry: Any) -> None:
-    recorded = (report.eval or {}).get("versions")
+    report.provenance = read_json(report.directory, PROVENANCE_FILE) or {}
+    recorded = report.provenance.get("versions") or (report.eval or {}).get("versions")
     if isinstance(recorded, dict):
         report.versions, report.versions_recorded = recorded, True
         return

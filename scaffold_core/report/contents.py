@@ -27,3 +27,5 @@ class Report:
     tokens_from: str = ""
     versions: dict[str, Any] = field(default_factory=dict)
     versions_recorded: bool = False
+    #: ``provenance.json``: the model, its weights' fingerprint, tokenizer, engine, seed (empty for old runs).
+    provenance: dict[str, Any] = field(default_factory=dict)

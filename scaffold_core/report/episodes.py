@@ -229,6 +229,8 @@ def _sample(sample: dict[str, Any], row: dict[str, Any] | None, vocab: Vocab) ->
     if row is None or not isinstance(row.get("input_ids"), list):
         out["txt"] = sample.get("response") or ""
         return out
+    if "step" in row:  # a training run's sample: its step, GRPO group, advantage, and whether it was trained on
+        out.update(st=row.get("step"), gid=row.get("group_id"), adv=row.get("advantage"), u=row.get("used"))
     start = int(row.get("prompt_len") or 0)
     ids = row["input_ids"][start:]
     out["t"] = vocab.add(ids)

@@ -151,7 +151,7 @@ def _components(report: Report) -> str:
     if not rows:
         return ""
     libs = dict((report.versions or {}).get("libraries") or {})
-    where = "recorded by the eval" if report.versions_recorded else "installed where this report was built"
+    where = "recorded by the run" if report.versions_recorded else "installed where this report was built"
     libs_text = ", ".join(f"{k} {v}" for k, v in libs.items())
     core = (report.versions or {}).get(CORE_DISTRIBUTION, version())
     note = (f'<p class="note">Versions {where}: {escape(CORE_DISTRIBUTION)} {escape(str(core))}, Python '
@@ -181,8 +181,28 @@ def _failures(report: Report) -> str:
 def summary_section(report: Report) -> str:
     config = (f'<details class="config"><summary>Resolved config (config.yaml)</summary><pre>'
               f"{escape(report.config_text)}</pre></details>") if report.config_text else ""
-    return (f'<section id="summary"><h2>Summary</h2>{_cards(report)}{_components(report)}{_failures(report)}'
-            f"{config}</section>")
+    return (f'<section id="summary"><h2>Summary</h2>{_provenance(report)}{_cards(report)}{_components(report)}'
+            f"{_failures(report)}{config}</section>")
+
+
+def _provenance(report: Report) -> str:
+    """One line of what produced the run: model, weights, tokenizer, engine, seed, scaffold (``provenance.json``)."""
+    p = report.provenance
+    if not p:
+        return ""
+    model, engine = p.get("model") or {}, p.get("engine") or {}
+    weights = model.get("weights") or {}
+    parts = [("model", str(model.get("name")) + (f"@{model['revision']}" if model.get("revision") else "")),
+             ("weights", f"{weights['fingerprint']} ({_number(weights.get('bytes'))} bytes)" if weights else
+              "not a local file"),
+             ("tokenizer", str(model.get("tokenizer"))),
+             ("engine", f"{engine.get('name')} " + " ".join(f"{k}={_short(v, 40)}" for k, v in
+                                                               (engine.get("options") or {}).items())),
+             ("seed", str(p.get("seed"))),
+             (CORE_DISTRIBUTION, str((p.get("versions") or {}).get(CORE_DISTRIBUTION)))]
+    items = "".join(f"<span><b>{escape(k)}</b> <code>{escape(v.strip())}</code></span>" for k, v in parts)
+    return f'<div class="provenance" title="provenance.json">{items}</div>'
+
 
 
 # -- rewards ------------------------------------------------------------------------------------------------
@@ -308,6 +328,11 @@ TRAIN_CHARTS = (
     ("Staleness", "samples", ("stale_dropped", "stale_regenerated"), None),
     ("Weight version", "version", ("version",), None),
     ("Gradient norm", "norm", ("grad_norm",), None),
+    ("Prompt groups", "groups", ("groups_used", "groups_filtered"), None),
+    ("Learning rate", "learning rate", ("learning_rate",), None),
+    ("Completion length", "tokens (mean)", ("completion_length",), None),
+    ("Clip ratio", "fraction of tokens", ("clip_ratio",), None),
+    ("KL", "KL (nats)", ("kl", "teacher_kl"), None),
     ("Step time", "seconds", ("step_time_s", "rollout_s"), None),
 )
 
@@ -364,11 +389,20 @@ def trajectories_section(report: Report) -> str:
     else:
         sampled = f"All {stats.episodes:,} episodes."
     tokens = f" Token texts: {escape(report.tokens_from)}." if report.tokens_from else ""
+    train = report.kind == "train"
+    ids = ('<p class="note">Episode ids of a training run read <code>s&lt;step&gt;/r&lt;round&gt;.&lt;slot&gt;/'
+           "&lt;row id&gt;/&lt;n&gt;</code>: the optimizer step, the refill round and the slot of the prompt in "
+           "it, the dataset row's id (together: the GRPO group), and the sample's number in its group (a "
+           "trailing <code>rN</code>: a retried attempt). Each sample shows its step, group, advantage, and "
+           "whether the trainer used it or left it out (a group whose rewards were all equal, or a sample cut "
+           "from a group).</p>") if train else ""
+    step_filter = ('<label>step <select id="f-step"></select></label>'
+                   '<label>training <select id="f-used"></select></label>') if train else ""
     return f"""<section id="trajectories"><h2>Trajectories</h2>
-<p class="note">{sampled}{tokens}</p>
+<p class="note">{sampled}{tokens}</p>{ids}
 <div class="browser">
   <div class="filters" id="filters">
-    <label>reward <select id="f-reward"></select></label>
+    {step_filter}<label>reward <select id="f-reward"></select></label>
     <label>status <select id="f-status"></select></label>
     <label>finish <select id="f-finish"></select></label>
     <label>branch <select id="f-branch"></select></label>

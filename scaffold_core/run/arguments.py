@@ -9,11 +9,23 @@ def add_override_arguments(parser: argparse.ArgumentParser, example: str) -> Non
     """``--set KEY=VALUE`` and ``--unset KEY`` (both repeatable, in order, into ``args.overrides``)."""
     from ..config import Unset  # the parser is built on every start: pydantic loads only when a config does
 
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_override,
                         help=f"override a key, e.g. --set {example} (repeatable); KEY=null removes it. "
                              "Setting SECTION.name to another component drops the previous one's options")
     parser.add_argument("--unset", dest="overrides", action="append", type=Unset, metavar="KEY",
                         help="remove a key or section, so its default applies (repeatable)")
+
+
+def _override(text: str) -> str:
+    """``--set``'s argument, checked as the command line is read: a malformed one is a usage error (exit 2)."""
+    from ..config import parse_override
+    from ..errors import ConfigError
+
+    try:
+        parse_override(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--set ")) from None
+    return text
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,6 @@ import logging
 import signal
 import sqlite3
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ from ..task import episode_context, episode_id_of
 from .assembly import Components, Limits, started
 from .finalize import finalize_run_dir
 from .metrics import RunMetrics
+from .progress import BAR_INTERVAL_S, Progress, run_status
+from .provenance import write_provenance
 from .runtime import Runtime
 from .verifier_pool import VerifierPool
 
@@ -42,8 +43,9 @@ class Rollout:
     def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
                  dist: DistEnv | None = None, progress: bool | None = None, registry: Any = None,
                  plugins: Any = None, store_name: str = STORE, finalize: bool = True, prepared: bool = False,
-                 force_config: bool = False):
+                 force_config: bool = False, answers_per_episode: int | None = None):
         """``dist``: this process's place among the run's workers (one process when omitted).
+        ``answers_per_episode``: the progress counts answers, this many per episode (``scaffold eval``).
         ``prepared``: a launcher already prepared the output directory; only the own store is opened.
         Otherwise this rollout holds the directory's lock from here until :meth:`run` returns (or
         :meth:`release`), and a ``resume`` with a config other than the saved one is refused unless
@@ -59,6 +61,7 @@ class Rollout:
         self.output = RunOutput(self.dir, resume=resume, overwrite=config.output.overwrite, store_name=store_name,
                                 prepared=prepared, config=config, force_config=force_config)
         self.progress = config.rollout.progress if progress is None else progress
+        self.answers_per_episode = answers_per_episode
         self.finalize_outputs = finalize
         self.metrics = RunMetrics()
         self.hooks = Hooks(self.plugins.pm)
@@ -66,6 +69,7 @@ class Rollout:
         self.runtime: Runtime | None = None
         self._write_error: BaseException | None = None  # a deferred store write that failed (see _result_sink)
         self._drain: Callable[[], None] = lambda: None  # records the episodes finished but not yet written
+        self._decoded_at_start = 0  # the engine's live token count when the episodes started
 
     @property
     def rank(self) -> int:
@@ -120,20 +124,29 @@ class Rollout:
                 self.output.write_config(cfg)
             async with started(self.components, self.limits, run_info=self._run_info(),
                                verifier_name=cfg.verifier.name) as pool:
+                if self.rank == 0:  # the engine has started: it knows the model it resolved and its tokenizer
+                    write_provenance(self.dir, cfg.to_dict(), registry=self.registry, engine=self.components.engine,
+                                     private=cfg.output.private)
                 todo = rows.todo
                 self.metrics.resumed = rows.count - todo  # this shard's share (other workers append theirs meanwhile)
                 self.runtime = self._runtime(pool)
-                bar = _progress_bar(todo, self.progress, position=self.rank if self.world_size > 1 else None)
+                bar = self._progress(todo)
+                ticker = None
                 try:
                     self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
+                    bar.restart()
                     self.output.open()
                     on_result = self._result_sink(bar)
+                    if bar.enabled:
+                        ticker = asyncio.ensure_future(self._tick(bar))
                     with _signals(self):
                         await self.runtime.run(self._pre_failed(self._contexts(rows, done), on_result), on_result)
                     self._drain()
                     if self._write_error is not None:
                         self._raise_write_error()
                 finally:  # before the components close
+                    if ticker is not None:
+                        ticker.cancel()
                     bar.close()
                     self._drain()
                     self.output.close()
@@ -154,15 +167,38 @@ class Rollout:
                        trajectory_maker=comps.trajectory_maker, hooks=self.hooks,
                        engine_name=bare_name(self.config.engine.name), limits=self.limits)
 
-    def _result_sink(self, bar: Any) -> Callable[[EpisodeResult], None]:
+    def _progress(self, todo: int) -> Progress:
+        n = self.answers_per_episode
+        return Progress(todo * (n or 1), enabled=self.progress, unit="ans" if n else "ep",
+                        desc="answers" if n else "episodes", position=self.rank if self.world_size > 1 else None,
+                        status=self._status)
+
+    def _status(self) -> str:
+        """The progress's status: samples, generated tokens (the engine's live count while a batch decodes),
+        tokens/s, reward, failures."""
+        live = getattr(self.components.engine, "decoded_tokens", None)
+        tokens = max(self.metrics.generated_tokens, self.runtime.returned_tokens if self.runtime else 0)
+        if isinstance(live, int) and not isinstance(live, bool):
+            tokens = max(tokens, live - self._decoded_at_start)
+        return run_status(self.metrics, tokens, self.metrics.wall_s)
+
+    async def _tick(self, bar: Progress) -> None:
+        """Refresh the progress while episodes run, so that a batch decoding for minutes is seen to move."""
+        while True:
+            await asyncio.sleep(min(bar.interval, BAR_INTERVAL_S))
+            bar.tick()
+
+    def _result_sink(self, bar: Progress) -> Callable[[EpisodeResult], None]:
         """Count each finished episode and move the progress bar; record it at the end of the event loop's step.
 
         The episodes that finish in one step of the event loop are recorded together at its end, in one
         transaction of the store: the first schedules the flush, which runs once the step's callbacks have.
         A flush that fails stops the run, and the error is raised when the runtime returns; the run's end
         (or its stop) flushes what is left (:attr:`_drain`)."""
-        last = [0.0]
         loop = asyncio.get_running_loop()
+        live = getattr(self.components.engine, "decoded_tokens", None)
+        self._decoded_at_start = live if isinstance(live, int) else 0
+        per_episode = self.answers_per_episode
         output = self.output
         output.deferred = True
         pending: list[EpisodeResult] = []
@@ -187,14 +223,8 @@ class Rollout:
                 loop.call_soon(flush)
             pending.append(result)
             self.metrics.add(result)
-            if bar is not None:
-                bar.update(1)
-                now = time.perf_counter()
-                if now - last[0] > 0.5:
-                    last[0] = now
-                    bar.set_postfix_str(
-                        f"tok/s={self.metrics.tokens_per_s:.1f} reward={self.metrics.reward_mean:.3f} "
-                        f"failed={self.metrics.failed}", refresh=False)
+            if bar.enabled:
+                bar.advance(per_episode or 1)
 
         return on_result
 
@@ -288,13 +318,6 @@ class _ShardRows:
 
     def __len__(self) -> int:
         return self.count
-
-
-def _progress_bar(total: int, enabled: bool | None, position: int | None = None) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="ep", desc="episodes", disable=(None if enabled is None else not enabled),
-                dynamic_ncols=True, mininterval=0.5, position=position, leave=True)
 
 
 class _signals:

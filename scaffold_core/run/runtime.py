@@ -64,6 +64,8 @@ class Runtime:
         self.engine_name = engine_name
         self.limits = limits
         self.stopping = False
+        #: Tokens of every generation returned so far (a live count for the progress: finer than episodes)
+        self.returned_tokens = 0
         self._workers: list[asyncio.Future] = []
         self._deadlines = Deadlines()  # request and episode timeouts: one timer per length, not per wait
 
@@ -279,6 +281,7 @@ class Runtime:
                                                    lambda: self._call_engine(engine, request))
         else:
             result = await self._call_engine(engine, request)
+        self.returned_tokens += len(getattr(result, "output_ids", ()) or ())
         task.result = result
 
     async def _call_engine(self, engine: Any, request: GenerationRequest) -> Any:

@@ -69,9 +69,65 @@ def exit_reason(code: int, metrics: dict[str, Any], max_failed_fraction: float =
     return ""
 
 
-def print_summary(metrics: dict[str, Any]) -> None:
-    """The metrics as JSON on stdout; failures, unscored samples, truncation and interruption explained on stderr."""
-    print(json.dumps(metrics, indent=2))
+def _rows(rows: list[tuple[str, str]]) -> str:
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label.ljust(width)}  {value}" for label, value in rows)
+
+
+def format_run_summary(metrics: dict[str, Any]) -> str:
+    """A few lines a person reads at the end of a run (``metrics.json`` keeps every figure)."""
+    episodes, failed = int(metrics.get("episodes") or 0), int(metrics.get("failed") or 0)
+    rows = [("episodes", f"{episodes:,} ({failed:,} failed)" if failed else f"{episodes:,} (none failed)")]
+    samples = f"{int(metrics.get('samples') or 0):,}"
+    if metrics.get("unscored_samples"):
+        samples += f" ({int(metrics['unscored_samples']):,} unscored)"
+    rows.append(("samples", samples))
+    skipped = metrics.get("skipped_rows") or {}
+    if skipped:
+        rows.append(("skipped rows", ", ".join(f"{n:,} {reason}" for reason, n in sorted(skipped.items()))))
+    rows.append(("accuracy", f"{float(metrics.get('accuracy') or 0.0):.3f}   reward mean "
+                             f"{float(metrics.get('reward_mean') or 0.0):.3f}"))
+    extra = [f"{k} {float(v):.3f}" for k, v in metrics.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and ("@" in k or "^" in k)]
+    if extra:
+        rows.append(("per episode", "   ".join(extra)))
+    tokens = f"{int(metrics.get('generated_tokens') or 0):,} generated"
+    if metrics.get("tokens_per_s") is not None:
+        tokens += f", {float(metrics['tokens_per_s']):,.1f} tok/s"
+    if metrics.get("wall_s") is not None:
+        tokens += f" over {float(metrics['wall_s']):,.1f} s"
+    tokens += f"; {float(metrics.get('truncated_fraction') or 0.0):.1%} truncated"
+    rows.append(("tokens", tokens))
+    if metrics.get("output_dir"):
+        rows.append(("output", f"{metrics['output_dir']} (every figure in metrics.json; --json prints it)"))
+    return _rows(rows)
+
+
+def format_train_summary(summary: dict[str, Any], output_dir: Any) -> str:
+    """A few lines a person reads at the end of ``scaffold train`` (``train_summary.json`` keeps it all)."""
+    steps = f"{summary.get('steps', 0)}"
+    if summary.get("optimizer_steps") is not None:
+        steps += f" ({summary['optimizer_steps']} optimizer steps)"
+    if summary.get("resumed_from"):
+        steps += f", resumed from {summary['resumed_from']}"
+    rows = [("steps", steps)]
+    for key, label in (("train_loss", "train loss"), ("reward_mean", "reward mean")):
+        if isinstance(summary.get(key), (int, float)):
+            rows.append((label, f"{summary[key]:.4g}"))
+    on_disk = summary.get("rollouts_on_disk") or {}
+    if on_disk:
+        rows.append(("rollouts", f"{on_disk.get('episodes') or 0:,} episodes, {on_disk.get('samples') or 0:,} "
+                                 f"samples, {on_disk.get('failed') or 0:,} failed"))
+    if summary.get("wall_s") is not None:
+        rows.append(("wall", f"{float(summary['wall_s']):,.1f} s"))
+    rows.append(("output", f"{output_dir} (train_summary.json, train_metrics.jsonl; --json prints the summary)"))
+    return _rows(rows)
+
+
+def print_summary(metrics: dict[str, Any], *, as_json: bool = False) -> None:
+    """A short summary on stdout (``as_json``: the metrics as JSON, for scripts); failures, unscored samples,
+    truncation and interruption explained on stderr."""
+    print(json.dumps(metrics, indent=2) if as_json else format_run_summary(metrics))
     report = failure_report(metrics)
     if report:
         print(report, file=sys.stderr)

@@ -109,6 +109,7 @@ class StepReporter:
         self.bar = tqdm(total=None, unit="step", desc="training", dynamic_ncols=True, file=self.stream,
                         disable=(None if progress is None else not progress), leave=True)
         self.started = time.perf_counter()
+        self.first_step = 0  # the step a resumed run continues after (its rate counts this session's steps)
 
     def __call__(self, step: TrainStep) -> None:
         self.steps.append(step)
@@ -125,13 +126,23 @@ class StepReporter:
         reward = step.metrics.get("reward_mean")
         if isinstance(reward, (int, float)):
             self.bar.set_postfix_str(f"reward={reward:.3f}", refresh=False)
-        self.bar.write(format_step(step), file=self.stream)
+        self.bar.write(format_step(step) + self._timing(step), file=self.stream)
+
+    def _timing(self, step: TrainStep) -> str:
+        """``  elapsed 1:02  eta 3:10``: the time so far and, from the steps' rate, the time left."""
+        from ..run.progress import clock_text
+
+        elapsed = time.perf_counter() - self.started
+        done = step.step - self.first_step
+        left = (elapsed / done * (step.max_steps - step.step)) if step.max_steps and done > 0 else None
+        return f"  elapsed {clock_text(elapsed)}  eta {clock_text(left)}"
 
     def rewind(self, last: int) -> None:
         """Forget the steps after ``last`` (a resumed run runs them again)."""
         for path in (self.path, self.timings_path):
             _keep_steps(path, last)
         self.bar.n = last
+        self.first_step = last
 
     def close(self) -> None:
         self.bar.close()
@@ -170,6 +181,9 @@ def run_training(config: Any, output_dir: Path, *, registry: Any = None, progres
         if changes:
             record_forced_change(output_dir, changes, private=private)
         atomic_write_text(output_dir / CONFIG_FILE, config.to_yaml(), private=private)
+        from ..run.provenance import write_provenance
+
+        write_provenance(output_dir, config.to_dict(), registry=registry, private=private)
         summary = _train(trainer, config, output_dir, ledger, registry, resume=resume, progress=progress,
                          stream=stream)
     finally:

@@ -41,9 +41,11 @@ from .distill import distill_advantages
 
 #: TRL's log keys reported with each step (renamed where scaffold has its own name).
 TRL_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy", "learning_rate": "learning_rate",
-            "reward_std": "reward_std", "step_time": "step_time_s"}
+            "reward_std": "reward_std", "step_time": "step_time_s", "kl": "kl",
+            "clip_ratio/region_mean": "clip_ratio", "completions/mean_length": "completion_length",
+            "completions/clipped_ratio": "completions_truncated"}
 #: Figures of an optimizer step: not reported for a skipped one.
-STEP_ONLY = ("loss", "grad_norm", "entropy")
+STEP_ONLY = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/region_mean")
 
 
 class QuietPadding(logging.Filter):

@@ -85,7 +85,7 @@ class TRLTrainer(Trainer):
                  scale_rewards: Literal["group", "batch", "none"] = "group", epsilon: float = 0.2,
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0, warmup_steps: int = 0,
                  save_steps: Annotated[int, Ge(1), Help("checkpoint every N steps (null: at the end)")] | None = None,
-                 save_total_limit: Annotated[int, Ge(1), Help("keep the last N checkpoints (null: all)")] | None = None,
+                 save_total_limit: Annotated[int, Ge(1), Help("keep the last N checkpoints (null: all)")] | None = 1,
                  seed: int = 0, threads: Annotated[int, Ge(1), Help("torch CPU threads")] | None = None,
                  policy: str | None = None,
                  rollout_timeout: Annotated[float, Gt(0), Help("seconds one step's rollouts may take")] = 3600.0,

@@ -58,7 +58,8 @@ def scaffold_train(*args: str, env: dict[str, str] | None = None, timeout: float
     full_env = {**os.environ, "SCAFFOLD_EXTRA_PLUGINS": "scaffold_testkit.plugin,training_plugin",
                 "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                 "TRL_EXPERIMENTAL_SILENCE": "1", **(env or {})}
-    done = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", *args, "--no-progress", "--no-report"],
+    done = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", *args, "--no-progress", "--no-report",
+                           "--json"],
                           capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and done.returncode != 0:
         raise AssertionError(f"scaffold train failed ({done.returncode}):\n{done.stderr[-3000:]}")

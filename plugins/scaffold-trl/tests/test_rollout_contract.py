@@ -191,3 +191,34 @@ def test_trls_warning_about_scaffolds_padding_rows_is_dropped_and_any_other_kept
         trl_log.warning(warning.format(group=""))
         trl_log.warning(warning.format(group="g7"))
     assert [r.getMessage() for r in caplog.records] == [warning.format(group="g7")]
+
+
+def test_only_the_last_checkpoint_is_kept_by_default(tmp_path):
+    """A checkpoint holds the optimizer's state (about three times the model): a short run keeps one, not one per
+    save; trainer.save_total_limit keeps more, null all."""
+    from types import SimpleNamespace
+
+    from scaffold_trl.trainer import GRPORun, TRLTrainer
+
+    def grpo_config(**options):
+        run = SimpleNamespace(options=TRLTrainer(max_steps=3, save_steps=1, **options), device="cpu",
+                              job=SimpleNamespace(output_dir=tmp_path),
+                              config=SimpleNamespace(sampling=SimpleNamespace(max_tokens=8, temperature=1.0)))
+        return GRPORun._grpo_config(run)
+
+    assert grpo_config().save_total_limit == 1
+    assert grpo_config(save_total_limit=3).save_total_limit == 3
+    assert grpo_config(save_total_limit=None).save_total_limit is None
+
+
+def test_trls_clip_ratio_completion_length_and_kl_are_kept_per_step():
+    from types import SimpleNamespace
+
+    from scaffold_trl.grpo import step_report
+
+    logs = {"loss": 0.1, "clip_ratio/region_mean": 0.05, "completions/mean_length": 37.5, "kl": 0.01,
+            "completions/clipped_ratio": 0.25, "learning_rate": 1e-5, "steps_skipped": 0, "groups_filtered": 2}
+    step = step_report(logs, SimpleNamespace(global_step=3, max_steps=5), False)
+    assert step.metrics["clip_ratio"] == 0.05 and step.metrics["completion_length"] == 37.5
+    assert step.metrics["kl"] == 0.01 and step.metrics["completions_truncated"] == 0.25
+    assert step.metrics["learning_rate"] == 1e-5 and step.metrics["groups_filtered"] == 2

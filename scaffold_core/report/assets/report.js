@@ -24,23 +24,31 @@
   }
   function rewardKey(r) { return r === null || r === undefined ? "none" : String(r); }
 
+  // A training run's episode id starts with s<step>/ (the optimizer step whose rollouts it is).
+  function stepOf(id) {
+    var m = /^s(\d+)\//.exec(String(id || ""));
+    return m ? m[1] : "";
+  }
+
   // -- rows: one per sample of a completed episode, one per failed episode ----------------------------------
   (DATA.episodes || []).forEach(function (ep, e) {
     if (ep.st !== "ok") {
       rows.push({e: e, s: -1, reward: "none", status: "failed", finish: "failed", branch: "–",
-                 text: [ep.id, ep.err || ""].join(" ").toLowerCase()});
+                 step: stepOf(ep.id), used: "failed", text: [ep.id, ep.err || ""].join(" ").toLowerCase()});
       return;
     }
     (ep.s || []).forEach(function (s, j) {
       var branch = s.b !== null && s.b !== undefined ? "branch " + s.b : "sample " + s.si;
       rows.push({e: e, s: j, reward: rewardKey(s.r), status: "ok", finish: s.f || "?", branch: branch,
+                 step: s.st === undefined || s.st === null ? stepOf(ep.id) : String(s.st),
+                 used: s.u === undefined || s.u === null ? "" : s.u ? "used" : "left out",
                  text: [ep.id, s.x || "", s.k || "", JSON.stringify(ep.ref === undefined ? "" : ep.ref)].join(" ").toLowerCase()});
     });
   });
 
   // -- filters ----------------------------------------------------------------------------------------------
   var F = {reward: byId("f-reward"), status: byId("f-status"), finish: byId("f-finish"), branch: byId("f-branch"),
-           search: byId("f-search")};
+           search: byId("f-search"), step: byId("f-step"), used: byId("f-used")};
   function byId(id) { return document.getElementById(id); }
   function options(select, values, label) {
     select.appendChild(new Option("any", ""));
@@ -64,6 +72,15 @@
   options(F.branch, distinct("branch").sort(function (a, b) {
     return (parseInt(a.split(" ")[1], 10) || 0) - (parseInt(b.split(" ")[1], 10) || 0);
   }));
+  if (F.step) {
+    options(F.step, distinct("step").filter(function (v) { return v !== ""; })
+      .sort(function (a, b) { return Number(a) - Number(b); }), function (v) { return "step " + v; });
+    F.step.addEventListener("change", apply);
+  }
+  if (F.used) {
+    options(F.used, distinct("used").filter(function (v) { return v !== ""; }).sort());
+    F.used.addEventListener("change", apply);
+  }
   [F.reward, F.status, F.finish, F.branch].forEach(function (s) { s.addEventListener("change", apply); });
   F.search.addEventListener("input", apply);
 
@@ -73,6 +90,8 @@
     if (F.status.value && r.status !== F.status.value) { return false; }
     if (F.finish.value && r.finish !== F.finish.value) { return false; }
     if (F.branch.value && r.branch !== F.branch.value) { return false; }
+    if (F.step && F.step.value && r.step !== F.step.value) { return false; }
+    if (F.used && F.used.value && r.used !== F.used.value) { return false; }
     var q = F.search.value.trim().toLowerCase();
     return !q || r.text.indexOf(q) >= 0;
   }
@@ -100,9 +119,12 @@
       row.dataset.status = r.status;
       row.dataset.finish = r.finish;
       row.dataset.branch = r.branch;
+      row.dataset.step = r.step;
+      row.dataset.used = r.used;
       row.appendChild(el("span", "rid", "#" + ep.i + " · " + ep.id + (s ? " · s" + s.si : "")));
       row.appendChild(chip(r));
-      var meta = s ? [r.branch, r.finish, fmt(s.g) + " tok", "answer " + fmt(s.x)].join(" · ")
+      var train = s && s.st !== undefined ? ["step " + s.st, s.u ? "used" : "left out", "adv " + fmt(s.adv, 2)] : [];
+      var meta = s ? train.concat([r.branch, r.finish, fmt(s.g) + " tok", "answer " + fmt(s.x)]).join(" · ")
                    : (ep.ec || "failed") + ": " + String(ep.err || "").split("\n")[0];
       row.appendChild(el("span", "rmeta", meta));
       row.addEventListener("click", function () { select(i); });
@@ -184,6 +206,10 @@
     var box = el("div");
     var pairs = [["reward", s.r], ["extracted", s.x], ["key", s.k], ["verdict", s.why], ["finish", s.f],
                  ["generated tokens", s.g], ["branch", s.b === null ? undefined : s.b], ["weight version", s.v]];
+    if (s.st !== undefined) {
+      pairs.push(["optimizer step", s.st], ["GRPO group", s.gid], ["advantage", s.adv],
+                 ["training", s.u ? "used" : "left out (its group's rewards were all equal, or it was cut from the group)"]);
+    }
     if (s.end) { pairs.push(["ended by", s.end]); }
     if (s.ba) { pairs.push(["branch answer", fmt(s.ba.x) + " (reward " + fmt(s.ba.r, 2) + ")"]); }
     box.appendChild(kv(pairs));
