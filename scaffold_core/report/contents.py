@@ -27,3 +27,4 @@ class Report:
     tokens_from: str = ""
     versions: dict[str, Any] = field(default_factory=dict)
     versions_recorded: bool = False
+    trace: str | None = None  # the trace file written beside the page (its name), if any

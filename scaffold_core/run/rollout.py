@@ -22,10 +22,13 @@ from ..errors import DataError, RunDirError
 from ..output import STORE, RunOutput, expand_output_dir
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
+from ..spans import clock
 from ..task import episode_context, episode_id_of
 from .assembly import Components, Limits, started
 from .finalize import finalize_run_dir
 from .metrics import RunMetrics
+from .otel import EpisodeTraces
+from .otel import wanted as otel_wanted
 from .runtime import Runtime
 from .verifier_pool import VerifierPool
 
@@ -64,6 +67,7 @@ class Rollout:
         self.hooks = Hooks(self.plugins.pm)
         self.interrupted: str | None = None
         self.runtime: Runtime | None = None
+        self.traces: Any = None  # OpenTelemetry export of each episode's spans, when asked for (run/otel.py)
         self._write_error: BaseException | None = None  # a deferred store write that failed (see _result_sink)
         self._drain: Callable[[], None] = lambda: None  # records the episodes finished but not yet written
 
@@ -137,6 +141,8 @@ class Rollout:
                     bar.close()
                     self._drain()
                     self.output.close()
+                    if self.traces is not None:
+                        self.traces.close()
         finally:
             self.output.close()  # a run that stopped before its components started
         return self._summary()
@@ -150,9 +156,14 @@ class Rollout:
 
     def _runtime(self, pool: VerifierPool | None) -> Runtime:
         comps = self.components
+        zero = clock()
+        output = self.config.output
+        if output.spans and otel_wanted(output.otel) and self.traces is None:
+            self.traces = EpisodeTraces(zero)
         return Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
                        trajectory_maker=comps.trajectory_maker, hooks=self.hooks,
-                       engine_name=bare_name(self.config.engine.name), limits=self.limits)
+                       engine_name=bare_name(self.config.engine.name), limits=self.limits,
+                       record_spans=output.spans, clock_zero=zero, traces=self.traces)
 
     def _result_sink(self, bar: Any) -> Callable[[EpisodeResult], None]:
         """Count each finished episode and move the progress bar; record it at the end of the event loop's step.
