@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import Counter
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -156,8 +157,14 @@ def _cdf(values: Any, points: int = CURVE_POINTS) -> list[tuple[float, float]]:
         if out and out[-1][0] == x:
             out[-1] = (x, (j + 1) / n)
         else:
+            if out:  # a step: the fraction holds until the next value
+                out.append((x, out[-1][1]))
             out.append((x, (j + 1) / n))
     return out
+
+
+#: At most this many distinct rewards across the runs: bars per reward value instead of cumulative curves.
+DISTINCT_REWARDS = 12
 
 
 def _episodes(reports: list[Report], labels: list[str]) -> str:
@@ -166,12 +173,21 @@ def _episodes(reports: list[Report], labels: list[str]) -> str:
         return ""
     tokens = [Series(label, _cdf(float(t) for t in r.stats.tokens), color=PALETTE[i % len(PALETTE)])
               for i, r, label in with_stats if r.stats is not None]
-    rewards = [Series(label, _cdf(r.stats.rewards), color=PALETTE[i % len(PALETTE)])
-               for i, r, label in with_stats if r.stats is not None and r.stats.rewards]
     charts = [line_chart(tokens, title="Generated tokens per sample", x_label="tokens",
                          y_label="fraction of samples at or below", y_range=(0.0, 1.0), markers=False, legend=True)]
-    if rewards:
-        charts.append(line_chart(rewards, title="Reward per sample", x_label="reward",
+    scored = [(i, r.stats.rewards, label) for i, r, label in with_stats if r.stats is not None and r.stats.rewards]
+    distinct = sorted({v for _, rewards, _ in scored for v in rewards})
+    if scored and len(distinct) <= DISTINCT_REWARDS:  # 0/1 rewards: the fraction of samples at each value
+        shares = []
+        for _, rewards, label in scored:
+            counts = Counter(rewards)
+            shares.append((label, [counts.get(v, 0) / len(rewards) for v in distinct]))
+        charts.append(grouped_bar_chart([f"{v:g}" for v in distinct], shares, title="Reward per sample",
+                                        x_label="reward", y_label="fraction of scored samples",
+                                        value_format="{:.1%}"))
+    elif scored:
+        charts.append(line_chart([Series(label, _cdf(rewards), color=PALETTE[i % len(PALETTE)])
+                                  for i, rewards, label in scored], title="Reward per sample", x_label="reward",
                                  y_label="fraction of samples at or below", y_range=(0.0, 1.0), markers=False,
                                  legend=True))
     finish = sorted({f for _, r, _ in with_stats if r.stats is not None for f in r.stats.finish})

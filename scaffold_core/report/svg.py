@@ -249,7 +249,8 @@ def grouped_bar_chart(categories: Sequence[str], series: Sequence[tuple[str, Seq
     """Bars side by side: one group per category, one bar per series in it (a legend names the series); a
     missing value (None) leaves its bar out."""
     values = [v for _, vs in series for v in vs if v is not None and math.isfinite(v)]
-    axes = _Axes([0.0, 1.0], [0.0, *values], 0, None, width, height)
+    headroom = 1.0 + 0.08 * len(series) if len(series) > 1 else 1.0  # room for the legend above the bars
+    axes = _Axes([0.0, 1.0], [0.0, *values, max(values, default=0.0) * headroom], 0, None, width, height)
     out = _frame(axes, title, x_label, y_label, width, height, x_ticks=False)
     groups = max(1, len(categories))
     slot = (axes.right - axes.left) / groups

@@ -169,6 +169,10 @@ class Timeline:
         while len(picked) < count and at < n:
             picked.add(by_start[int(at)])
             at += step
+        for episode in by_start:  # spread picks that met a slowest one: the next to start instead
+            if len(picked) >= count:
+                break
+            picked.add(episode)
         return sorted(picked, key=lambda i: self.began[i])
 
 
@@ -312,7 +316,8 @@ def timeline_section(timeline: Timeline | None, metrics: dict[str, Any] | None, 
     charts.append(_gantt(timeline, chosen, slowest & set(chosen)))
     note = (f"{n:,} episodes recorded spans, {_fmt(total)} s of episode time in all. At each instant an episode's "
             "time goes to one phase (the first of " + ", ".join(PHASES) + " that is active), "
-            "<code>other</code> when no span covers it (the controller's own code), so the shares sum to 100%. "
+            "<code>other</code> when no span covers it (the controller's own code, or the event loop busy with other "
+            "episodes: building prompts, recording finished episodes), so the shares sum to 100%. "
             "Times are seconds since the session's start.")
     if trace:
         note += (f" The spans are also in <code>{escape(trace)}</code> (Chrome's trace format): open it in "
