@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -84,18 +85,50 @@ def recording(spans: list[tuple[Any, ...]] | None) -> Iterator[None]:
 
 def relative(spans: list[tuple[Any, ...]], zero: float, digits: int = 4) -> list[list[Any]]:
     """``spans`` as seconds since ``zero``, rounded (what a record holds), in order of their start."""
-    out = []
-    for item in sorted(spans, key=lambda s: s[1]):
-        phase, start, end = item[0], round(item[1] - zero, digits), round(item[2] - zero, digits)
-        out.append([str(phase), start, max(start, end), str(item[3])] if len(item) > 3 and item[3] is not None
-                   else [str(phase), start, max(start, end)])
+    out: list[list[Any]] = []
+    last = -math.inf
+    ordered = True
+    for item in spans:
+        start, end = round(item[1] - zero, digits), round(item[2] - zero, digits)
+        if end < start:
+            end = start
+        if start < last:
+            ordered = False
+        last = start
+        if len(item) > 3 and item[3] is not None:
+            out.append([item[0], start, end, str(item[3])])
+        else:
+            out.append([item[0], start, end])
+    if not ordered:
+        out.sort(key=_start)
     return out
+
+
+def _start(item: Any) -> float:
+    return item[1]
 
 
 def exclusive(spans: list[Any], start: float, end: float, order: tuple[str, ...] = PHASES) -> dict[str, float]:
     """How the time from ``start`` to ``end`` divides among the phases of ``spans`` (clipped to it): at each
     instant the first active phase in ``order`` takes it (phases not in ``order`` after them, by name), and
     ``other`` what no span covers. The parts sum to ``end - start``."""
+    parts: dict[str, float] = {}
+    last = start
+    for item in spans:  # the usual case: one span after another, none overlapping (no precedence to decide)
+        a, b = item[1], item[2]
+        if a < last:
+            break
+        if b > end:
+            b = end
+        if b > a:
+            phase = item[0]
+            parts[phase] = parts.get(phase, 0.0) + (b - a)
+            last = b
+    else:
+        covered = sum(parts.values())
+        if end - start > covered:
+            parts["other"] = parts.get("other", 0.0) + (end - start - covered)
+        return parts
     rank = {phase: i for i, phase in enumerate(order)}
     edges = []
     for item in spans:
@@ -104,7 +137,7 @@ def exclusive(spans: list[Any], start: float, end: float, order: tuple[str, ...]
             edges.append((a, 1, item[0]))
             edges.append((b, -1, item[0]))
     edges.sort(key=lambda e: e[0])
-    parts: dict[str, float] = {}
+    parts = {}
     active: dict[str, int] = {}
     last = start
     for at, step, phase in edges:

@@ -17,7 +17,6 @@ keeps a few million spans in some tens of megabytes). From them:
 from __future__ import annotations
 
 import heapq
-import json
 from array import array
 from collections.abc import Iterable
 from html import escape
@@ -82,27 +81,38 @@ class Timeline:
         wall = head.get("wall_s")
         ended = started + (float(wall) if isinstance(wall, (int, float)) else 0.0)
         began = started
-        self.first.append(len(self.kind))
+        codes, names = self._codes, self._name_codes
+        kinds, labels, starts, ends = [], [], [], []
         for item in spans:
-            try:
-                phase, a, b = str(item[0]), float(item[1]), float(item[2])
-            except (TypeError, ValueError, IndexError):
-                continue
-            code = self._codes.get(phase)
+            code = codes.get(item[0])
             if code is None:
-                code = self._codes[phase] = len(self.phases)
-                self.phases.append(phase)
-            label = str(item[3]) if len(item) > 3 and item[3] is not None else ""
-            name = self._name_codes.get(label)
-            if name is None:
-                name = self._name_codes[label] = len(self.names)
-                self.names.append(label)
-            self.kind.append(code)
-            self.name.append(name)
-            self.start.append(a)
-            self.end.append(b)
-            began = min(began, a)
-            ended = max(ended, b)
+                code = codes[item[0]] = len(self.phases)
+                self.phases.append(str(item[0]))
+            kinds.append(code)
+            starts.append(item[1])
+            ends.append(item[2])
+            if len(item) > 3:
+                label = str(item[3])
+                name = names.get(label)
+                if name is None:
+                    name = names[label] = len(self.names)
+                    self.names.append(label)
+                labels.append(name)
+            else:
+                labels.append(0)
+        first = len(self.kind)
+        try:
+            self.start.extend(starts)
+            self.end.extend(ends)
+        except TypeError:  # a span that is no (phase, start, end): the episode is left out
+            del self.start[first:], self.end[first:]
+            return
+        self.kind.extend(kinds)
+        self.name.extend(labels)
+        self.first.append(first)
+        if starts:
+            began = min(began, min(starts))
+            ended = max(ended, max(ends))
         self.position.append(position)
         self.began.append(began)
         self.ended.append(ended)
@@ -361,7 +371,9 @@ def trace_events(timeline: Timeline, limit: int = TRACE_EPISODES) -> dict[str, A
 
 def write_trace(timeline: Timeline, path: Path, *, private: bool = True, limit: int = TRACE_EPISODES) -> Path:
     """Write :func:`trace_events` to ``path`` (atomically)."""
+    import orjson
+
     from ..output.files import atomic_write_text
 
-    atomic_write_text(path, json.dumps(trace_events(timeline, limit), separators=(",", ":")), private=private)
+    atomic_write_text(path, orjson.dumps(trace_events(timeline, limit)).decode("utf-8"), private=private)
     return path

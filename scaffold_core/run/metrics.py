@@ -164,14 +164,15 @@ class RunMetrics:
 
     def _add_spans(self, result: EpisodeResult) -> None:
         """The episode's time, from its first span (a wait for its turn) to its end, divided among phases."""
+        spans = result.spans or []
         started = result.started_s or 0.0
-        first = min((float(s[1]) for s in result.spans or ()), default=started)
-        begin, end = min(first, started), started + result.wall_s
+        begin = spans[0][1] if spans and spans[0][1] < started else started  # spans are in order of their start
+        end = started + result.wall_s
         if end <= begin:
             return
         self.spanned_s += end - begin
         phase_s = self.phase_s
-        for phase, seconds in exclusive(result.spans or [], begin, end).items():
+        for phase, seconds in exclusive(spans, begin, end).items():
             phase_s[phase] += seconds
 
     def time_shares(self) -> dict[str, float]:
