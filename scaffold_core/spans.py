@@ -41,8 +41,10 @@ META_KEY = "spans"
 #: The monotonic clock spans are measured on.
 clock = time.perf_counter
 
-_current: contextvars.ContextVar[list[tuple[Any, ...]] | None] = contextvars.ContextVar("scaffold_spans",
-                                                                                      default=None)
+#: The running episode's span list (None outside an episode); :func:`recording` sets it.
+CURRENT: contextvars.ContextVar[list[tuple[Any, ...]] | None] = contextvars.ContextVar("scaffold_spans",
+                                                                                     default=None)
+_current = CURRENT
 
 
 def current() -> list[tuple[Any, ...]] | None:

@@ -35,8 +35,8 @@ GANTT_EPISODES = 40
 GANTT_SLOWEST = 10
 #: Intervals of the "in flight" chart.
 BINS = 120
-#: Episodes ``trace.json`` holds at most (the first to start): about 100 bytes a span.
-TRACE_EPISODES = 20_000
+#: Episodes ``trace.json`` holds at most (the first to start): about 130 bytes a span.
+TRACE_EPISODES = 10_000
 
 
 def phase_color(phase: str) -> str:
@@ -341,39 +341,57 @@ def timeline_section(timeline: Timeline | None, metrics: dict[str, Any] | None, 
 # -- Chrome's trace format ---------------------------------------------------------------------------------
 
 
-def trace_events(timeline: Timeline, limit: int = TRACE_EPISODES) -> dict[str, Any]:
-    """The spans of the first ``limit`` episodes to start, as a Chrome trace (complete events in microseconds;
-    each episode on the first free row, so rows are slots of concurrency)."""
-    order = sorted(range(len(timeline)), key=lambda i: timeline.began[i])[:limit]
+def trace_json(timeline: Timeline, limit: int = TRACE_EPISODES) -> str:
+    """The spans of the first ``limit`` episodes to start, as a Chrome trace: complete events (``"ph": "X"``) in
+    microseconds, an episode's slice and its spans' on the first row free when it starts (rows are slots of
+    concurrency), each with the episode's id in its args. Written as text directly: a run's trace has some
+    hundred thousand events."""
+    import orjson
+
+    n = len(timeline)
+    began, ended, first = timeline.began, timeline.ended, timeline.first
+    order = sorted(range(n), key=began.__getitem__)[:limit]
     free: list[tuple[float, int]] = []  # (when the row frees, row)
     rows = 0
-    events: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "episodes"}}]
+    phases = [orjson.dumps(p).decode() for p in timeline.phases]
+    names = [orjson.dumps(name).decode() for name in timeline.names]
+    kind, label, start, end = timeline.kind, timeline.name, timeline.start, timeline.end
+    total = len(kind)
+    events = ['{"name":"process_name","ph":"M","pid":1,"args":{"name":"episodes"}}']
     for episode in order:
-        began, ended = timeline.began[episode], timeline.ended[episode]
-        if free and free[0][0] <= began:
+        a, b = began[episode], ended[episode]
+        if free and free[0][0] <= a:
             _, row = heapq.heappop(free)
         else:
             row = rows
             rows += 1
-            events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": row, "args": {"name": f"slot {row}"}})
-        heapq.heappush(free, (ended, row))
-        eid = timeline.ids[episode]
-        events.append({"name": eid, "cat": "episode", "ph": "X", "pid": 1, "tid": row, "ts": round(began * 1e6, 1),
-                       "dur": round(max(0.0, ended - began) * 1e6, 1), "args": {"episode_id": eid}})
-        for phase, a, b, name in timeline.spans_of(episode):
-            event: dict[str, Any] = {"name": name or phase, "cat": phase, "ph": "X", "pid": 1, "tid": row,
-                                     "ts": round(a * 1e6, 1), "dur": round(max(0.0, b - a) * 1e6, 1),
-                                     "args": {"episode_id": eid, "phase": phase}}
-            events.append(event)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"episodes": len(order), "of": len(timeline)}}
+            events.append(f'{{"name":"thread_name","ph":"M","pid":1,"tid":{row},"args":{{"name":"slot {row}"}}}}')
+        heapq.heappush(free, (b, row))
+        eid = orjson.dumps(timeline.ids[episode]).decode()
+        args = f'"args":{{"episode_id":{eid}}}}}'
+        events.append(f'{{"name":{eid},"cat":"episode","ph":"X","pid":1,"tid":{row},"ts":{a * 1e6:.1f},'
+                      f'"dur":{max(0.0, b - a) * 1e6:.1f},{args}')
+        stop = first[episode + 1] if episode + 1 < n else total
+        for i in range(first[episode], stop):
+            phase = phases[kind[i]]
+            events.append(f'{{"name":{names[label[i]] if label[i] else phase},"cat":{phase},"ph":"X","pid":1,'
+                          f'"tid":{row},"ts":{start[i] * 1e6:.1f},"dur":{max(0.0, end[i] - start[i]) * 1e6:.1f},'
+                          f"{args}")
+    other = orjson.dumps({"episodes": len(order), "of": n}).decode()
+    return '{"traceEvents":[' + ",\n".join(events) + f'],"displayTimeUnit":"ms","otherData":{other}}}'
+
+
+def trace_events(timeline: Timeline, limit: int = TRACE_EPISODES) -> dict[str, Any]:
+    """:func:`trace_json`, read back."""
+    import orjson
+
+    data: dict[str, Any] = orjson.loads(trace_json(timeline, limit))
+    return data
 
 
 def write_trace(timeline: Timeline, path: Path, *, private: bool = True, limit: int = TRACE_EPISODES) -> Path:
-    """Write :func:`trace_events` to ``path`` (atomically)."""
-    import orjson
-
+    """Write :func:`trace_json` to ``path`` (atomically)."""
     from ..output.files import atomic_write_text
 
-    atomic_write_text(path, orjson.dumps(trace_events(timeline, limit)).decode("utf-8"), private=private)
+    atomic_write_text(path, trace_json(timeline, limit), private=private)
     return path

@@ -112,7 +112,8 @@ class EpisodeTraces:
             child.end(end_time=self._ns(float(item[2])))
         if not result.ok:
             root.set_status(trace.Status(trace.StatusCode.ERROR, (result.error or "")[:200]))
-        root.end(end_time=self._ns(started + result.wall_s))
+        last = max([started + result.wall_s, *(float(s[2]) for s in result.spans)])  # spans are kept to 0.1 ms
+        root.end(end_time=self._ns(last))
 
     def close(self) -> None:
         """Send what is buffered; shut down the provider when it was made here."""

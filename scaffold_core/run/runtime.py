@@ -30,7 +30,7 @@ from ..episode import EpisodeContext, EpisodeResult, Outcome, Sample
 from ..errors import ControllerError, EngineError, EpisodeError, TrajectoryError, VerifierError
 from ..generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
 from ..plugins.lifecycle import Hooks
-from ..spans import META_KEY, add_span, clock, current, recording, relative
+from ..spans import CURRENT, META_KEY, add_span, clock, current, relative
 from .aio import bounded, gather_or_cancel, gc_threshold, gc_tuned
 from .assembly import DEFAULT_LIMITS, Limits
 from .deadlines import Deadlines
@@ -165,8 +165,11 @@ class Runtime:
         spans: list[tuple[Any, ...]] = []
         if queued_since is not None:
             spans.append(("queued", queued_since, clock()))
-        with recording(spans):
+        token = CURRENT.set(spans)  # (recording()'s work, without a generator per episode)
+        try:
             result = await self._run_episode(ctx, spans)
+        finally:
+            CURRENT.reset(token)
         if self.traces is not None:
             self.traces.export(result)
         return result
