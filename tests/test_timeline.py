@@ -257,3 +257,24 @@ def test_each_episode_becomes_a_trace_with_a_span_per_phase(dice_plugins, dice_c
         assert [c.name for c in sorted(children, key=lambda c: c.start_time)] == [s[0] for s in record["spans"]]
         assert all(root.start_time <= c.start_time <= c.end_time <= root.end_time + 1000 for c in children)
         assert {c.context.trace_id for c in children} == {root.context.trace_id}
+
+
+def test_workers_time_shares_combine_as_one_runs():
+    from scaffold_core.episode import EpisodeResult
+    from scaffold_core.run.metrics import RunMetrics
+
+    def episode(name, spans, started, wall):
+        return EpisodeResult(name, 0, "ok", spans=spans, started_s=started, wall_s=wall)
+
+    one, two, both = RunMetrics(), RunMetrics(), RunMetrics()
+    first = episode("a", [["generate", 0.0, 3.0], ["verify", 3.0, 4.0]], 0.0, 4.0)
+    second = episode("b", [["queued", 1.0, 2.0], ["tool", 2.0, 3.0, "tool 'search'"]], 2.0, 2.0)
+    one.add(first)
+    two.add(second)
+    both.add(first)
+    both.add(second)
+    combined = RunMetrics.from_states([one.state(), two.state()]).summary()
+    assert combined["time_shares"] == both.summary()["time_shares"]
+    assert combined["episode_time_s"] == 7.0  # 4 s, and 3 s from the second's wait for its turn
+    assert combined["time_shares"] == pytest.approx({"generate": 3 / 7, "verify": 1 / 7, "queued": 1 / 7,
+                                                     "tool": 1 / 7, "other": 1 / 7}, abs=1e-4)
