@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
@@ -35,6 +36,11 @@ from .aio import bounded, gather_or_cancel, gc_threshold, gc_tuned
 from .assembly import DEFAULT_LIMITS, Limits
 from .deadlines import Deadlines
 from .verifier_pool import VerifierPool
+
+#: The phase of an awaited call's span, by the component it names (a judge is part of verifying).
+_AWAIT_PHASES = {"tool": "tool", "verifier": "verify"}
+
+log = logging.getLogger("scaffold.runtime")
 
 
 def verdict_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -171,7 +177,12 @@ class Runtime:
         finally:
             CURRENT.reset(token)
         if self.traces is not None:
-            self.traces.export(result)
+            try:
+                self.traces.export(result)
+            except Exception as exc:  # the run goes on without them, once said
+                log.warning("OpenTelemetry export stopped (%s: %s); the run goes on without it",
+                            type(exc).__name__, exc)
+                self.traces = None
         return result
 
     async def _run_episode(self, ctx: EpisodeContext, spans: list[tuple[Any, ...]] | None) -> EpisodeResult:
@@ -305,7 +316,7 @@ class Runtime:
         except Exception as exc:
             raise EpisodeError(f"{task.what} raised {type(exc).__name__}: {exc}", component=task.component) from exc
         finally:
-            add_span("tool" if task.component == "tool" else "await", began, clock(), task.what)
+            add_span(_AWAIT_PHASES.get(task.component, "await"), began, clock(), task.what)
 
     async def _verify(self, tasks: list[VerificationTask]) -> None:
         if self.verifier is None:
