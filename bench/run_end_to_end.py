@@ -4,6 +4,7 @@
     python bench/run_end_to_end.py --sizes 40000 200000 --repeat 3
     python bench/run_end_to_end.py --sizes 1000000 --no-dataset
     python bench/run_end_to_end.py --sizes 10000 --repeat 3 --workers 1 2
+    python bench/run_end_to_end.py --spans --sizes 20000 --repeat 5   # the cost of recording spans (goal <= 5%)
 
 Runs the real command line (``scaffold run CONFIG -o DIR``) in a child
 process (after a small first run, which writes Python's bytecode cache as a
@@ -27,6 +28,16 @@ reported with the lowest and highest, the noise of the machine. Bytes:
 everything the run writes per episode (its store, samples, failures, dataset,
 metrics, report), and its ratio to the trajectories dataset alone
 (goal: <= 1.5).
+
+``--spans`` measures what recording each episode's spans costs instead: the
+same command with ``output.spans`` on and off, alternately (on, off, off, on,
+...: each pair side by side on a machine whose speed changes from minute to
+minute), ``--repeat`` pairs per size; it prints each run's episodes/s and
+episodes per CPU-second and the median of the pairs' ratios (goal: spans cost
+at most 5%, i.e. on/off >= 0.95). The command's figure includes what the spans
+add at its end (the report's Time section and ``trace.json``); the runtime
+alone with and without recording (same episodes, nothing persisted) gives the
+cost of the recording itself.
 """
 
 from __future__ import annotations
@@ -59,14 +70,14 @@ def machine_line() -> str:
     return f"machine: {cores} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
 
 
-def config_data(episodes: int, workers: int, save_dataset: bool = True) -> dict:
+def config_data(episodes: int, workers: int, save_dataset: bool = True, spans: bool = True) -> dict:
     return {
         "task": {"name": "arithmetic", "count": episodes, "system": SYSTEM},
         "engine": {"name": "benchmark_canned", "response": RESPONSE},
         "controller": {"name": "native"},
         "sampling": {"max_tokens": MAX_TOKENS},
         "rollout": {"progress": False, "concurrency": 64, "workers": workers},
-        "output": {"save_dataset": save_dataset},
+        "output": {"save_dataset": save_dataset, "spans": spans},
     }
 
 
@@ -86,12 +97,13 @@ def env_with_test_plugin() -> dict[str, str]:
     return env
 
 
-def run_cli(episodes: int, workers: int, root: Path, timeout: float, save_dataset: bool = True) -> dict:
+def run_cli(episodes: int, workers: int, root: Path, timeout: float, save_dataset: bool = True,
+            spans: bool = True) -> dict:
     """One `scaffold run` in a child process; wall time, peak RSS (MB) and its metrics."""
     import yaml
 
     config = root / f"e2e-{episodes}-{workers}.yaml"
-    config.write_text(yaml.safe_dump(config_data(episodes, workers, save_dataset)), encoding="utf-8")
+    config.write_text(yaml.safe_dump(config_data(episodes, workers, save_dataset, spans)), encoding="utf-8")
     out = root / f"out-{episodes}-{workers}"
     if out.exists():
         shutil.rmtree(out)
@@ -130,7 +142,7 @@ def run_cli(episodes: int, workers: int, root: Path, timeout: float, save_datase
             "bytes_per_episode": total / episodes, "bytes_ratio": total / dataset if dataset else float("nan")}
 
 
-def runtime_only(episodes: int) -> tuple[float, float]:
+def runtime_only(episodes: int, spans: bool = True) -> tuple[float, float]:
     """(episodes/s, episodes per CPU-second) of the same episodes through the runtime alone (nothing persisted)."""
     from scaffold_testkit import plugin as test_plugin
 
@@ -153,7 +165,8 @@ def runtime_only(episodes: int) -> tuple[float, float]:
     async def main() -> tuple[float, float]:
         pool = VerifierPool(comps.verifier, timeout=30, workers=config.verifier_workers)
         runtime = Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
-                          trajectory_maker=comps.trajectory_maker, limits=Limits(concurrency=64))
+                          trajectory_maker=comps.trajectory_maker, limits=Limits(concurrency=64),
+                          record_spans=spans)
         await comps.engine.start()
         t0, c0 = time.perf_counter(), time.process_time()
         n = await runtime.run(contexts(), lambda result: None)
@@ -166,9 +179,10 @@ def runtime_only(episodes: int) -> tuple[float, float]:
     return asyncio.run(main())
 
 
-def runtime_child(episodes: int) -> tuple[float, float]:
+def runtime_child(episodes: int, spans: bool = True) -> tuple[float, float]:
     """:func:`runtime_only` in a fresh child process (as the command runs in one): (episodes/s, per CPU-s)."""
-    proc = subprocess.run([sys.executable, __file__, "--runtime-only", str(episodes)], capture_output=True,
+    proc = subprocess.run([sys.executable, __file__, "--runtime-only", str(episodes)]
+                          + ([] if spans else ["--runtime-no-spans"]), capture_output=True,
                           text=True, timeout=3600, env=env_with_test_plugin())
     if proc.returncode != 0:
         raise SystemExit(f"the runtime-only measurement failed:\n{proc.stderr[-3000:]}")
@@ -182,6 +196,43 @@ def spread(values: list[float]) -> str:
     return f"{med:.2f}" if len(values) == 1 else f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+GOAL_SPANS = 0.95
+
+
+def spans_cost(args: argparse.Namespace) -> int:
+    """``--spans``: the command with spans on and off, alternately; the ratio of their speeds."""
+    print(f"the cost of recording spans: scaffold run on the benchmark_canned engine, spans on and off alternately "
+          f"(on, off, off, on, ...), {args.repeat} pairs per size" + ("; without the trajectories dataset"
+                                                                         if args.no_dataset else ""))
+    print(machine_line())
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="scaffold-e2e-", dir=args.dir) as tmp:
+        run_cli(200, 1, Path(tmp), args.timeout)  # the bytecode cache
+        for n in args.sizes:
+            ratios, cpu_ratios, runtime_ratios = [], [], []
+            for pair in range(args.repeat):
+                order = (True, False) if pair % 2 == 0 else (False, True)
+                runs = {}
+                for spans in order:
+                    runs[spans] = run_cli(n, 1, Path(tmp), args.timeout, not args.no_dataset, spans)
+                on, off = runs[True], runs[False]
+                ratios.append(on["eps"] / off["eps"])
+                cpu_ratios.append(off["cpu_s"] / on["cpu_s"])
+                alone = {spans: runtime_child(n, spans) for spans in order}  # the runtime alone: recording only
+                runtime_ratios.append(alone[True][1] / alone[False][1])
+                print(f"  {n:,} episodes, pair {pair + 1}: spans on {on['eps']:,.0f} ep/s ({on['cpu_s']:.1f} CPU s), "
+                      f"off {off['eps']:,.0f} ep/s ({off['cpu_s']:.1f} CPU s): on/off {ratios[-1]:.3f}, CPU "
+                      f"{cpu_ratios[-1]:.3f}; the runtime alone, per CPU-second: on/off {runtime_ratios[-1]:.3f}; "
+                      f"{machine_line()}", flush=True)
+            good = statistics.median(cpu_ratios) >= GOAL_SPANS or statistics.median(ratios) >= GOAL_SPANS
+            ok = ok and good
+            print(f"{n:,} episodes: spans on/off episodes/s {spread(ratios)}, per CPU-second {spread(cpu_ratios)} "
+                  f"(goal >= {GOAL_SPANS:g}: {'ok' if good else 'OVER THE 5% BUDGET'}); the runtime alone (recording "
+                  f"only, no store and no report), per CPU-second: {spread(runtime_ratios)}")
+    print(machine_line() + " (at the end)")
+    return 0 if ok else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000],
@@ -192,10 +243,15 @@ def main() -> int:
     p.add_argument("--dir", help="where runs write (default: a temporary folder)")
     p.add_argument("--no-dataset", action="store_true",
                    help="output.save_dataset: false (the dataset of 1M 1,000-token episodes needs ~17 GB of disk)")
+    p.add_argument("--spans", action="store_true",
+                   help="measure the cost of recording spans (output.spans on and off, alternately) instead")
     p.add_argument("--runtime-only", type=int, help=argparse.SUPPRESS)  # the child of runtime_child
+    p.add_argument("--runtime-no-spans", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.spans:
+        return spans_cost(args)
     if args.runtime_only:
-        print(json.dumps(runtime_only(args.runtime_only)))
+        print(json.dumps(runtime_only(args.runtime_only, not args.runtime_no_spans)))
         return 0
     print(f"scaffold run end to end: benchmark_canned engine, arithmetic task, native controller, ~1,000 "
           f"byte tokens per sample; sizes {', '.join(f'{n:,}' for n in args.sizes)}; repeat {args.repeat}"

@@ -109,6 +109,11 @@ class OutputConfig(BaseModel):
                                                   "trajectories.parquet (with save_dataset)")
     private: bool = Field(True, description="true: files the run creates are 0600 and its folders 0700; "
                                             "false: the umask decides")
+    spans: bool = Field(True, description="record where each episode's time went (queued, prefill, decode, "
+                                          "verify, tool calls, weight-update waits) with the episode")
+    otel: bool | None = Field(None, description="send each episode's spans as an OpenTelemetry trace (the extra "
+                                                "'otel'); null: when an OTEL_TRACES_EXPORTER or "
+                                                "OTEL_EXPORTER_OTLP_ENDPOINT variable asks for traces")
 
 
 @dataclass

@@ -195,7 +195,9 @@ class EpisodeResult:
 
     ``status`` is ``"ok"`` or ``"failed"``; a failed episode carries
     ``error`` (the reason) and ``error_component`` (engine, verifier,
-    controller, trajectory, timeout, ...).
+    controller, trajectory, timeout, ...). ``spans``: where its time went
+    (see :mod:`scaffold_core.spans`), seconds since the session's start, and
+    ``started_s`` when it started on that clock; ``None`` when not recorded.
     """
 
     episode_id: str
@@ -214,6 +216,8 @@ class EpisodeResult:
     wall_s: float = 0.0
     row: dict[str, Any] | None = None
     trajectories: list[Any] = field(default_factory=list)
+    spans: list[list[Any]] | None = None
+    started_s: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -160,6 +160,11 @@ def test_a_request_in_flight_during_an_update_goes_on_on_the_new_weights_with_a_
     assert close(in_flight.logprobs[switch:], teacher_forced(new, prompt, in_flight.output_ids)[switch:])
     assert later.weight_version == 1 and later.versions == [1] * 8
     assert close(later.logprobs, teacher_forced(new, prompt, later.output_ids))
+    # where its time went (the episode's timeline): the update's wait and the new prefill inside its decoding
+    spans = in_flight.meta["spans"]
+    assert [p for p, _, _ in spans] == ["queued", "prefill", "decode", "weight_wait", "prefill", "decode"]
+    assert all(a <= b for _, a, b in spans) and all(x[2] <= y[1] + 1e-9 for x, y in zip(spans, spans[1:]))
+    assert [p for p, _, _ in later.meta["spans"]] == ["queued", "prefill", "decode"]
 
 
 def test_an_update_refused_mid_request_leaves_the_request_on_the_old_weights():

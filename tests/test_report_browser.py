@@ -162,3 +162,42 @@ def test_a_training_runs_browser_filters_by_step_and_shows_each_samples_training
         finally:
             browser.close()
     assert errors == []
+
+
+def test_the_time_section_draws_the_timeline(page):
+    tab, errors = page
+    assert tab.locator('nav.top a[href="#time"]').count() == 1
+    gantt = tab.locator("#time svg.gantt")
+    box = gantt.bounding_box()
+    assert box and box["width"] > 600 and box["height"] > 100
+    spans = tab.locator("#time svg.gantt rect.span")
+    assert spans.count() > 0 and spans.first.bounding_box()["width"] > 0
+    assert tab.locator("#time svg.chart polygon.area").count() > 0  # spans in flight by phase
+    assert tab.locator("#time table.shares tbody tr").count() >= 2  # each phase's share
+    assert errors == []
+
+
+def test_a_comparison_page_opens_with_its_charts_and_no_errors(eval_dir, dice_plugins, tmp_path):
+    need_browser()
+    from playwright.sync_api import sync_playwright
+
+    from scaffold_core.report.compare import build_comparison
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(eval_dir, first)
+    shutil.copytree(eval_dir, second)
+    path = build_comparison([first, second], output=tmp_path / "c.html", registry=dice_plugins.registry)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=60_000)
+        try:
+            tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.goto(path.as_uri())
+            assert tab.locator("svg.chart").count() >= 5
+            assert tab.locator("#scaling svg.chart path.line").count() == 4  # pass@k and majority@k, two runs each
+            assert tab.locator("#summary table tbody tr").count() == 2
+        finally:
+            browser.close()
+    assert errors == []

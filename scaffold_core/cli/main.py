@@ -116,9 +116,13 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _report_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write one offline report.html for a run, eval or train directory")
-    p.add_argument("run_dir", help="the directory a `scaffold run`, `eval` or `train` wrote")
-    p.add_argument("-o", "--output", help="where to write the page (default: RUN_DIR/report.html)")
+    p = sub.add_parser("report", help="write one offline report.html for a run, eval or train directory; given "
+                                      "several, one page comparing them")
+    p.add_argument("run_dir", nargs="+", metavar="RUN_DIR",
+                   help="the directory a `scaffold run`, `eval` or `train` wrote; several: a comparison page "
+                        "overlaying them (runs and evals together, or training runs together)")
+    p.add_argument("-o", "--output", help="where to write the page (default: RUN_DIR/report.html; comparing: "
+                                          "compare.html here)")
     p.add_argument("--max-episodes", type=int, default=None, metavar="N",
                    help="episodes the trajectory browser carries in full (default 300; past it, a stratified sample)")
     p.add_argument("--tokenizer", help="a local tokenizer or model folder for the token texts (default: the run's "
@@ -355,6 +359,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report.build import build_report
 
+    if len(args.run_dir) > 1:
+        return _compare(args)
     options: dict = {}
     if args.tokenizer:
         from ..report.tokens import load_tokenizer
@@ -364,8 +370,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-episodes: {args.max_episodes} is not >= 0")
     if args.max_episodes is not None:  # asked for: carried whatever their size
         options.update(max_episodes=args.max_episodes, budget=sys.maxsize)
-    path = build_report(args.run_dir, output=args.output, **options)
+    path = build_report(args.run_dir[0], output=args.output, **options)
     print(path)
+    return ExitCode.OK
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from ..report.compare import build_comparison
+
+    for flag, value in (("--max-episodes", args.max_episodes), ("--tokenizer", args.tokenizer)):
+        if value is not None:
+            raise ConfigError(f"{flag} applies to the report of one directory; a comparison carries no "
+                              "trajectories: leave it out")
+    print(build_comparison(args.run_dir, output=args.output))
     return ExitCode.OK
 
 

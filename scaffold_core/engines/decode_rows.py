@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generation import GenerationRequest, GenerationResult
+from ..spans import META_KEY
 
 
 @dataclass(eq=False)
@@ -33,6 +34,10 @@ class DecodeRow:
     stop_at: int | None = None  # character offset where a stop string begins
     grammar: Any = None  # the request's constraint, compiled (grammar.py's RowGrammar), if any
     loop: Any = None  # the caller's event loop: a streaming request's on_token is called there
+    #: Where the request's time went (scaffold_core.spans): (phase, start, end) on spans.clock; reported in
+    #: the result's meta. ``decode_from``: when its current stretch of decoding began.
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    decode_from: float = 0.0
 
 
 def new_row(torch: Any, request: GenerationRequest, future: Any, *, eos_ids: set[int],
@@ -85,7 +90,8 @@ def result_of(row: DecodeRow, tokenizer: Any) -> GenerationResult:
     if row.stop_at is not None:
         text = text[: row.stop_at]
     return GenerationResult(row.output_ids, row.logprobs, row.finish or "abort", text, row.versions[0],
-                            versions=row.versions, top_logprobs=row.top)
+                            versions=row.versions, top_logprobs=row.top,
+                            meta={META_KEY: row.spans} if row.spans else {})
 
 
 def _hit_stop_string(row: DecodeRow, tokenizer: Any) -> bool:

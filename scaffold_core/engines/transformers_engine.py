@@ -58,6 +58,7 @@ from typing import Any
 from ..engine import Engine
 from ..errors import EngineError
 from ..generation import GenerationRequest, GenerationResult
+from ..spans import clock
 from ..tokenizers import eos_token_ids
 from .decode_rows import DecodeRow, new_row, record_top, result_of, take_token
 from .generic_batch import GenericBatch
@@ -74,6 +75,15 @@ class _Pending:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     grammar: RowGrammar | None = None
+    queued_at: float = 0.0  # when the request reached the engine (spans.clock)
+
+
+def _mark(rows: list[DecodeRow], phase: str, began: float) -> None:
+    """A span from ``began`` to now on each row; their decoding (re)starts now."""
+    now = clock()
+    for row in rows:
+        row.spans.append((phase, began, now))
+        row.decode_from = now
 
 
 def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
@@ -339,7 +349,7 @@ class TransformersEngine(Engine):
                 f"prompt has {n_prompt} tokens but the model's context is {self.context_length} tokens; "
                 "shorten the prompt (fewer few-shot examples, a shorter system prompt)", retryable=False)
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, loop.create_future(), loop, self._grammar(request))
+        pending = _Pending(request, loop.create_future(), loop, self._grammar(request), clock())
         self._queue.put_nowait(pending)
         return await pending.future
 
@@ -403,6 +413,9 @@ class TransformersEngine(Engine):
         self._stats["rows"] += len(batch)
         self._stats["max_batch"] = max(self._stats["max_batch"], len(batch))
         rows = [self._make_row(p) for p in batch]
+        started = clock()
+        for row, pending in zip(rows, batch):
+            row.spans.append(("queued", pending.queued_at, started))
         with torch.inference_mode(), self._eval_mode():
             self._decode(rows)
         return [result_of(row, self.tokenizer) if row.finish is not None
@@ -419,12 +432,16 @@ class TransformersEngine(Engine):
                             share=self.share_prefill, reserve=reserve if self.reserve_cache else 0)
 
     def _decode(self, rows: list[DecodeRow]) -> None:
-        self._apply_updates()  # those that came in while the batch formed
+        began = clock()
+        if self._apply_updates():  # those that came in while the batch formed
+            _mark(rows, "weight_wait", began)
         if self._lean is not None:  # prompts of similar length side by side (grouped prefill)
             rows = sorted(rows, key=lambda r: prefill_order(r.request.prompt_ids))
         version = self.weight_version
+        began = clock()
         batch = self._new_batch(rows)
         logits = batch.start()
+        _mark(rows, "prefill", began)
         self._count_prefill(batch.counts)
         active = list(range(len(rows)))
         while True:
@@ -445,18 +462,30 @@ class TransformersEngine(Engine):
                     self._stats["abandoned"] += live[slot].finish == "abort"
                 else:
                     still.append(slot)
+            if done:
+                now = clock()
+                for slot in done:
+                    live[slot].spans.append(("decode", live[slot].decode_from, now))
             self._keep_prefixes(batch, live, done)
             if not still or self._closing.is_set():
                 return
             if done:
                 batch.drop(done)
                 active = [active[s] for s in still]
-            if self._updates and self._apply_updates():  # new weights: the rows go on from what they have
-                version = self.weight_version
-                batch = self._new_batch([rows[i] for i in active])
-                logits = batch.start()
-                self._count_prefill(batch.counts)
-                continue
+            if self._updates:
+                going = [rows[i] for i in active]
+                paused = clock()
+                if self._apply_updates():  # new weights: the rows go on from what they have
+                    for row in going:
+                        row.spans.append(("decode", row.decode_from, paused))
+                    _mark(going, "weight_wait", paused)
+                    version = self.weight_version
+                    began = clock()
+                    batch = self._new_batch(going)
+                    logits = batch.start()
+                    _mark(going, "prefill", began)
+                    self._count_prefill(batch.counts)
+                    continue
             logits = batch.step([rows[i].output_ids[-1] for i in active])
 
     def _keep_prefixes(self, batch: Any, live: list[DecodeRow], done: list[int]) -> None:

@@ -33,6 +33,8 @@ from .store import STORE, StoreReader, ordered_rows, store_paths
 EVAL_FILE = "eval.json"
 #: The offline HTML report ``scaffold report`` (and the end of ``run``, ``eval`` and ``train``) writes.
 REPORT_FILE = "report.html"
+#: Beside the report: every episode's spans in Chrome's trace event format (Perfetto, chrome://tracing).
+TRACE_FILE = "trace.json"
 #: ``scaffold train``: one line per optimizer step, appended as steps finish.
 TRAIN_METRICS = "train_metrics.jsonl"
 #: ``scaffold train``: the clock readings of each step (``wall_s``, ``rollout_s``, ...), apart so that

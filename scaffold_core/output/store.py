@@ -158,6 +158,7 @@ def head_of(result: EpisodeResult) -> dict[str, Any]:
         "chosen": result.chosen,
         "metrics": result.metrics,
         "samples": samples,
+        **({"started_s": result.started_s, "spans": result.spans} if result.spans is not None else {}),
     }
 
 
@@ -230,6 +231,7 @@ def result_of(record: dict[str, Any]) -> EpisodeResult:
         answer=record.get("final_answer"), answer_reward=record.get("answer_reward"),
         metrics=record.get("metrics") or {}, error=record.get("error"),
         error_component=record.get("error_component"), attempts=record.get("attempts", 1),
+        wall_s=float(record.get("wall_s") or 0.0), spans=record.get("spans"), started_s=record.get("started_s"),
     )
 
 

@@ -18,6 +18,7 @@ from ..output.reader import (
     METRICS_FILE,
     PROVENANCE_FILE,
     REPORT_FILE,
+    TRACE_FILE,
     TRAIN_SUMMARY,
     EpisodeReader,
     read_config,
@@ -29,6 +30,7 @@ from ..output.store import store_paths
 from .contents import Report
 from .episodes import DETAIL_BYTES, MAX_EPISODES, Stats, Vocab, choose, episode_detail, scan
 from .page import render
+from .timeline import write_trace
 from .tokens import token_texts, tokenizer_for_run
 
 _NO_TOKENIZER = object()
@@ -97,10 +99,13 @@ def build_report(directory: str | Path, *, output: str | Path | None = None, tok
         registry = get_registry()
     report = read_report(directory, tokenizer=tokenizer, registry=registry, max_episodes=max_episodes,
                          budget=budget, stats=stats)
-    html = render(report)
     target = Path(output) if output is not None else report.directory / REPORT_FILE
     if private is None:
         private = bool((report.config.get("output") or {}).get("private", True))
+    timeline = report.stats.timeline if report.stats is not None else None
+    if timeline is not None and len(timeline):  # beside the page: Perfetto opens it
+        report.trace = write_trace(timeline, target.with_name(TRACE_FILE), private=private).name
+    html = render(report)
     atomic_write_text(target, html, private=private)
     return target
 

@@ -29,3 +29,4 @@ class Report:
     versions_recorded: bool = False
     #: ``provenance.json``: the model, its weights' fingerprint, tokenizer, engine, seed (empty for old runs).
     provenance: dict[str, Any] = field(default_factory=dict)
+    trace: str | None = None  # the trace file written beside the page (its name), if any

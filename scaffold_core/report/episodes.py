@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..eval.answers import answers_of, usable_number
+from .timeline import Timeline
 
 #: Episodes the browser carries in full at most, and the page bytes their tokens may take (estimated).
 MAX_EPISODES = 300
@@ -82,10 +83,13 @@ class Stats:
     solved: Counter[tuple[int, int]] = field(default_factory=Counter)  # (correct answers, answers) per episode
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
     strata: Strata = field(default_factory=Strata)  # (position, stratum, estimated bytes)
+    timeline: Timeline = field(default_factory=Timeline)  # every episode's spans (where its time went)
 
     def add(self, position: int, head: dict[str, Any]) -> None:
         """Count one episode's head (``position``: its place in the order the browser numbers episodes)."""
         self.episodes += 1
+        if "spans" in head:
+            self.timeline.add(position, head)
         if head.get("status") != "ok":
             self.failed += 1
             first = (str(head.get("error") or "no reason given").strip().splitlines() or [""])[0][:200]

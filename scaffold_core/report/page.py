@@ -21,10 +21,11 @@ from ..output.codec import dumps_compact
 from .contents import Report
 from .episodes import MAX_EPISODES, Stats
 from .svg import PALETTE, Series, bar_chart, histogram_bins, line_chart
+from .timeline import timeline_section
 
 #: Sections of the page, in order: (anchor, title).
 SECTIONS = (("summary", "Summary"), ("rewards", "Rewards"), ("scaling", "Scaling"), ("training", "Training"),
-            ("trajectories", "Trajectories"))
+            ("time", "Time"), ("trajectories", "Trajectories"))
 EVAL_NAMES = {"pass@k": "pass@k", "majority@k": "majority@k", "best_of_n@k": "best-of-N@k", "pass^k": "pass^k"}
 
 
@@ -418,10 +419,16 @@ def trajectories_section(report: Report) -> str:
 </section>"""
 
 
+def time_section(report: Report) -> str:
+    """Where the episodes' time went (see :mod:`.timeline`)."""
+    timeline = report.stats.timeline if report.stats is not None else None
+    return timeline_section(timeline, report.metrics, report.trace)
+
+
 def render(report: Report) -> str:
     """The whole page."""
     sections = [summary_section(report), rewards_section(report), scaling_section(report),
-                training_section(report), trajectories_section(report)]
+                training_section(report), time_section(report), trajectories_section(report)]
     present = {anchor for anchor, _ in SECTIONS if f'<section id="{anchor}"' in "".join(sections)}
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS if a in present)
     data = {"episodes": report.episodes, "vocab": report.vocab, "kind": report.kind}

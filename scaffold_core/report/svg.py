@@ -241,3 +241,35 @@ def histogram_bins(values: Sequence[float], bins: int = 20, distinct_max: int = 
     labels = [_fmt(edges[i]) for i in range(count)]
     tips = [f"[{_fmt(edges[i])}, {_fmt(edges[i + 1])}): {counts[i]:,}" for i in range(count)]
     return labels, counts, tips, edges[:-1]
+
+
+def grouped_bar_chart(categories: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]], *, title: str,
+                      x_label: str, y_label: str, value_format: str = "{:.3g}", width: int = WIDTH,
+                      height: int = HEIGHT) -> str:
+    """Bars side by side: one group per category, one bar per series in it (a legend names the series); a
+    missing value (None) leaves its bar out."""
+    values = [v for _, vs in series for v in vs if v is not None and math.isfinite(v)]
+    headroom = 1.0 + 0.08 * len(series) if len(series) > 1 else 1.0  # room for the legend above the bars
+    axes = _Axes([0.0, 1.0], [0.0, *values, max(values, default=0.0) * headroom], 0, None, width, height)
+    out = _frame(axes, title, x_label, y_label, width, height, x_ticks=False)
+    groups = max(1, len(categories))
+    slot = (axes.right - axes.left) / groups
+    gap = min(12.0, slot * 0.2)
+    bar = max(1.0, (slot - gap) / max(1, len(series)))
+    for g, category in enumerate(categories):
+        x0 = axes.left + g * slot + gap / 2
+        for i, (name, vs) in enumerate(series):
+            value = vs[g] if g < len(vs) else None
+            if value is None or not math.isfinite(value):
+                continue
+            top = axes.y(value)
+            color = PALETTE[i % len(PALETTE)]
+            tip = f"{name}, {category}: {value_format.format(value)}"
+            out.append(f'<rect class="bar" x="{x0 + i * bar:.1f}" y="{top:.1f}" width="{max(1.0, bar - 1):.1f}" '
+                       f'height="{max(0.0, axes.bottom - top):.1f}" fill="{color}"><title>{escape(tip)}</title></rect>')
+        out.append(f'<text class="tick" x="{x0 + (slot - gap) / 2:.1f}" y="{axes.bottom + 16}" '
+                   f'text-anchor="middle">{escape(category)}</text>')
+    if len(series) > 1:
+        out.extend(_legend([(name, PALETTE[i % len(PALETTE)], False) for i, (name, _) in enumerate(series)], axes))
+    out.append("</svg>")
+    return "\n".join(out)

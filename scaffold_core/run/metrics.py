@@ -24,6 +24,12 @@ Definitions (also in docs/runtime.md):
   report them.
 * ``truncated_fraction``: samples that stopped on ``length``; above 20% the
   run warns loudly (that is how a too-small ``max_tokens`` shows itself).
+* ``time_shares``: where the episodes' time went: each phase's share of
+  ``episode_time_s``, the summed time of every episode that recorded spans
+  (from its first span, a wait for its turn, to its end). At each instant an
+  episode's time goes to one phase (the first active one in
+  ``scaffold_core.spans.PHASES``), ``other`` when no span covers it (the
+  controller's own code, building the prompt), so the shares sum to 1.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..episode import EpisodeResult, rollouts
+from ..spans import exclusive
 from ..trajectory import usable_reward
 
 TRUNCATION_WARNING = 0.2
@@ -102,6 +109,8 @@ class RunMetrics:
         self.extra_n: Counter[str] = Counter()
         self.skipped_rows: Counter[str] = Counter()
         self.resumed = 0
+        self.phase_s: dict[str, float] = defaultdict(float)  # episode time by phase (scaffold_core.spans)
+        self.spanned_s = 0.0  # the time of the episodes that recorded spans
 
     def restart_clock(self) -> None:
         self.start = time.perf_counter()
@@ -109,6 +118,8 @@ class RunMetrics:
     def add(self, result: EpisodeResult) -> None:
         self.episodes += 1
         self.retried += max(0, result.attempts - 1)
+        if result.spans is not None:
+            self._add_spans(result)
         if not result.ok:
             self.failed += 1
             key = result.error_component or "episode"
@@ -151,6 +162,27 @@ class RunMetrics:
             self.extra_sum[name] += float(value)
             self.extra_n[name] += 1
 
+    def _add_spans(self, result: EpisodeResult) -> None:
+        """The episode's time, from its first span (a wait for its turn) to its end, divided among phases."""
+        spans = result.spans or []
+        started = result.started_s or 0.0
+        begin = spans[0][1] if spans and spans[0][1] < started else started  # spans are in order of their start
+        end = started + result.wall_s
+        if end <= begin:
+            return
+        self.spanned_s += end - begin
+        phase_s = self.phase_s
+        for phase, seconds in exclusive(spans, begin, end).items():
+            phase_s[phase] += seconds
+
+    def time_shares(self) -> dict[str, float]:
+        """Each phase's share of the episodes' time (those that recorded spans), largest first."""
+        total = self.spanned_s
+        if total <= 0:
+            return {}
+        return {phase: round(seconds / total, 4)
+                for phase, seconds in sorted(self.phase_s.items(), key=lambda item: -item[1])}
+
     #: The totals :meth:`state` carries (counts and sums; a session's clock and skipped rows are not totals).
     _SUMS = ("episodes", "completed", "failed", "samples", "unscored", "rollouts", "scored_rollouts", "reward_sum",
              "correct_sum", "scored_episodes", "generated_tokens", "truncated", "retried")
@@ -163,6 +195,7 @@ class RunMetrics:
         out["failure_causes"] = [[*cause, n] for cause, n in self.failure_causes.items()]
         out["cause_examples"] = [[*cause, text] for cause, text in self.cause_examples.items()]
         out["extra"] = [[name, self.extra_sum[name], self.extra_n[name]] for name in self.extra_sum]
+        out["phases"] = [self.spanned_s, sorted(self.phase_s.items())]
         return out
 
     @classmethod
@@ -187,6 +220,10 @@ class RunMetrics:
             for name, total, n in state["extra"]:
                 out.extra_sum[name] += total
                 out.extra_n[name] += n
+            spanned, phases = state.get("phases") or (0.0, [])
+            out.spanned_s += spanned
+            for phase, seconds in phases:
+                out.phase_s[phase] += seconds
         return out
 
     @property
@@ -232,6 +269,9 @@ class RunMetrics:
             out[name] = round(self.extra_sum[name] / self.extra_n[name], 6)
         if self.skipped_rows:
             out["skipped_rows"] = dict(self.skipped_rows)
+        if self.spanned_s > 0:
+            out["episode_time_s"] = round(self.spanned_s, 3)
+            out["time_shares"] = self.time_shares()
         out.update(extra)
         return out
 

@@ -21,10 +21,13 @@ from ..errors import DataError, RunDirError
 from ..output import STORE, RunOutput, expand_output_dir
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
+from ..spans import clock
 from ..task import episode_context, episode_id_of
 from .assembly import Components, Limits, started
 from .finalize import finalize_run_dir
 from .metrics import RunMetrics
+from .otel import EpisodeTraces
+from .otel import wanted as otel_wanted
 from .progress import BAR_INTERVAL_S, Progress, run_status
 from .provenance import write_provenance
 from .runtime import Runtime
@@ -67,6 +70,7 @@ class Rollout:
         self.hooks = Hooks(self.plugins.pm)
         self.interrupted: str | None = None
         self.runtime: Runtime | None = None
+        self.traces: Any = None  # OpenTelemetry export of each episode's spans, when asked for (run/otel.py)
         self._write_error: BaseException | None = None  # a deferred store write that failed (see _result_sink)
         self._drain: Callable[[], None] = lambda: None  # records the episodes finished but not yet written
         self._decoded_at_start = 0  # the engine's live token count when the episodes started
@@ -150,6 +154,8 @@ class Rollout:
                     bar.close()
                     self._drain()
                     self.output.close()
+                    if self.traces is not None:
+                        self.traces.close()
         finally:
             self.output.close()  # a run that stopped before its components started
         return self._summary()
@@ -163,9 +169,14 @@ class Rollout:
 
     def _runtime(self, pool: VerifierPool | None) -> Runtime:
         comps = self.components
+        zero = clock()
+        output = self.config.output
+        if output.spans and otel_wanted(output.otel) and self.traces is None:
+            self.traces = EpisodeTraces(zero)
         return Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
                        trajectory_maker=comps.trajectory_maker, hooks=self.hooks,
-                       engine_name=bare_name(self.config.engine.name), limits=self.limits)
+                       engine_name=bare_name(self.config.engine.name), limits=self.limits,
+                       record_spans=output.spans, clock_zero=zero, traces=self.traces)
 
     def _progress(self, todo: int) -> Progress:
         n = self.answers_per_episode

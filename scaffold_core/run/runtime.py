@@ -12,11 +12,15 @@
 * An error fails its episode with the component and reason (retried up to
   ``retries`` times when the error is retryable); it never becomes a silent
   zero reward and never stops other episodes.
+* Each episode records where its time went (``scaffold_core.spans``): its
+  engine requests, verifications and awaited calls, as spans on the clock of
+  the runtime's start (``record_spans=False``: none).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
@@ -27,10 +31,16 @@ from ..episode import EpisodeContext, EpisodeResult, Outcome, Sample
 from ..errors import ControllerError, EngineError, EpisodeError, TrajectoryError, VerifierError
 from ..generation import AwaitTask, GenerationRequest, GenerationTask, VerificationTask
 from ..plugins.lifecycle import Hooks
+from ..spans import CURRENT, META_KEY, add_span, clock, current, relative
 from .aio import bounded, gather_or_cancel, gc_threshold, gc_tuned
 from .assembly import DEFAULT_LIMITS, Limits
 from .deadlines import Deadlines
 from .verifier_pool import VerifierPool
+
+#: The phase of an awaited call's span, by the component it names (a judge is part of verifying).
+_AWAIT_PHASES = {"tool": "tool", "verifier": "verify"}
+
+log = logging.getLogger("scaffold.runtime")
 
 
 def verdict_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -55,7 +65,13 @@ class Runtime:
         hooks: Hooks | None = None,
         engine_name: str = "engine",
         limits: Limits = DEFAULT_LIMITS,
+        record_spans: bool = True,
+        clock_zero: float | None = None,
+        traces: Any = None,
     ):
+        """``record_spans``: record each episode's spans; ``clock_zero``: the :func:`~scaffold_core.spans.clock`
+        reading their times count from (default: now); ``traces``: given each finished episode that recorded
+        spans (``export(result)``: :class:`~scaffold_core.run.otel.EpisodeTraces`)."""
         self.engine = engine
         self.prototype = controller
         self.verifier = verifier
@@ -66,6 +82,9 @@ class Runtime:
         self.stopping = False
         #: Tokens of every generation returned so far (a live count for the progress: finer than episodes)
         self.returned_tokens = 0
+        self.record_spans = record_spans
+        self.clock_zero = clock() if clock_zero is None else clock_zero
+        self.traces = traces
         self._workers: list[asyncio.Future] = []
         self._deadlines = Deadlines()  # request and episode timeouts: one timer per length, not per wait
 
@@ -146,7 +165,29 @@ class Runtime:
                                   "episode needs its own copy (remove the clone() override)")
         return controller
 
-    async def run_episode(self, ctx: EpisodeContext) -> EpisodeResult:
+    async def run_episode(self, ctx: EpisodeContext, *, queued_since: float | None = None) -> EpisodeResult:
+        """Run one episode (retried as the limits say); ``queued_since``: when it began waiting for its turn
+        (the :func:`~scaffold_core.spans.clock` reading), recorded as its ``queued`` span."""
+        if not self.record_spans:
+            return await self._run_episode(ctx, None)
+        spans: list[tuple[Any, ...]] = []
+        if queued_since is not None:
+            spans.append(("queued", queued_since, clock()))
+        token = CURRENT.set(spans)  # (recording()'s work, without a generator per episode)
+        try:
+            result = await self._run_episode(ctx, spans)
+        finally:
+            CURRENT.reset(token)
+        if self.traces is not None:
+            try:
+                self.traces.export(result)
+            except Exception as exc:  # the run goes on without them, once said
+                log.warning("OpenTelemetry export stopped (%s: %s); the run goes on without it",
+                            type(exc).__name__, exc)
+                self.traces = None
+        return result
+
+    async def _run_episode(self, ctx: EpisodeContext, spans: list[tuple[Any, ...]] | None) -> EpisodeResult:
         started = time.perf_counter()
         attempt = 0
         while True:
@@ -156,6 +197,8 @@ class Runtime:
                 result = await self._deadlines.bounded(self._attempt(controller, ctx), self.limits.episode_timeout)
                 result.attempts = attempt + 1
                 result.wall_s = time.perf_counter() - started
+                if spans is not None:
+                    self._keep_spans(result, spans, started)
                 return result
             except asyncio.CancelledError:
                 raise
@@ -169,13 +212,22 @@ class Runtime:
             except Exception as exc:  # a bug in a controller or plugin: fail this episode only
                 error, component, retryable = f"{type(exc).__name__}: {exc}", "controller", False
             if attempt >= self.limits.retries or not retryable:
-                return EpisodeResult(
+                failed = EpisodeResult(
                     episode_id=ctx.episode_id, index=ctx.index, status="failed", reference=ctx.reference,
                     prompt_text=ctx.prompt_text, error=error, error_component=component,
                     attempts=attempt + 1, wall_s=time.perf_counter() - started, row=ctx.row,
                 )
+                if spans is not None:
+                    self._keep_spans(failed, spans, started)
+                return failed
             attempt += 1
             ctx.state = {}
+
+    def _keep_spans(self, result: EpisodeResult, spans: list[tuple[Any, ...]], started: float) -> None:
+        """The episode's spans (every attempt's) on the result, as seconds since the runtime's start."""
+        zero = self.clock_zero
+        result.started_s = round(started - zero, 4)
+        result.spans = relative(spans, zero)
 
     async def _attempt(self, controller: Controller, ctx: EpisodeContext) -> EpisodeResult:
         outcome = await self._drive(controller.process(ctx), ctx)
@@ -186,7 +238,9 @@ class Runtime:
         samples = [s if isinstance(s, Sample) else Sample.from_task(s) for s in outcome.samples]
         unverified = [s for s in samples if s.verdict is None]
         if unverified and self.verifier is not None:
+            began = clock()
             verdicts = await self.verifier.verify_many([(s.text, ctx.reference) for s in unverified])
+            add_span("verify", began, clock())
             for sample, verdict in zip(unverified, verdicts):
                 sample.verdict = verdict
         result = EpisodeResult(
@@ -253,6 +307,7 @@ class Runtime:
             await gather_or_cancel(coros)
 
     async def _await(self, task: AwaitTask) -> None:
+        began = clock()
         try:
             task.result = await bounded(task.make(), task.timeout)
         except (asyncio.TimeoutError, TimeoutError):
@@ -262,11 +317,15 @@ class Runtime:
             raise
         except Exception as exc:
             raise EpisodeError(f"{task.what} raised {type(exc).__name__}: {exc}", component=task.component) from exc
+        finally:
+            add_span(_AWAIT_PHASES.get(task.component, "await"), began, clock(), task.what)
 
     async def _verify(self, tasks: list[VerificationTask]) -> None:
         if self.verifier is None:
             raise VerifierError("the controller asked for verification but this run has no verifier")
+        began = clock()
         verdicts = await self.verifier.verify_many([(t.response, t.reference) for t in tasks])
+        add_span("verify", began, clock())
         for task, verdict in zip(tasks, verdicts):
             task.verdict = verdict
 
@@ -276,11 +335,18 @@ class Runtime:
             seed=task.seed, episode_id=ctx.episode_id,
         )
         engine = self.engine
-        if self.hooks.has_request_wrappers:
-            result = await self.hooks.wrap_request(request, self.engine_name,
-                                                   lambda: self._call_engine(engine, request))
-        else:
-            result = await self._call_engine(engine, request)
+        began = clock()
+        result = None
+        try:
+            if self.hooks.has_request_wrappers:
+                result = await self.hooks.wrap_request(request, self.engine_name,
+                                                       lambda: self._call_engine(engine, request))
+            else:
+                result = await self._call_engine(engine, request)
+        finally:
+            spans = current()
+            if spans is not None:
+                _request_spans(spans, began, clock(), result)
         self.returned_tokens += len(getattr(result, "output_ids", ()) or ())
         task.result = result
 
@@ -310,3 +376,19 @@ class Runtime:
                 f"engine {self.engine_name!r} aborted request {request.request_id}"
                 + (f": {result.meta.get('message')}" if result.meta.get("message") else ""), retryable=True)
         return result
+
+
+def _request_spans(spans: list[tuple[Any, ...]], began: float, ended: float, result: Any) -> None:
+    """One engine request's spans: those the engine reported in its result's meta (see scaffold_core.spans),
+    else one ``generate`` span over the whole request."""
+    reported = getattr(result, "meta", None)
+    reported = reported.get(META_KEY) if isinstance(reported, dict) else None
+    if isinstance(reported, list) and reported:
+        try:
+            parts = [(str(phase), max(float(start), began), min(float(end), ended)) for phase, start, end in reported]
+        except (TypeError, ValueError):  # not (phase, start, end) triples: the request as one span
+            parts = []
+        if parts:
+            spans.extend(parts)
+            return
+    spans.append(("generate", began, ended))

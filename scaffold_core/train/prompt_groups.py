@@ -44,6 +44,7 @@ from typing import Any
 from ..episode import EpisodeContext, EpisodeResult
 from ..run.assembly import DEFAULT_LIMITS, Components, Limits, started
 from ..sampling import SamplingParams, derive_seed
+from ..spans import clock
 from ..task import episode_context, episode_id_of
 from ..trajectory import TrainingSample
 from .staleness import KEEP_ALL, StalenessPolicy
@@ -117,7 +118,7 @@ class TrainingRollouts:
 
     def __init__(self, components: Components, *, sampling: SamplingParams, limits: Limits = DEFAULT_LIMITS,
                  staleness: StalenessPolicy = KEEP_ALL, engine_name: str = "engine",
-                 manage_engine: bool = True, hooks: Any = None, run_info: Any = None):
+                 manage_engine: bool = True, hooks: Any = None, run_info: Any = None, record_spans: bool = True):
         if components.trajectory_maker is None:
             from ..builtins.trajectories import SingleTurnTrajectoryMaker
 
@@ -130,6 +131,7 @@ class TrainingRollouts:
         self.manage_engine = manage_engine
         self.hooks = hooks
         self.run_info = run_info
+        self.record_spans = record_spans
         self.stats = RolloutStats()
         self._calls = itertools.count()
         self._runtime: Any = None
@@ -146,7 +148,8 @@ class TrainingRollouts:
 
         kwargs: dict[str, Any] = dict(
             sampling=config.sampling.params(), limits=Limits.from_config(config),
-            staleness=StalenessPolicy.from_config(config), engine_name=config.engine.name)
+            staleness=StalenessPolicy.from_config(config), engine_name=config.engine.name,
+            record_spans=config.output.spans)
         kwargs.update(options)
         return cls(Components.from_config(config, registry or get_registry(), engine=engine), **kwargs)
 
@@ -181,7 +184,7 @@ class TrainingRollouts:
         self._slots = asyncio.Semaphore(concurrency) if concurrency is not None else None
         self._runtime = Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
                                 trajectory_maker=comps.trajectory_maker, hooks=self.hooks,
-                                engine_name=self.engine_name, limits=self.limits)
+                                engine_name=self.engine_name, limits=self.limits, record_spans=self.record_spans)
 
     async def close(self) -> None:
         """Release what :meth:`start` acquired, in reverse order (safe twice; the engine only when managed)."""
@@ -315,5 +318,6 @@ class TrainingRollouts:
                                   seed=derive_seed(prototype.sampling.seed, episode_id), state={})
         if self._slots is None:  # unbounded: the caller bounds the episodes in flight
             return await self._runtime.run_episode(ctx)
+        waiting = clock()
         async with self._slots:
-            return await self._runtime.run_episode(ctx)
+            return await self._runtime.run_episode(ctx, queued_since=waiting)

@@ -50,6 +50,7 @@ from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult, version_number
 from scaffold_core.plugins import Help
 from scaffold_core.sampling import mix_seed
+from scaffold_core.spans import span
 from scaffold_core.tokenizers import response_text
 
 log = logging.getLogger("scaffold.remote")
@@ -320,7 +321,8 @@ class RemoteEngine(Engine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         client = self.need_client()
         if not self._resumed.is_set():  # paused by this engine: hold new requests here, not in the server
-            await self._resumed.wait()
+            with span("weight_wait"):
+                await self._resumed.wait()
         pauses, updates, version = self._pauses, self._updates, self.weight_version
         result = await client.generate(request)
         if result.finish_reason == "abort" and self._pauses != pauses:  # aborted by this engine's own pause
@@ -367,7 +369,8 @@ class RemoteEngine(Engine):
                 break
             self._counts["continued"] += 1
             if not self._resumed.is_set():
-                await self._resumed.wait()
+                with span("weight_wait"):
+                    await self._resumed.wait()
             pauses, version = self._pauses, self.weight_version
             seed = None if request.seed is None else mix_seed(request.seed, segment)
             more = GenerationRequest(f"{request.request_id}+{segment}", [*request.prompt_ids, *ids],

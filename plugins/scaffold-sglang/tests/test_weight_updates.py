@@ -10,6 +10,7 @@ from sglang_testkit import byte_server, run, ts
 from test_client import engine, req
 
 from scaffold_core.errors import EngineError
+from scaffold_core.spans import recording
 from scaffold_core.trajectory import version_number
 
 
@@ -57,14 +58,19 @@ def test_a_failed_update_keeps_the_old_version():
     assert "checkpoint directory" in errors[1] and "never go backwards" in errors[2]
 
 
-def update_mid_request(tmp_path, pause_mode: str, compat: str = "0.5.23"):
-    """One 40-token request (10 ms a token) with a weight update 0.12 s into it; (result, server, engine stats)."""
+def update_mid_request(tmp_path, pause_mode: str, compat: str = "0.5.23", spans: list | None = None):
+    """One 40-token request (10 ms a token) with a weight update 0.12 s into it; (result, server, engine stats).
+    ``spans``: the request's span list, as an episode's (``scaffold_core.spans``)."""
     server = byte_server(compat=compat, backend_options={"token_delay_s": 0.01, "mean_tokens": 10_000})
 
     async def main():
         async with ts.running(server) as url:
             async with engine(url, pause_mode=pause_mode) as eng:
-                running = asyncio.ensure_future(eng.generate(req(1, max_tokens=40)))
+                async def long_request():
+                    with recording(spans):
+                        return await eng.generate(req(1, max_tokens=40))
+
+                running = asyncio.ensure_future(long_request())
                 while not server.live:
                     await asyncio.sleep(0.005)
                 await asyncio.sleep(0.12)
@@ -80,7 +86,8 @@ def update_mid_request(tmp_path, pause_mode: str, compat: str = "0.5.23"):
 
 
 def test_pause_abort_continues_the_request_and_each_token_has_the_version_that_sampled_it(tmp_path):
-    result, server, done_at_update, stats = update_mid_request(tmp_path, "abort")
+    spans: list = []
+    result, server, done_at_update, stats = update_mid_request(tmp_path, "abort", spans=spans)
     first, rest = server.responses[0], server.responses[1]
     assert first["finish_reason"] == "abort" and rest["input_ids"] == first["input_ids"] + first["output_ids"]
     assert result.output_ids == first["output_ids"] + rest["output_ids"] and len(result.output_ids) == 40
@@ -90,6 +97,8 @@ def test_pause_abort_continues_the_request_and_each_token_has_the_version_that_s
     assert result.weight_version == 0 and stats["continued"] == 1 and not done_at_update
     assert [name for name, _ in server.control_log] == ["pause_generation", "update_weights_from_disk",
                                                         "continue_generation"]
+    (wait,) = spans  # the episode's timeline shows the wait for the new weights
+    assert wait[0] == "weight_wait" and wait[2] > wait[1]
 
 
 def test_pause_keep_retracts_and_the_servers_spans_give_each_tokens_version(tmp_path):

@@ -1,0 +1,280 @@
+"""Where the time went: every episode records its spans, metrics.json gives each phase's share, the report draws
+them for run, eval and train directories and writes a Chrome trace; `scaffold report A B` compares runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+
+import pytest
+from scaffold_testkit.engines import ScriptedEngine
+
+from scaffold_core.cli import main
+from scaffold_core.controller import Controller
+from scaffold_core.episode import EpisodeContext, Outcome
+from scaffold_core.generation import AwaitTask, GenerationResult
+from scaffold_core.output.store import read_records
+from scaffold_core.report.build import build_report
+from scaffold_core.run.rollout import Rollout
+from scaffold_core.run.runtime import Runtime
+from scaffold_core.sampling import SamplingParams
+from scaffold_core.spans import PHASES, add_span, clock, exclusive
+
+EPS = 2e-4  # spans are kept to 0.1 ms
+
+
+def section(html: str, anchor: str) -> str:
+    found = re.search(rf'<section id="{anchor}">.*?</section>', html, re.S)
+    assert found, f"the page has no {anchor} section"
+    return found.group(0)
+
+
+def check_spans(record: dict) -> None:
+    """Every span of the episode lies within its time: from its first span to the end of its wall time."""
+    spans = record["spans"]
+    assert spans, record["episode_id"]
+    start, end = record["started_s"], record["started_s"] + record["wall_s"]
+    for phase, a, b, *_ in spans:
+        assert a <= b, (phase, a, b)
+        assert b <= end + EPS, (record["episode_id"], phase, b, end)
+        assert a >= start - EPS or phase == "queued", (record["episode_id"], phase, a, start)
+    parts = exclusive(spans, min(start, spans[0][1]), end)
+    assert sum(parts.values()) == pytest.approx(end - min(start, spans[0][1]), abs=1e-6)
+
+
+def test_time_divides_among_phases_by_precedence_and_sums_to_the_episode():
+    spans = [("decode", 0.0, 4.0), ("verify", 3.0, 5.0), ("weight_wait", 1.0, 2.0), ("queued", -1.0, 0.0)]
+    parts = exclusive(spans, -1.0, 6.0)
+    assert parts == pytest.approx({"queued": 1.0, "decode": 3.0, "weight_wait": 1.0, "verify": 1.0, "other": 1.0})
+    assert sum(parts.values()) == pytest.approx(7.0)
+    assert exclusive([("tool", 5.0, 9.0)], 6.0, 8.0) == pytest.approx({"tool": 2.0})  # clipped to the episode
+    assert PHASES[0] == "weight_wait"  # a wait for new weights inside a request counts as that wait
+
+
+def test_a_run_records_spans_within_each_episode_and_metrics_give_the_shares(dice_plugins, dice_config, tmp_path):
+    config = dice_config(task={"name": "sums", "count": 8}, controller={"name": "native", "samples": 2})
+    metrics = Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    records = list(read_records(tmp_path / "run"))
+    assert len(records) == 8
+    for record in records:
+        check_spans(record)
+        phases = [s[0] for s in record["spans"]]
+        assert phases.count("generate") == 2 and "verify" in phases  # one request per sample, then the verifier
+    shares = metrics["time_shares"]
+    assert set(shares) <= {*PHASES, "other"} and "generate" in shares
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    assert metrics["episode_time_s"] == pytest.approx(
+        sum(r["started_s"] + r["wall_s"] - min(r["started_s"], r["spans"][0][1]) for r in records), abs=2e-3)
+    on_disk = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert on_disk["time_shares"] == shares
+
+
+def test_spans_can_be_turned_off(dice_plugins, dice_config, tmp_path):
+    config = dice_config(task={"name": "sums", "count": 3}, output={"spans": False})
+    metrics = Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    assert all("spans" not in r for r in read_records(tmp_path / "run"))
+    assert "time_shares" not in metrics
+    html = build_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry).read_text()
+    assert '<section id="time">' not in html and not (tmp_path / "run" / "trace.json").exists()
+
+
+class _Timed(Controller):
+    """A request on an engine that reports its own spans, a tool call, and a span of the controller's own."""
+
+    def process(self, ctx: EpisodeContext):
+        task = ctx.generation_task()
+        yield [task]
+        began = clock()
+        yield [AwaitTask(lambda: asyncio.sleep(0.02), timeout=5.0, component="tool", what="tool 'search'")]
+        add_span("await", began, clock(), "controller bookkeeping")
+        return Outcome([task])
+
+
+class _ReportingEngine:
+    tokenizer = None
+
+    async def generate(self, request):
+        queued = clock()
+        await asyncio.sleep(0.01)
+        prefilled = clock()
+        await asyncio.sleep(0.01)
+        done = clock()
+        spans = [("queued", queued - 5.0, prefilled - 0.005),  # starts before the call: clipped to it
+                 ("prefill", prefilled - 0.005, prefilled), ("decode", prefilled, done)]
+        return GenerationResult([1, 2], [0.0, 0.0], "stop", "x", meta={"spans": spans})
+
+
+def test_engine_reported_spans_tool_calls_and_plugin_spans_are_recorded():
+    runtime = Runtime(engine=_ReportingEngine(), controller=_Timed(), verifier=None)
+    ctx = EpisodeContext(episode_id="e", index=0, row={}, prompt_ids=[1], sampling=SamplingParams(max_tokens=4),
+                         seed=1)
+    result = asyncio.run(runtime.run_episode(ctx))
+    assert result.ok
+    phases = [s[0] for s in result.spans]
+    assert phases[:3] == ["queued", "prefill", "decode"]  # the engine's own split of its request
+    assert result.spans[0][1] >= result.started_s - EPS  # the engine's early start is clipped to the request
+    tool = [s for s in result.spans if s[0] == "tool"]
+    assert tool and tool[0][3] == "tool 'search'" and tool[0][2] - tool[0][1] >= 0.015
+    assert ["await", "controller bookkeeping"] == [s[0] for s in result.spans if s[0] == "await"] + [
+        s[3] for s in result.spans if s[0] == "await"]
+    check_spans({"episode_id": "e", "spans": result.spans, "started_s": result.started_s, "wall_s": result.wall_s})
+    assert add_span("decode", 0.0, 1.0) is None  # outside an episode: nothing, no error
+
+
+def _timeline_checks(directory, html: str) -> None:
+    time_section = section(html, "time")
+    assert "share of episode time" in time_section
+    assert '<svg class="chart wide gantt"' in time_section and 'class="span" data-phase=' in time_section
+    assert "Spans in flight by phase" in time_section and '<polygon class="area"' in time_section
+    assert '<a href="#time">Time</a>' in html
+    trace = json.loads((directory / "trace.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert slices and all(e["dur"] >= 0 and "episode_id" in e["args"] for e in slices)
+    assert {e["cat"] for e in slices} >= {"episode"}
+
+
+def test_the_run_report_draws_the_timeline_and_writes_a_trace(dice_plugins, dice_config, tmp_path):
+    config = dice_config(task={"name": "sums", "count": 6}, controller={"name": "native", "samples": 2})
+    Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    html = build_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry).read_text()
+    _timeline_checks(tmp_path / "run", html)
+    gantt = re.search(r'<svg class="chart wide gantt".*?</svg>', html, re.S).group(0)
+    assert gantt.count('<g class="lane"') == 6  # every episode when there are few
+    assert gantt.count('data-phase="generate"') == 12 and 'data-phase="verify"' in gantt
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    episodes = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "episode"]
+    assert len(episodes) == 6
+    for episode in episodes:  # each span sits inside its episode's slice, on its row
+        inner = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "episode"
+                 and e["args"]["episode_id"] == episode["name"]]
+        assert inner and all(e["tid"] == episode["tid"] for e in inner)
+        assert all(episode["ts"] - 200 <= e["ts"] and e["ts"] + e["dur"] <= episode["ts"] + episode["dur"] + 200
+                   for e in inner)
+
+
+def test_the_eval_report_draws_the_timeline(eval_dir, dice_plugins, tmp_path):
+    out = tmp_path / "r"
+    shutil.copytree(eval_dir, out)
+    html = build_report(out, tokenizer=ScriptedEngine().tokenizer, registry=dice_plugins.registry).read_text()
+    _timeline_checks(out, html)
+
+
+def test_the_train_report_draws_the_timeline(test_plugins, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text("task: {name: arithmetic, count: 3}\nengine: {name: benchmark_canned, response: '42'}\n"
+                      "trainer: {name: rollout_only, steps: 2, group: 2}\n")
+    assert main(["train", str(config), "-o", str(tmp_path / "t"), "--no-progress"]) == 0
+    html = (tmp_path / "t" / "report.html").read_text()
+    _timeline_checks(tmp_path / "t", html)
+    for record in read_records(tmp_path / "t"):
+        check_spans(record)
+    metrics = json.loads((tmp_path / "t" / "metrics.json").read_text())
+    assert sum(metrics["time_shares"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+# -- runs side by side ----------------------------------------------------------------------------------------
+
+
+def test_two_runs_side_by_side(dice_plugins, dice_config, eval_dir, tmp_path):
+    for name, samples in (("one", 1), ("two", 3)):
+        config = dice_config(task={"name": "sums", "count": 6}, controller={"name": "native", "samples": samples})
+        Rollout(config, output_dir=tmp_path / name, plugins=dice_plugins, progress=False).run()
+    from scaffold_core.report.compare import build_comparison
+
+    path = build_comparison([tmp_path / "one", tmp_path / "two", eval_dir], output=tmp_path / "c.html",
+                            registry=dice_plugins.registry)
+    html = path.read_text()
+    runs = section(html, "summary")
+    assert "<code>one</code>" in runs and "<code>two</code>" in runs and "<code>run</code>" in runs
+    lengths = re.search(r"Generated tokens per sample.*?</svg>", html, re.S).group(0)
+    assert lengths.count('<path class="line"') == 3 and ">one</text>" in lengths and ">two</text>" in lengths
+    scaling = section(html, "scaling")  # the eval's pass@k; the plain runs have none
+    assert "pass@k by k" in scaling and scaling.count('<path class="line"') == 2  # pass@k and majority@k
+    timings = section(html, "time")
+    assert "Share of episode time by phase" in timings and "one, generate:" in timings and "two, generate:" in timings
+
+
+def test_compare_command_and_mixing_kinds(dice_plugins, dice_config, test_plugins, tmp_path, capsys):
+    config = tmp_path / "train.yaml"
+    config.write_text("task: {name: arithmetic, count: 2}\nengine: {name: benchmark_canned, response: '42'}\n"
+                      "trainer: {name: rollout_only, steps: 2, group: 2}\n")
+    for name in ("t1", "t2"):
+        assert main(["train", str(config), "-o", str(tmp_path / name), "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "t1"), str(tmp_path / "t2"), "-o", str(tmp_path / "c.html")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "c.html")
+    html = (tmp_path / "c.html").read_text()
+    training = section(html, "training")
+    assert "Reward" in training and ">t1</text>" in training and ">t2</text>" in training
+    run = tmp_path / "run"
+    Rollout(dice_config(task={"name": "sums", "count": 2}), output_dir=run, plugins=dice_plugins,
+            progress=False).run()
+    assert main(["report", str(tmp_path / "t1"), str(run), "-o", str(tmp_path / "bad.html")]) != 0
+    err = capsys.readouterr().err
+    assert "cannot compare training directories" in err and "Compare training directories together" in err
+    assert not (tmp_path / "bad.html").exists()
+    assert main(["report", str(tmp_path / "t1"), str(tmp_path / "t2"), "--max-episodes", "3"]) != 0
+    assert "--max-episodes applies to the report of one directory" in capsys.readouterr().err
+
+
+# -- OpenTelemetry ----------------------------------------------------------------------------------------------
+
+
+def test_opentelemetry_is_asked_for_by_the_option_or_the_standard_variables():
+    from scaffold_core.run.otel import wanted
+
+    assert not wanted(None, {})
+    assert wanted(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert wanted(None, {"OTEL_TRACES_EXPORTER": "console"}) and not wanted(None, {"OTEL_TRACES_EXPORTER": "none"})
+    assert not wanted(False, {"OTEL_TRACES_EXPORTER": "otlp"}) and wanted(True, {})
+
+
+def test_each_episode_becomes_a_trace_with_a_span_per_phase(dice_plugins, dice_config, tmp_path, monkeypatch):
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from scaffold_core.run import rollout as rollout_module
+    from scaffold_core.run.otel import EpisodeTraces
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(rollout_module, "EpisodeTraces", lambda zero: EpisodeTraces(zero, provider))
+    config = dice_config(task={"name": "sums", "count": 3}, controller={"name": "native", "samples": 2},
+                         output={"otel": True})
+    Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    spans = exporter.get_finished_spans()
+    roots = [s for s in spans if s.name == "episode"]
+    assert sorted(s.attributes["scaffold.episode_id"] for s in roots) == ["sum-00", "sum-01", "sum-02"]
+    records = {r["episode_id"]: r for r in read_records(tmp_path / "run")}
+    for root in roots:
+        children = [s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id]
+        record = records[root.attributes["scaffold.episode_id"]]
+        assert [c.name for c in sorted(children, key=lambda c: c.start_time)] == [s[0] for s in record["spans"]]
+        assert all(root.start_time <= c.start_time <= c.end_time <= root.end_time + 1000 for c in children)
+        assert {c.context.trace_id for c in children} == {root.context.trace_id}
+
+
+def test_workers_time_shares_combine_as_one_runs():
+    from scaffold_core.episode import EpisodeResult
+    from scaffold_core.run.metrics import RunMetrics
+
+    def episode(name, spans, started, wall):
+        return EpisodeResult(name, 0, "ok", spans=spans, started_s=started, wall_s=wall)
+
+    one, two, both = RunMetrics(), RunMetrics(), RunMetrics()
+    first = episode("a", [["generate", 0.0, 3.0], ["verify", 3.0, 4.0]], 0.0, 4.0)
+    second = episode("b", [["queued", 1.0, 2.0], ["tool", 2.0, 3.0, "tool 'search'"]], 2.0, 2.0)
+    one.add(first)
+    two.add(second)
+    both.add(first)
+    both.add(second)
+    combined = RunMetrics.from_states([one.state(), two.state()]).summary()
+    assert combined["time_shares"] == both.summary()["time_shares"]
+    assert combined["episode_time_s"] == 7.0  # 4 s, and 3 s from the second's wait for its turn
+    assert combined["time_shares"] == pytest.approx({"generate": 3 / 7, "verify": 1 / 7, "queued": 1 / 7,
+                                                     "tool": 1 / 7, "other": 1 / 7}, abs=1e-4)
