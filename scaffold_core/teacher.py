@@ -137,3 +137,47 @@ def reverse_kl_advantages(teacher: Sequence[float], student: Sequence[float], *,
             d = max(-m.clip, min(m.clip, d))
         out.append(m.kl_weight * d + m.reward_weight * reward_advantage)
     return out
+
+
+#: ``teacher.engine`` -> the class that serves it (``module:Class``), and the package that provides it.
+TEACHER_ENGINES = {
+    "transformers": ("scaffold_core.engines.teacher:TransformersTeacher", "scaffold-core"),
+    "vllm": ("scaffold_vllm.teacher:VLLMTeacher", "scaffold-vllm"),
+    "sglang": ("scaffold_sglang.teacher:SGLangTeacher", "scaffold-sglang"),
+    "openai": ("scaffold_remote.teacher:OpenAICompletionsTeacher", "scaffold-remote"),
+}
+
+
+def make_teacher(options: dict[str, Any], **defaults: Any) -> Teacher:
+    """The teacher ``options`` (a config's ``teacher:`` mapping) describe: ``engine`` (``transformers``, the
+    default: another checkpoint in process; ``vllm``, ``sglang``: a server's prompt logprobs; ``openai``: an
+    OpenAI-compatible ``/v1/completions`` that echoes prompt logprobs; or ``module:Class`` of a
+    :class:`Teacher` of your own), the other keys its options. ``defaults`` fill options the config leaves
+    out (e.g. the trainer's device); those the class does not take are dropped."""
+    import importlib
+    import inspect
+
+    opts = dict(options)
+    engine = str(opts.pop("engine", "transformers"))
+    target, package = TEACHER_ENGINES.get(engine, (engine, None))
+    if ":" not in target:
+        raise ConfigError(f"teacher.engine: {engine!r} is not one of {', '.join(TEACHER_ENGINES)} nor a "
+                          "'module:Class' naming a Teacher")
+    module_name, _, name = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except ImportError as exc:
+        raise ConfigError(f"teacher.engine: {engine} needs {package or module_name} ({exc}); install it") from None
+    except AttributeError:
+        raise ConfigError(f"teacher.engine: {module_name} has no {name}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Teacher)):
+        raise ConfigError(f"teacher.engine: {target} is not a Teacher")
+    accepted = inspect.signature(cls).parameters
+    for key, value in defaults.items():
+        if key in accepted and key not in opts:
+            opts[key] = value
+    try:
+        return cls(**opts)
+    except TypeError as exc:
+        raise ConfigError(f"teacher: {exc} (the options of teacher.engine {engine}: "
+                          f"{', '.join(p for p in accepted if p != 'self')})") from None

@@ -89,7 +89,7 @@ def test_teacher_logprobs_round_trip_bit_for_bit_beside_the_behaviour_logprobs(t
     table = pq.read_table(tmp_path / "run" / "trajectories.parquet").to_pylist()
     for rows in (dataset.to_list(), table):
         by_key = {(r["episode_id"], r["sample_index"]): r for r in rows}
-        for s, row in zip(samples, given):
+        for s in samples:
             got = by_key[(s.episode_id, s.sample_index)]["teacher_logprobs"]
             want = [float(np.float32(v)) for v in stored[(s.episode_id, s.sample_index)]["teacher_logprobs"]]
             assert bits(got) == bits(want)
