@@ -33,12 +33,15 @@ import yaml
 NAME = "untuned"
 
 
-#: ``--rows easy``: questions whose arithmetic the bundled model knows but answers in prose (so it starts
-#: poor at the bare-number format), replacing the generated rows. With the generated rows GRPO's teacher
-#: learns the two additions and stalls at 0.5 (it never samples 6 * 7 = 42, so no group has a signal).
-EASY_ROWS = [{"id": f"easy-{i}", "question": f"What is {q}?", "answer": a}
-             for i, (q, a) in enumerate([("2 + 3", "5"), ("1 + 1", "2"), ("4 + 4", "8"), ("3 + 6", "9"),
-                                         ("5 + 2", "7"), ("9 - 3", "6"), ("8 - 5", "3"), ("2 * 4", "8")])]
+#: ``--rows``: the task's rows. ``generated``: the four ``new-plugin`` writes; GRPO's teacher learns the two
+#: additions and stalls at 0.5 (the bundled model never samples 6 * 7 = 42 or 10 - 4 = 6, so those groups never
+#: carry a signal). ``learnable``: four questions whose bare-number answer the model can learn (it starts near 0:
+#: it answers in prose). ``easy``: eight small sums; the model's bare-number arithmetic gets half of them wrong.
+ROWS = {
+    "learnable": [("2 + 3", "5"), ("1 + 1", "2"), ("5 + 2", "7"), ("7 + 8", "15")],
+    "easy": [("2 + 3", "5"), ("1 + 1", "2"), ("4 + 4", "8"), ("3 + 6", "9"), ("5 + 2", "7"), ("9 - 3", "6"),
+             ("8 - 5", "3"), ("2 * 4", "8")],
+}
 
 
 def make_task(work: Path, rows: str = "generated") -> dict[str, str]:
@@ -52,8 +55,10 @@ def make_task(work: Path, rows: str = "generated") -> dict[str, str]:
     source = task.read_text()
     marker = "\n# rows of the benchmark:\n"
     source = source.split(marker)[0]
-    if rows == "easy":
-        source += f"{marker}ROWS[:] = {EASY_ROWS!r}\n"
+    if rows in ROWS:
+        chosen = [{"id": f"{rows}-{i}", "question": f"What is {q}?", "answer": a}
+                  for i, (q, a) in enumerate(ROWS[rows])]
+        source += f"{marker}ROWS[:] = {chosen!r}\n"
     task.write_text(source)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder / f"scaffold-{NAME}"), env.get("PYTHONPATH")]))
@@ -109,8 +114,10 @@ def main() -> None:
     parser.add_argument("--teacher-steps", type=int, default=15)
     parser.add_argument("--steps", type=int, default=10, help="steps of each student run")
     parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--rows", choices=("generated", "easy"), default="generated",
-                        help="the task's rows: those new-plugin generates, or EASY_ROWS")
+    parser.add_argument("--rows", choices=("generated", *ROWS), default="generated",
+                        help="the task's rows: those new-plugin generates, or one of ROWS")
+    parser.add_argument("--teacher-from", default=None,
+                        help="the teacher's starting checkpoint (default: the bundled model)")
     parser.add_argument("--variants", default="opd,grpo",
                         help="student runs, in order: opd, grpo, opd_mix (OPD mixed with the verifier's reward)")
     parser.add_argument("--mix", type=float, default=1.0, help="opd_reward_weight of opd_mix")
@@ -131,7 +138,10 @@ def main() -> None:
     teacher_dir = work / "teacher"
     if not (args.reuse_teacher and (teacher_dir / "final").exists()):
         shutil.rmtree(teacher_dir, ignore_errors=True)
-        t = train("teacher", config(args, teacher_dir, args.teacher_steps, {}), work, env, args.timeout)
+        cfg = config(args, teacher_dir, args.teacher_steps, {})
+        if args.teacher_from:
+            cfg["engine"]["model"] = args.teacher_from
+        t = train("teacher", cfg, work, env, args.timeout)
         results["teacher"] = reach(t, args.target)
         save.write_text(json.dumps(results, indent=1))
         print("teacher:", json.dumps(results["teacher"]), flush=True)

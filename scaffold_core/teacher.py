@@ -181,3 +181,31 @@ def make_teacher(options: dict[str, Any], **defaults: Any) -> Teacher:
     except TypeError as exc:
         raise ConfigError(f"teacher: {exc} (the options of teacher.engine {engine}: "
                           f"{', '.join(p for p in accepted if p != 'self')})") from None
+
+
+def teacher_column(input_ids: Sequence[int], loss_mask: Sequence[int], prompt_len: int,
+                   completion: Sequence[float]) -> list[float]:
+    """A teacher's logprobs of a sequence's completion (the tokens after ``prompt_len``) as a column beside
+    its behaviour ``logprobs``: one per token, 0.0 on the prompt and where the loss mask is 0."""
+    n, total = prompt_len, len(input_ids)
+    if len(completion) != total - n:
+        raise ValueError(f"{len(completion)} teacher logprobs for {total - n} completion tokens")
+    return [0.0] * n + [float(t) if m else 0.0 for t, m in zip(completion, loss_mask[n:])]
+
+
+async def score_samples(teacher: Teacher, samples: Sequence[Any]) -> None:
+    """Score training samples (:class:`~scaffold_core.trajectory.TrainingSample`) with ``teacher`` in one batch
+    and set each one's ``teacher_logprobs`` (see :func:`teacher_column`)."""
+    batch = [(list(s.input_ids[:s.prompt_len]), list(s.input_ids[s.prompt_len:])) for s in samples]
+    if not batch:
+        return
+    scores = await teacher.score_batch(batch)
+    for s, score in zip(samples, scores):
+        s.teacher_logprobs = teacher_column(s.input_ids, s.loss_mask, s.prompt_len, score.logprobs)
+
+
+def shifted(column: Sequence[float]) -> list[float]:
+    """``column`` one position earlier (entry ``i`` describes token ``i + 1``; the last is 0.0): the alignment
+    of trainers whose logprob tensors are computed from the logits at each position (AReaL's ``teacher_logp``,
+    verl's ``teacher_logprobs``)."""
+    return [float(v) for v in column[1:]] + [0.0] if len(column) else []

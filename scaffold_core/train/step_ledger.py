@@ -34,6 +34,7 @@ from ..episode import EpisodeResult
 from ..errors import RunDirError
 from ..output.rundir import RunOutput
 from ..output.store import EpisodeStore
+from ..teacher import teacher_column
 from ..trajectory import TrainingSample
 from .filtering import StepGroups
 from .prompt_groups import RolloutGroup
@@ -50,7 +51,6 @@ class TrainedSample(TrainingSample):
     used: bool = False
     prompt_text: str = ""
     completion_text: str = ""
-    teacher_logprobs: list[float] | None = None
 
 
 class StepLedger:
@@ -179,13 +179,12 @@ class StepLedger:
 
 
 def teacher_row(sample: TrainingSample, completion: Sequence[float]) -> list[float]:
-    """The teacher's logprobs of ``sample``'s completion as a column beside its ``logprobs``: 0.0 on the
-    prompt and where the loss mask is 0."""
-    n, total = sample.prompt_len, len(sample.input_ids)
-    if len(completion) != total - n:
-        raise ValueError(f"sample {sample.episode_id}/{sample.sample_index}: {len(completion)} teacher logprobs "
-                         f"for {total - n} completion tokens")
-    return [0.0] * n + [float(t) if m else 0.0 for t, m in zip(completion, sample.loss_mask[n:])]
+    """The teacher's logprobs of ``sample``'s completion as a column beside its ``logprobs``
+    (:func:`~scaffold_core.teacher.teacher_column`)."""
+    try:
+        return teacher_column(sample.input_ids, sample.loss_mask, sample.prompt_len, completion)
+    except ValueError as exc:
+        raise ValueError(f"sample {sample.episode_id}/{sample.sample_index}: {exc}") from None
 
 
 def _trained(episode: EpisodeResult, step: int, version: int, chosen: dict[int, float],
@@ -196,7 +195,8 @@ def _trained(episode: EpisodeResult, step: int, version: int, chosen: dict[int, 
     for t in episode.trajectories:
         base = {name: getattr(t, name) for name in _BASE_FIELDS}
         base["advantage"] = chosen.get(id(t), 0.0)
+        if teacher and id(t) in teacher:
+            base["teacher_logprobs"] = teacher[id(t)]
         rows.append(TrainedSample(**base, step=step, weight_version=version, used=id(t) in chosen,
-                                  prompt_text=episode.prompt_text, completion_text=texts.get(t.sample_index, ""),
-                                  teacher_logprobs=(teacher or {}).get(id(t))))
+                                  prompt_text=episode.prompt_text, completion_text=texts.get(t.sample_index, "")))
     return dataclasses.replace(episode, trajectories=rows)
