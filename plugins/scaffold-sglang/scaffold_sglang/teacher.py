@@ -39,7 +39,9 @@ class SGLangTeacher(RemoteTeacher):
         out = []
         for (_, completion), answer in zip(chunk, data):
             meta = answer.get("meta_info") if isinstance(answer, dict) else None
-            entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+            if not isinstance(meta, dict):
+                raise ProtocolError(f"expected an answer with meta_info, got {str(answer)[:200]}")
+            entries = meta.get("input_token_logprobs")
             m = len(completion)
             if not isinstance(entries, list) or len(entries) < m + 1:
                 raise ProtocolError("the answer has too few input_token_logprobs for the completion: the server "

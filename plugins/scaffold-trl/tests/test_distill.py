@@ -65,3 +65,12 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
     step = reported[0].metrics
     assert abs(step["teacher_kl"]) <= 1e-3 and math.isfinite(step["loss"]) and step["teacher_calls"] == 1
     assert torch.isfinite(advantages).all()
+    # The run's store holds the teacher's logprob of every token beside the behaviour logprob (equal here).
+    from scaffold_core.output import read_records
+
+    rows = [t for r in read_records(tmp_path / "run") for t in r["trajectories"] if t["used"]]
+    assert rows and all(t["teacher_logprobs"] is not None for t in rows)
+    for t in rows:
+        generated = [(b, x) for b, x, m in zip(t["logprobs"], t["teacher_logprobs"], t["loss_mask"]) if m]
+        assert generated and max(abs(b - x) for b, x in generated) <= 1e-3
+
