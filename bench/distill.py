@@ -14,6 +14,12 @@ Every phase is a ``scaffold train`` subprocess; results go to ``<work>/results.j
 
     python bench/distill.py                          # defaults below
     python bench/distill.py --steps 10 --teacher-steps 15 --work /tmp/distill-bench
+    # rows the model can learn; the teacher continues a checkpoint; GRPO and OPD in two processes side by side
+    python bench/distill.py --work /tmp/d-opd --rows learnable --teacher-from TEACHER --teacher-steps 3 \
+        --variants opd --steps 8
+    python bench/distill.py --work /tmp/d-grpo --rows learnable --variants grpo --steps 8 --reuse-teacher
+
+``--variants`` runs any of ``opd``, ``grpo`` and ``opd_mix`` (OPD with ``opd_reward_weight: --mix``).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
 
     from scaffold_core.config import load_config
     from scaffold_core.engines.model_loading import bundled_smollm2_gguf
+    from scaffold_core.train.step_ledger import StepLedger
     from scaffold_core.trainer import TrainJob
 
     if bundled_smollm2_gguf() is None:
@@ -46,7 +47,9 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
     }, registry=pset.registry)
     options = pset.registry.create("trainer", "trl", config.trainer.options)
     reported = []
-    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry)
+    ledger = StepLedger(tmp_path / "run")
+    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry,
+                   ledger=ledger)
     seen = {}
     with scaffold_trl.GRPORun(options, job) as run:
         original = run.trainer._compute_loss
@@ -57,7 +60,10 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
             return original(model, inputs)
 
         run.trainer._compute_loss = capture
-        summary = run.train()
+        try:
+            summary = run.train()
+        finally:
+            ledger.close()
     assert summary["algorithm"] == "opd" and summary["teacher"]["teacher_scored_tokens"] > 0
     advantages, mask = seen["advantages"], seen["mask"]
     assert advantages.dim() == 2 and advantages.shape == mask.shape  # one advantage per completion token
