@@ -139,18 +139,27 @@ def reverse_kl_advantages(teacher: Sequence[float], student: Sequence[float], *,
     return out
 
 
-#: ``teacher.engine`` -> the class that serves it (``module:Class``), and the package that provides it.
+#: ``teacher.engine`` -> the class that serves it (``module:Class``). Plugins add theirs as entry points of the
+#: group :data:`TEACHER_GROUP` (scaffold's vLLM and SGLang plugins add ``vllm`` and ``sglang``).
 TEACHER_ENGINES = {
-    "transformers": ("scaffold_core.engines.teacher:TransformersTeacher", "scaffold-core"),
-    "vllm": ("scaffold_vllm.teacher:VLLMTeacher", "scaffold-vllm"),
-    "sglang": ("scaffold_sglang.teacher:SGLangTeacher", "scaffold-sglang"),
-    "openai": ("scaffold_remote.teacher:OpenAICompletionsTeacher", "scaffold-remote"),
+    "transformers": "scaffold_core.engines.teacher:TransformersTeacher",
+    "openai": "scaffold_remote.teacher:OpenAICompletionsTeacher",
 }
+TEACHER_GROUP = "scaffold.teachers"
+
+
+def teacher_engines() -> dict[str, str]:
+    """Every ``teacher.engine`` name this installation knows -> its ``module:Class``."""
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.value for ep in entry_points(group=TEACHER_GROUP)}
+    return {**found, **TEACHER_ENGINES}
 
 
 def make_teacher(options: dict[str, Any], **defaults: Any) -> Teacher:
     """The teacher ``options`` (a config's ``teacher:`` mapping) describe: ``engine`` (``transformers``, the
-    default: another checkpoint in process; ``vllm``, ``sglang``: a server's prompt logprobs; ``openai``: an
+    default: another checkpoint in process; ``vllm``, ``sglang`` (from their plugins): a server's prompt
+    logprobs; ``openai``: an
     OpenAI-compatible ``/v1/completions`` that echoes prompt logprobs; or ``module:Class`` of a
     :class:`Teacher` of your own), the other keys its options. ``defaults`` fill options the config leaves
     out (e.g. the trainer's device); those the class does not take are dropped."""
@@ -159,15 +168,17 @@ def make_teacher(options: dict[str, Any], **defaults: Any) -> Teacher:
 
     opts = dict(options)
     engine = str(opts.pop("engine", "transformers"))
-    target, package = TEACHER_ENGINES.get(engine, (engine, None))
+    known = teacher_engines()
+    target = known.get(engine, engine)
     if ":" not in target:
-        raise ConfigError(f"teacher.engine: {engine!r} is not one of {', '.join(TEACHER_ENGINES)} nor a "
-                          "'module:Class' naming a Teacher")
+        raise ConfigError(f"teacher.engine: {engine!r} is not one of {', '.join(sorted(known))} (plugins add "
+                          "theirs: install the vLLM or SGLang plugin for vllm or sglang) nor a 'module:Class' "
+                          "naming a Teacher")
     module_name, _, name = target.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except ImportError as exc:
-        raise ConfigError(f"teacher.engine: {engine} needs {package or module_name} ({exc}); install it") from None
+        raise ConfigError(f"teacher.engine: {engine} needs {module_name} ({exc}); install it") from None
     except AttributeError:
         raise ConfigError(f"teacher.engine: {module_name} has no {name}") from None
     if not (isinstance(cls, type) and issubclass(cls, Teacher)):
