@@ -14,6 +14,12 @@ Every phase is a ``scaffold train`` subprocess; results go to ``<work>/results.j
 
     python bench/distill.py                          # defaults below
     python bench/distill.py --steps 10 --teacher-steps 15 --work /tmp/distill-bench
+    # rows the model can learn; the teacher continues a checkpoint; GRPO and OPD in two processes side by side
+    python bench/distill.py --work /tmp/d-opd --rows learnable --teacher-from TEACHER --teacher-steps 3 \
+        --variants opd --steps 8
+    python bench/distill.py --work /tmp/d-grpo --rows learnable --variants grpo --steps 8 --reuse-teacher
+
+``--variants`` runs any of ``opd``, ``grpo`` and ``opd_mix`` (OPD with ``opd_reward_weight: --mix``).
 """
 
 from __future__ import annotations
@@ -33,12 +39,33 @@ import yaml
 NAME = "untuned"
 
 
-def make_task(work: Path) -> dict[str, str]:
-    """Generate the plugin; the environment that loads it without installing it."""
+#: ``--rows``: the task's rows. ``generated``: the four ``new-plugin`` writes; GRPO's teacher learns the two
+#: additions and stalls at 0.5 (the bundled model never samples 6 * 7 = 42 or 10 - 4 = 6, so those groups never
+#: carry a signal). ``learnable``: four questions whose bare-number answer the model can learn (it starts near 0:
+#: it answers in prose). ``easy``: eight small sums; the model's bare-number arithmetic gets half of them wrong.
+ROWS = {
+    "learnable": [("2 + 3", "5"), ("1 + 1", "2"), ("5 + 2", "7"), ("7 + 8", "15")],
+    "easy": [("2 + 3", "5"), ("1 + 1", "2"), ("4 + 4", "8"), ("3 + 6", "9"), ("5 + 2", "7"), ("9 - 3", "6"),
+             ("8 - 5", "3"), ("2 * 4", "8")],
+}
+
+
+def make_task(work: Path, rows: str = "generated") -> dict[str, str]:
+    """Generate the plugin (its rows replaced when ``rows`` is ``easy``); the environment that loads it
+    without installing it."""
     folder = work / "plugin"
     if not (folder / f"scaffold-{NAME}").exists():
         subprocess.run([sys.executable, "-m", "scaffold_core.cli", "new-plugin", NAME, "--dir", str(folder)],
                        check=True, timeout=120)
+    task = folder / f"scaffold-{NAME}" / f"scaffold_{NAME}" / "task.py"
+    source = task.read_text()
+    marker = "\n# rows of the benchmark:\n"
+    source = source.split(marker)[0]
+    if rows in ROWS:
+        chosen = [{"id": f"{rows}-{i}", "question": f"What is {q}?", "answer": a}
+                  for i, (q, a) in enumerate(ROWS[rows])]
+        source += f"{marker}ROWS[:] = {chosen!r}\n"
+    task.write_text(source)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder / f"scaffold-{NAME}"), env.get("PYTHONPATH")]))
     env["SCAFFOLD_EXTRA_PLUGINS"] = f"scaffold_{NAME}"
@@ -93,6 +120,13 @@ def main() -> None:
     parser.add_argument("--teacher-steps", type=int, default=15)
     parser.add_argument("--steps", type=int, default=10, help="steps of each student run")
     parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--rows", choices=("generated", *ROWS), default="generated",
+                        help="the task's rows: those new-plugin generates, or one of ROWS")
+    parser.add_argument("--teacher-from", default=None,
+                        help="the teacher's starting checkpoint (default: the bundled model)")
+    parser.add_argument("--variants", default="opd,grpo",
+                        help="student runs, in order: opd, grpo, opd_mix (OPD mixed with the verifier's reward)")
+    parser.add_argument("--mix", type=float, default=1.0, help="opd_reward_weight of opd_mix")
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
@@ -103,26 +137,32 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    env = make_task(work)
+    env = make_task(work, args.rows)
     results: dict[str, Any] = {"args": vars(args), "load": os.getloadavg()}
     save = work / "results.json"
 
     teacher_dir = work / "teacher"
     if not (args.reuse_teacher and (teacher_dir / "final").exists()):
         shutil.rmtree(teacher_dir, ignore_errors=True)
-        t = train("teacher", config(args, teacher_dir, args.teacher_steps, {}), work, env, args.timeout)
+        cfg = config(args, teacher_dir, args.teacher_steps, {})
+        if args.teacher_from:
+            cfg["engine"]["model"] = args.teacher_from
+        t = train("teacher", cfg, work, env, args.timeout)
         results["teacher"] = reach(t, args.target)
         save.write_text(json.dumps(results, indent=1))
         print("teacher:", json.dumps(results["teacher"]), flush=True)
     teacher = str(teacher_dir / "final")
-    for name, extra in (("opd", {"algorithm": "opd", "teacher": {"model": teacher, "threads": args.threads}}),
-                        ("grpo", {})):
+    opd = {"algorithm": "opd", "teacher": {"model": teacher, "threads": args.threads}}
+    variants = {"opd": opd, "grpo": {}, "opd_mix": {**opd, "opd_reward_weight": args.mix}}
+    for name in args.variants.split(","):
+        extra = variants[name]
         r = train(name, config(args, work / name, args.steps, extra), work, env, args.timeout)
         results[name] = reach(r, args.target)
         results["load_after_" + name] = os.getloadavg()
         save.write_text(json.dumps(results, indent=1))
         print(f"{name}:", json.dumps(results[name]), flush=True)
-    g, o = results["grpo"]["steps_to_target"], results["opd"]["steps_to_target"]
+    g = results.get("grpo", {}).get("steps_to_target")
+    o = results.get("opd", {}).get("steps_to_target")
     if g and o:
         results["opd_over_grpo_steps"] = round(o / g, 3)
         print(f"OPD reached {args.target} in {o} steps, GRPO in {g}: ratio {o / g:.2f} (goal <= 0.5)")

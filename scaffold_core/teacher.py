@@ -137,3 +137,86 @@ def reverse_kl_advantages(teacher: Sequence[float], student: Sequence[float], *,
             d = max(-m.clip, min(m.clip, d))
         out.append(m.kl_weight * d + m.reward_weight * reward_advantage)
     return out
+
+
+#: ``teacher.engine`` -> the class that serves it (``module:Class``). Plugins add theirs as entry points of the
+#: group :data:`TEACHER_GROUP` (scaffold's vLLM and SGLang plugins add ``vllm`` and ``sglang``).
+TEACHER_ENGINES = {
+    "transformers": "scaffold_core.engines.teacher:TransformersTeacher",
+    "openai": "scaffold_remote.teacher:OpenAICompletionsTeacher",
+}
+TEACHER_GROUP = "scaffold.teachers"
+
+
+def teacher_engines() -> dict[str, str]:
+    """Every ``teacher.engine`` name this installation knows -> its ``module:Class``."""
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.value for ep in entry_points(group=TEACHER_GROUP)}
+    return {**found, **TEACHER_ENGINES}
+
+
+def make_teacher(options: dict[str, Any], **defaults: Any) -> Teacher:
+    """The teacher ``options`` (a config's ``teacher:`` mapping) describe: ``engine`` (``transformers``, the
+    default: another checkpoint in process; ``vllm``, ``sglang`` (from their plugins): a server's prompt
+    logprobs; ``openai``: an
+    OpenAI-compatible ``/v1/completions`` that echoes prompt logprobs; or ``module:Class`` of a
+    :class:`Teacher` of your own), the other keys its options. ``defaults`` fill options the config leaves
+    out (e.g. the trainer's device); those the class does not take are dropped."""
+    import importlib
+    import inspect
+
+    opts = dict(options)
+    engine = str(opts.pop("engine", "transformers"))
+    known = teacher_engines()
+    target = known.get(engine, engine)
+    if ":" not in target:
+        raise ConfigError(f"teacher.engine: {engine!r} is not one of {', '.join(sorted(known))} (plugins add "
+                          "theirs: install the vLLM or SGLang plugin for vllm or sglang) nor a 'module:Class' "
+                          "naming a Teacher")
+    module_name, _, name = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except ImportError as exc:
+        raise ConfigError(f"teacher.engine: {engine} needs {module_name} ({exc}); install it") from None
+    except AttributeError:
+        raise ConfigError(f"teacher.engine: {module_name} has no {name}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Teacher)):
+        raise ConfigError(f"teacher.engine: {target} is not a Teacher")
+    accepted = inspect.signature(cls).parameters
+    for key, value in defaults.items():
+        if key in accepted and key not in opts:
+            opts[key] = value
+    try:
+        return cls(**opts)
+    except TypeError as exc:
+        raise ConfigError(f"teacher: {exc} (the options of teacher.engine {engine}: "
+                          f"{', '.join(p for p in accepted if p != 'self')})") from None
+
+
+def teacher_column(input_ids: Sequence[int], loss_mask: Sequence[int], prompt_len: int,
+                   completion: Sequence[float]) -> list[float]:
+    """A teacher's logprobs of a sequence's completion (the tokens after ``prompt_len``) as a column beside
+    its behaviour ``logprobs``: one per token, 0.0 on the prompt and where the loss mask is 0."""
+    n, total = prompt_len, len(input_ids)
+    if len(completion) != total - n:
+        raise ValueError(f"{len(completion)} teacher logprobs for {total - n} completion tokens")
+    return [0.0] * n + [float(t) if m else 0.0 for t, m in zip(completion, loss_mask[n:])]
+
+
+async def score_samples(teacher: Teacher, samples: Sequence[Any]) -> None:
+    """Score training samples (:class:`~scaffold_core.trajectory.TrainingSample`) with ``teacher`` in one batch
+    and set each one's ``teacher_logprobs`` (see :func:`teacher_column`)."""
+    batch = [(list(s.input_ids[:s.prompt_len]), list(s.input_ids[s.prompt_len:])) for s in samples]
+    if not batch:
+        return
+    scores = await teacher.score_batch(batch)
+    for s, score in zip(samples, scores):
+        s.teacher_logprobs = teacher_column(s.input_ids, s.loss_mask, s.prompt_len, score.logprobs)
+
+
+def shifted(column: Sequence[float]) -> list[float]:
+    """``column`` one position earlier (entry ``i`` describes token ``i + 1``; the last is 0.0): the alignment
+    of trainers whose logprob tensors are computed from the logits at each position (AReaL's ``teacher_logp``,
+    verl's ``teacher_logprobs``)."""
+    return [float(v) for v in column[1:]] + [0.0] if len(column) else []

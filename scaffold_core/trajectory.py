@@ -36,6 +36,9 @@ class TrainingSample:
     group_id: str
     prompt_len: int
     finish_reason: str
+    #: On-policy distillation: a teacher's logprob of each token, beside ``logprobs`` (0.0 on the prompt and on
+    #: tokens the model did not generate); None when no teacher scored the sequence.
+    teacher_logprobs: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,6 +48,8 @@ class TrainingSample:
         for key in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, key)) != n:
                 raise ValueError(f"{key} has {len(getattr(self, key))} entries for {n} input_ids")
+        if self.teacher_logprobs is not None and len(self.teacher_logprobs) != n:
+            raise ValueError(f"teacher_logprobs has {len(self.teacher_logprobs)} entries for {n} input_ids")
         return self
 
 

@@ -52,6 +52,9 @@ STANDARD_KINDS = {
     "reward": "float32", "advantage": "float32", "episode_id": "string", "sample_index": "int32",
     "group_id": "string", "prompt_len": "int32", "finish_reason": "string",
 }
+#: Token columns a sequence may have or not (see :mod:`.tokens`), and their kinds when it has them: the store
+#: keeps a placeholder in their place among the fields, so their kind is not read from the value.
+OPTIONAL_KINDS = {"teacher_logprobs": "list:float32"}
 #: Rows per Arrow chunk, and tokens per chunk: a chunk's memory stays a few megabytes.
 CHUNK_ROWS = 256
 CHUNK_TOKENS = 1 << 22
@@ -413,7 +416,7 @@ class ExtraColumns:
             return False
         for key, value in row.items():
             if key not in self.known and value is not None:
-                self.found.setdefault(key, set()).add(_value_type(value))
+                self.found.setdefault(key, set()).add(OPTIONAL_KINDS.get(key) or _value_type(value))
         return True
 
     def kinds(self) -> dict[str, str]:

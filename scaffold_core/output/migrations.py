@@ -72,3 +72,12 @@ def m001_episodes(db: sqlite3.Connection) -> None:
             tokens BLOB
         )""")
     db.execute("CREATE INDEX episodes_order ON episodes (idx, episode_id)")
+
+
+@migration
+def m002_teacher_kl(db: sqlite3.Connection) -> None:
+    """``teacher_kl``: the episode's teacher-student KL when a teacher scored its training sequences (on-policy
+    distillation; NULL otherwise): the mean, over the tokens the model generated, of the behaviour logprob
+    minus the teacher's. The per-token teacher logprobs themselves are a token column of the sequences
+    (``teacher_logprobs``, see :mod:`scaffold_core.output.tokens`)."""
+    db.execute("ALTER TABLE episodes ADD COLUMN teacher_kl REAL")

@@ -27,7 +27,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,14 +50,18 @@ RANK_STORE_GLOB = "episodes.rank-*.db"
 SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 
 _COLUMNS = "episode_id, idx, status, head, rows, tokens"
+#: What a merge copies: every column (``teacher_kl`` is written apart, see EpisodeStore.put).
+_MERGED = _COLUMNS + ", teacher_kl"
 #: A completed episode beats a failed one; otherwise the latest record of an episode wins.
 _ON_CONFLICT = """
     ON CONFLICT (episode_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, head = excluded.head,
-        rows = excluded.rows, tokens = excluded.tokens
+        rows = excluded.rows, tokens = excluded.tokens, teacher_kl = excluded.teacher_kl
     WHERE excluded.status = 'ok' OR episodes.status != 'ok'"""
-#: (JSON given as UTF-8 bytes is kept as text: CAST reads the bytes as they are.)
+#: (JSON given as UTF-8 bytes is kept as text: CAST reads the bytes as they are.) ``teacher_kl`` is left NULL,
+#: then set by :data:`SET_TEACHER_KL` for an episode a teacher scored.
 UPSERT = (f"INSERT INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, CAST(? AS TEXT), CAST(? AS TEXT), ?) "
           f"{_ON_CONFLICT}")
+SET_TEACHER_KL = "UPDATE episodes SET teacher_kl = ? WHERE episode_id = ? AND status = ?"
 #: The columns of a whole record, its JSON as bytes (read without decoding it to text first).
 RECORD = "CAST(head AS BLOB), CAST(rows AS BLOB), tokens"
 #: Seconds between checkpoints of a writer's WAL (see EpisodeStore).
@@ -194,6 +198,25 @@ def entry(result: EpisodeResult) -> tuple[Any, ...]:
             _dumps(rows, finite) if rows else None, bytes(blob) if blob else None)
 
 
+def teacher_kl(result: EpisodeResult) -> float | None:
+    """The episode's teacher-student KL (the store's ``teacher_kl``): the mean over the tokens its training
+    sequences generated (loss mask 1) of ``logprob - teacher_logprob``; None when no sequence has teacher
+    logprobs (or they are not lists of numbers)."""
+    total, count = 0.0, 0
+    for sequence in result.trajectories:
+        teacher = getattr(sequence, "teacher_logprobs", None)
+        if teacher is None:
+            continue
+        try:
+            for m, s, t in zip(sequence.loss_mask, sequence.logprobs, teacher):
+                if m:
+                    total += s - t
+                    count += 1
+        except TypeError:
+            return None
+    return total / count if count else None
+
+
 def _dumps(value: Any, finite: bool | None = None) -> bytes:
     """:func:`codec.dumps_compact` without orjson's read-back of the JSON (done when a null it wrote may be a
     NaN) when ``value`` (a record's head: its top-level values walked here; else ``finite`` says) holds no NaN
@@ -261,15 +284,19 @@ class EpisodeStore:
 
     def put(self, results: Iterable[EpisodeResult]) -> None:
         """Record ``results`` together: all of them, or (on an error) none."""
+        results = list(results)
         rows = [entry(r) for r in results]
+        kls = [(kl, r.episode_id, r.status) for r in results if (kl := teacher_kl(r)) is not None]
         if rows:
-            self._write(rows)
+            self._write(rows, kls)
 
-    def _write(self, rows: list[tuple[Any, ...]]) -> None:
+    def _write(self, rows: list[tuple[Any, ...]], kls: Sequence[tuple[Any, ...]] = ()) -> None:
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:
             db.executemany(UPSERT, rows)
+            if kls:
+                db.executemany(SET_TEACHER_KL, kls)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -413,7 +440,7 @@ def merge_stores(directory: Path, *, private: bool = True) -> Path:
                 db.execute("ATTACH DATABASE ? AS source", (str(source),))
                 try:
                     db.execute("BEGIN IMMEDIATE")
-                    db.execute(f"INSERT INTO main.episodes ({_COLUMNS}) SELECT {_COLUMNS} FROM source.episodes "
+                    db.execute(f"INSERT INTO main.episodes ({_MERGED}) SELECT {_MERGED} FROM source.episodes "
                                f"WHERE true ORDER BY seq {_ON_CONFLICT}")
                     db.execute("COMMIT")
                 finally:

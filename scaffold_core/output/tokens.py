@@ -1,6 +1,7 @@
 """The run store's encoding of a training sequence's token columns: exact values in a few bytes per token.
 
-Each of ``input_ids``, ``loss_mask``, ``logprobs`` and ``versions`` is cut at
+Each of ``input_ids``, ``loss_mask``, ``logprobs``, ``versions`` and (when a teacher
+scored the sequence, see :mod:`scaffold_core.teacher`) ``teacher_logprobs`` is cut at
 the sequence's ``prompt_len`` into its prompt part and the rest, and each part
 is one *segment*, described in the sequence's JSON (see
 :mod:`scaffold_core.output.store`):
@@ -9,7 +10,7 @@ is one *segment*, described in the sequence's JSON (see
   version -1, logprob 0.0; a generated part's one weight version);
 * ``[dtype, at, n]``: ``n`` values of that numpy dtype (``|u1``, ``<u2``,
   ``<i4``, ``<i8``, ``|i1``, ``<f4``, ``<f8``) at byte ``at`` of the episode's
-  ``tokens`` blob; integers in the narrowest that holds them, logprobs as
+  ``tokens`` blob; integers in the narrowest that holds them, logprobs (behaviour and teacher) as
   ``<f4`` when float32 holds every one bit for bit, else ``<f8``;
 * ``["json", values]``: values that are not numbers a dtype holds exactly
   (integers beyond 64 bits, ``None``), kept as they are.
@@ -28,7 +29,11 @@ from array import array
 from typing import Any
 
 #: The training sequence's columns encoded here.
-TOKEN_COLUMNS = ("input_ids", "loss_mask", "logprobs", "versions")
+TOKEN_COLUMNS = ("input_ids", "loss_mask", "logprobs", "versions", "teacher_logprobs")
+#: Columns a sequence may leave out by holding None (kept as null in its JSON).
+OPTIONAL_COLUMNS = frozenset({"teacher_logprobs"})
+#: Columns of floats.
+FLOAT_COLUMNS = frozenset({"logprobs", "teacher_logprobs"})
 #: struct (and array) type code -> numpy dtype, per column, narrowest first.
 _INTS = {"input_ids": (("B", "|u1"), ("H", "<u2"), ("i", "<i4"), ("q", "<i8")),
          "loss_mask": (("b", "|i1"), ("i", "<i4"), ("q", "<i8")),
@@ -46,7 +51,7 @@ def encode_columns(row: Any, blob: bytearray) -> dict[str, list[list[Any]]]:
     out: dict[str, list[list[Any]]] = {}
     for name in TOKEN_COLUMNS:
         values = row.get(name)
-        if values is None and name not in row:
+        if values is None and (name not in row or name in OPTIONAL_COLUMNS):
             continue
         if not isinstance(values, (list, tuple)):
             raise TypeError(f"training sequence field {name} is a {type(values).__name__}, not a list")
@@ -57,7 +62,7 @@ def encode_columns(row: Any, blob: bytearray) -> dict[str, list[list[Any]]]:
             out[name] = []
         elif name == "input_ids":
             out[name] = [_ints(values, name, blob)]
-        elif name == "logprobs":
+        elif name in FLOAT_COLUMNS:
             out[name] = _floats(values, p, n, blob)
         else:
             out[name] = _int_runs(values, p, n) or [_ints(part, name, blob) for part in _parts(values, p, n)]

@@ -241,6 +241,12 @@ def _sample(sample: dict[str, Any], row: dict[str, Any] | None, vocab: Vocab) ->
     out["lp"] = _centi((row.get("logprobs") or [])[start:])
     out["m"] = _runs(list((row.get("loss_mask") or [])[start:]))
     out["ver"] = _runs(list((row.get("versions") or [])[start:]))
+    teacher = row.get("teacher_logprobs")
+    if isinstance(teacher, list) and len(teacher) == len(row["input_ids"]):  # on-policy distillation
+        out["tlp"] = _centi(teacher[start:])
+        gen = [(b, t) for b, t, m in zip(row.get("logprobs") or [], teacher, row.get("loss_mask") or []) if m]
+        if gen:
+            out["kl"] = round(sum(b - t for b, t in gen) / len(gen), 4)
     turns = [[t["start"] - start, t["end"] - start, t.get("index")] for t in meta.get("turns") or []
              if isinstance(t, dict) and isinstance(t.get("start"), int) and isinstance(t.get("end"), int)]
     if turns:

@@ -335,7 +335,10 @@ TRAIN_CHARTS = (
     ("Clip ratio", "fraction of tokens", ("clip_ratio",), None),
     ("KL", "KL (nats)", ("kl", "teacher_kl"), None),
     ("Step time", "seconds", ("step_time_s", "rollout_s"), None),
+    ("Teacher-student KL", "nats per token", ("teacher_kl", "teacher_kl_max_sample"), None),
 )
+#: Charts of on-policy distillation only: not listed as missing in other runs.
+OPTIONAL_CHARTS = ("teacher_kl",)
 
 
 def training_section(report: Report) -> str:
@@ -362,7 +365,8 @@ def training_section(report: Report) -> str:
             suffix = " (± reward_std)" if spread and series[0].band else ""
             charts.append(line_chart(series, title=title + suffix, x_label="optimizer step", y_label=y_label,
                                      markers=len(steps) <= 40, legend=True, integer_x=True))
-    missing = [k for _, _, keys, _ in TRAIN_CHARTS for k in keys[:1] if not any(_is_number(s.get(k)) for s in steps)]
+    missing = [k for _, _, keys, _ in TRAIN_CHARTS for k in keys[:1]
+               if k not in OPTIONAL_CHARTS and not any(_is_number(s.get(k)) for s in steps)]
     note = (f'<p class="note">Not reported by this trainer: {escape(", ".join(missing))}.</p>' if missing else "")
     return (f'<section id="training"><h2>Training</h2><p class="note">{len(steps):,} optimizer steps from '
             f'train_metrics.jsonl.</p><div class="charts">{"".join(charts)}</div>{note}</section>')

@@ -34,6 +34,7 @@ from ..episode import EpisodeResult
 from ..errors import RunDirError
 from ..output.rundir import RunOutput
 from ..output.store import EpisodeStore
+from ..teacher import teacher_column
 from ..trajectory import TrainingSample
 from .filtering import StepGroups
 from .prompt_groups import RolloutGroup
@@ -68,13 +69,17 @@ class StepLedger:
 
     # -- writing ----------------------------------------------------------------------------------
     def write_step(self, step: StepGroups | Sequence[RolloutGroup], *, weight_version: int,
-                   advantages: Sequence[float] | None = None, number: int | None = None) -> int:
+                   advantages: Sequence[float] | None = None, number: int | None = None,
+                   teacher_logprobs: Sequence[Sequence[float] | None] | None = None) -> int:
         """Append every episode of one step; returns the number of records written.
 
         ``step``: the step's :class:`StepGroups` (its ``used`` groups are marked used, the others not), or
         a plain list of groups, all used. ``advantages``: the advantage the trainer gave each sample of
         the used groups, in order (group by group, sample by sample); ``None`` keeps the trajectory
-        maker's. ``number``: the step's number (default: the StepGroups' own).
+        maker's. ``number``: the step's number (default: the StepGroups' own). ``teacher_logprobs``: for each
+        of those samples, in the same order, the teacher's logprob of each completion token (the tokens after
+        ``prompt_len``; None: not scored); stored per token beside the behaviour logprobs, 0.0 on the prompt
+        and on tokens the model did not generate (loss mask 0).
         """
         if isinstance(step, StepGroups):
             used, groups, number = step.used, step.groups, step.step if number is None else number
@@ -88,10 +93,18 @@ class StepLedger:
         elif len(advantages) != len(samples):
             raise ValueError(f"write_step: {len(advantages)} advantages for {len(samples)} samples in the used groups")
         chosen = {id(sample): float(a) for sample, a in zip(samples, advantages)}
+        teacher: dict[int, list[float]] = {}
+        if teacher_logprobs is not None:
+            if len(teacher_logprobs) != len(samples):
+                raise ValueError(f"write_step: {len(teacher_logprobs)} teacher logprob rows for {len(samples)} "
+                                 "samples in the used groups")
+            for sample, row in zip(samples, teacher_logprobs):
+                if row is not None:
+                    teacher[id(sample)] = teacher_row(sample, row)
         written = 0
         for group in groups:
             for episode in group.episodes:
-                self.output.append(_trained(episode, number, weight_version, chosen))
+                self.output.append(_trained(episode, number, weight_version, chosen, teacher))
                 written += 1
         self.steps_written += 1
         return written
@@ -165,13 +178,25 @@ class StepLedger:
             self.output.release()
 
 
-def _trained(episode: EpisodeResult, step: int, version: int, chosen: dict[int, float]) -> EpisodeResult:
+def teacher_row(sample: TrainingSample, completion: Sequence[float]) -> list[float]:
+    """The teacher's logprobs of ``sample``'s completion as a column beside its ``logprobs``
+    (:func:`~scaffold_core.teacher.teacher_column`)."""
+    try:
+        return teacher_column(sample.input_ids, sample.loss_mask, sample.prompt_len, completion)
+    except ValueError as exc:
+        raise ValueError(f"sample {sample.episode_id}/{sample.sample_index}: {exc}") from None
+
+
+def _trained(episode: EpisodeResult, step: int, version: int, chosen: dict[int, float],
+             teacher: dict[int, list[float]] | None = None) -> EpisodeResult:
     """``episode`` with its training sequences as :class:`TrainedSample` (the episode itself is not changed)."""
     texts = {s.sample_index: s.text for s in episode.samples}
     rows = []
     for t in episode.trajectories:
         base = {name: getattr(t, name) for name in _BASE_FIELDS}
         base["advantage"] = chosen.get(id(t), 0.0)
+        if teacher and id(t) in teacher:
+            base["teacher_logprobs"] = teacher[id(t)]
         rows.append(TrainedSample(**base, step=step, weight_version=version, used=id(t) in chosen,
                                   prompt_text=episode.prompt_text, completion_text=texts.get(t.sample_index, "")))
     return dataclasses.replace(episode, trajectories=rows)

@@ -120,6 +120,21 @@ class RandomBackend:
             h.update(str(sampling.seed).encode() if sampling.seed is not None else rid.encode())
         return random.Random(int.from_bytes(h.digest(), "big"))
 
+    def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[tuple[float, list[tuple[int, float]]] | None]:
+        """Teacher-forced scores of ``ids`` (a prompt-logprob request): for each position after the first, the
+        logprob of its token given the tokens before it, a function of those tokens only, and ``top``
+        alternatives (most likely first, ids distinct from each other); None for the first position."""
+        out: list[tuple[float, list[tuple[int, float]]] | None] = [None]
+        for j in range(1, len(ids)):
+            h = hashlib.blake2b(array.array("q", ids[:j + 1]).tobytes(), digest_size=8,
+                                key=f"score-{self.seed}".encode())
+            rng = random.Random(int.from_bytes(h.digest(), "big"))
+            logprob = -round(rng.random() * 4.0, 6) - 1e-3
+            alternatives = rng.sample(range(3, self.vocab_size), top) if top else []
+            out.append((logprob, [(t, -round(0.1 * (k + 1) + rng.random() / 20, 6))
+                                  for k, t in enumerate(alternatives)]))
+        return out
+
     async def generate(self, server: FakeServer, live: Live, input_ids: list[int], sampling: Sampling) -> Generated:
         rng = self._rng(input_ids, sampling, live.rid)
         natural = rng.randint(1, 2 * self.mean_tokens)

@@ -19,6 +19,11 @@ Position ``i`` describes token ``input_ids[i]`` (no next-token shift: the
 trainer shifts). ``to_padded_tensor_dict`` stacks samples into ``[B, L]``
 the way AReaL's ``concat_padded_tensors`` joins episodes: right padding with
 0 in every ``[B, L]`` tensor (``attention_mask`` False), ``rewards`` [B].
+With on-policy distillation (the samples carry a teacher's ``teacher_logprobs``), ``teacher_logp``
+float32 [1, L] joins them: AReaL's own name and alignment for a teacher's logprobs (what its
+trainer's teacher ``compute_logp`` stores, and its actor's loss reads as ``input_data["teacher_logp"]``):
+entry ``i`` is the teacher's logprob of token ``i + 1`` (the logits at position ``i``), 0.0 at the
+last position and where that token is not generated. Every sample of a batch has it, or none.
 Advantages are not part of AReaL's batch (its trainer computes them); pass
 ``advantages=True`` to add the trajectory maker's as ``advantages`` [B]
 float32, or use :func:`advantages_tensor`.
@@ -34,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from scaffold_core.teacher import shifted
 from scaffold_core.trajectory import TrainingSample
 
 #: The keys of AReaL's rollout batch, in the order its RLVR workflow builds them.
@@ -44,7 +50,21 @@ DATASET_TO_BATCH = {"reward": "rewards", "advantage": "advantages"}
 
 #: dtype name of every key (torch names): pinned against AReaL's workflow contract.
 TENSOR_DTYPES = {"input_ids": "int32", "loss_mask": "int32", "logprobs": "float32", "versions": "int32",
-                 "turn_ids": "int32", "attention_mask": "bool", "rewards": "float32", "advantages": "float32"}
+                 "turn_ids": "int32", "attention_mask": "bool", "rewards": "float32", "advantages": "float32",
+                 "teacher_logp": "float32"}
+
+
+def _teacher(rows: list[dict[str, Any]]) -> bool:
+    """Whether the rows carry teacher logprobs (all of them, or none: else ValueError)."""
+    given = [r.get("teacher_logprobs") is not None for r in rows]
+    if any(given) and not all(given):
+        raise ValueError(f"{given.count(True)} of {len(rows)} samples carry teacher_logprobs: a batch needs them for "
+                         "every sample or none")
+    for r in rows:
+        if r.get("teacher_logprobs") is not None and len(r["teacher_logprobs"]) != len(r["input_ids"]):
+            raise ValueError(f"teacher_logprobs has {len(r['teacher_logprobs'])} entries for "
+                             f"{len(r['input_ids'])} input_ids")
+    return any(given)
 
 
 def turn_ids_of(loss_mask: Sequence[int]) -> list[int]:
@@ -93,6 +113,8 @@ def episode_tensor_dict(sample: TrainingSample | dict[str, Any]) -> dict[str, An
         "turn_ids": torch.tensor([turn_ids_of(row["loss_mask"])], dtype=torch.int32),
         "attention_mask": torch.ones((1, len(ids)), dtype=torch.bool),
         "rewards": torch.tensor([_reward(row)], dtype=torch.float32),
+        **({"teacher_logp": torch.tensor([shifted(row["teacher_logprobs"])], dtype=torch.float32)}
+           if _teacher([row]) else {}),
     }
 
 
@@ -137,6 +159,8 @@ def to_padded_tensor_dict(samples: Iterable[TrainingSample | dict[str, Any]], *,
         "attention_mask": attention,
         "rewards": torch.tensor([_reward(r) for r in rows], dtype=torch.float32),
     }
+    if _teacher(rows):
+        out["teacher_logp"] = padded(lambda r: shifted(r["teacher_logprobs"]), 0.0, torch.float32)
     if advantages:
         out["advantages"] = advantages_tensor(rows)
     return out

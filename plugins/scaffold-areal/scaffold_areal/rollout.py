@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 from scaffold_areal.padding import to_padded_tensor_dict
 from scaffold_core.run.assembly import Components, Limits
+from scaffold_core.teacher import Teacher, make_teacher, score_samples
 from scaffold_core.train.adapters import PromptTask, build_component, to_plain
 from scaffold_core.train.prompt_groups import RolloutGroup, TrainingRollouts
 from scaffold_core.train.staleness import StalenessPolicy
@@ -100,6 +101,11 @@ class ScaffoldRollout:
       AReaL builds it, i.e. from 2.0 on).
     * ``request_timeout``, ``episode_timeout``, ``verifier_timeout``,
       ``retries``: bounds, as in ``scaffold run``'s ``rollout`` section.
+    * ``teacher``: on-policy distillation: a teacher (the options of a
+      config's ``teacher:``, e.g. ``{engine: vllm, url: ...}``, or a
+      :class:`~scaffold_core.teacher.Teacher`) scores each accepted episode's
+      samples (one batch per episode), which then carry ``teacher_logp``
+      (see :mod:`scaffold_areal.padding`) for AReaL's distillation loss.
     """
 
     #: AReaL's classes; set by the concrete workflow class (the real AReaL, or a test's fake).
@@ -111,7 +117,7 @@ class ScaffoldRollout:
                  trajectory: Any = "single_turn", samples: str = "all", reject_truncated: bool = False,
                  max_staleness: int | None = None, on_stale: str = "drop", turn_ids: bool | None = None,
                  request_timeout: float = 3600.0, episode_timeout: float = 7200.0, verifier_timeout: float = 30.0,
-                 retries: int = 0):
+                 retries: int = 0, teacher: Any = None):
         if verifier is None:
             raise ValueError("ScaffoldWorkflow needs a verifier (a scaffold verifier name such as 'gsm8k', or "
                              "{name: ..., options...}): AReaL trains on its rewards")
@@ -138,6 +144,8 @@ class ScaffoldRollout:
         self.reject_truncated = reject_truncated
         self.turn_ids = self.areal.turn_ids if turn_ids is None else turn_ids
         self._rollouts: dict[int, tuple[Any, TrainingRollouts]] = {}
+        self.teacher = teacher if teacher is None or isinstance(teacher, Teacher) else make_teacher(to_plain(teacher))
+        self._teacher_started = False
 
     def rollouts(self, engine: Any) -> TrainingRollouts:
         """The rollouts over AReaL engine ``engine`` (one per engine, built on first use; AReaL owns the engine)."""
@@ -163,6 +171,11 @@ class ScaffoldRollout:
         if samples is None:
             return None
         self.stats["samples"] += len(samples)
+        if self.teacher is not None:
+            if not self._teacher_started:
+                await self.teacher.start()
+                self._teacher_started = True
+            await score_samples(self.teacher, samples)
         out = to_padded_tensor_dict(samples)
         if not self.turn_ids:
             del out["turn_ids"]
@@ -191,3 +204,6 @@ class ScaffoldRollout:
         held, self._rollouts = self._rollouts, {}
         for _, rollouts in held.values():
             await rollouts.close()
+        if self.teacher is not None and self._teacher_started:
+            self._teacher_started = False
+            await self.teacher.close()

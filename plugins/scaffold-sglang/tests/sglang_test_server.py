@@ -273,11 +273,15 @@ class TestServer(FakeServer):
                 if r in self.live:
                     raise BadRequest(400, _message(f"Duplicate request ID detected: {r}"))
             want_logprob = body.get("return_logprob", False)
+            starts = body.get("logprob_start_len")
+            starts = starts if isinstance(starts, list) else [starts] * len(prompts)
+            if len(starts) != len(prompts):
+                raise BadRequest(400, _message("logprob_start_len list length must match the batch size."))
             jobs = []
             for i, (prompt, params) in enumerate(zip(prompts, params_list)):
                 for j in range(n):
                     jobs.append(self._one(rids[i * n + j], prompt, params, want_logprob, started,
-                                          body.get("top_logprobs_num", 0)))
+                                          body.get("top_logprobs_num", 0), starts[i]))
             outs = await asyncio.gather(*jobs) if len(jobs) > 1 else [await jobs[0]]
         except BadRequest as exc:
             if isinstance(exc.body, str):
@@ -288,7 +292,7 @@ class TestServer(FakeServer):
                             content_type="application/json")
 
     async def _one(self, rid: str, prompt: list[int], params: dict[str, Any], want_logprob: Any,
-                   started: float, top_logprobs: Any = 0) -> dict[str, Any]:
+                   started: float, top_logprobs: Any = 0, start: Any = None) -> dict[str, Any]:
         stop = params.get("stop") or ()
         sampling = Sampling(max_tokens=params["max_new_tokens"], temperature=params["temperature"],
                             seed=params.get("sampling_seed"), stop=[stop] if isinstance(stop, str) else list(stop),
@@ -305,7 +309,16 @@ class TestServer(FakeServer):
             meta["weight_versions"] = spans(out.labels)
         meta["num_retractions" if self.compat_v >= (0, 5, 15) else "total_retractions"] = live.retractions
         if want_logprob:
-            meta["input_token_logprobs"] = [[None, prompt[-1], None]]
+            # SGLang: the input's tokens from logprob_start_len (default -1: the last one), the first of them
+            # without a logprob (the logits before it are not computed); then their top alternatives if asked.
+            first = len(prompt) - 1 if start is None or start < 0 else min(int(start), len(prompt) - 1)
+            k = int(top_logprobs or 0)
+            scored = self.backend.prompt_logprobs(prompt, k) if first < len(prompt) - 1 else []
+            meta["input_token_logprobs"] = [[None, prompt[first], None]] + [
+                [scored[j][0], prompt[j], None] for j in range(first + 1, len(prompt))]  # type: ignore[index]
+            if k:
+                meta["input_top_logprobs"] = [None] + [[[v, t, None] for t, v in scored[j][1]]  # type: ignore[index]
+                                                       for j in range(first + 1, len(prompt))]
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.logprobs, out.ids)]
             if out.tops is not None:  # the k most likely: here the sampled token, then alternatives
                 meta["output_top_logprobs"] = [

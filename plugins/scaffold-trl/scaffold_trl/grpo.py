@@ -87,15 +87,16 @@ def make_trainer(run: Any, **kwargs: Any) -> Any:
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             output = super()._generate_and_score_completions(inputs)
+            teacher_rows = None
             if run.teacher is not None:
-                run.distill_figures = distill_advantages(run.teacher, run.loop, output, run.options.mix,
-                                                         run.options.rollout_timeout)
+                run.distill_figures, teacher_rows = distill_advantages(run.teacher, run.loop, output,
+                                                                       run.options.mix, run.options.rollout_timeout)
             if getattr(self.model, "training", False):
                 advantages = output["advantages"]
                 if advantages.dim() == 2:  # per token: each sample's mean over its completion tokens
                     mask = output["completion_mask"].to(advantages.dtype)
                     advantages = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-                run.bridge.trained([float(a) for a in advantages.reshape(-1).tolist()])
+                run.bridge.trained([float(a) for a in advantages.reshape(-1).tolist()], teacher_rows)
             return output
 
         def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:

@@ -240,15 +240,17 @@ class RolloutBridge:
         self.history.append(record.light())
         return output
 
-    def trained(self, advantages: list[float]) -> None:
-        """The trainer's advantages for the latest rollouts (one per entry, padding included): write the
-        step's rollouts to the ledger."""
+    def trained(self, advantages: list[float], teacher_logprobs: list[list[float] | None] | None = None) -> None:
+        """The trainer's advantages for the latest rollouts (one per entry, padding included), and the
+        teacher's logprobs of each entry's completion tokens when a teacher scored them: write the step's
+        rollouts to the ledger."""
         record = self.latest
         if record is None or record.groups is None:
             return
         used = sum(len(g.samples) for g in record.groups.used)
         if self.ledger is not None:
-            self.ledger.write_step(record.groups, weight_version=record.version, advantages=advantages[:used])
+            self.ledger.write_step(record.groups, weight_version=record.version, advantages=advantages[:used],
+                                   teacher_logprobs=None if teacher_logprobs is None else teacher_logprobs[:used])
 
 
 async def _gather(coros: list[Any]) -> list[Any]:

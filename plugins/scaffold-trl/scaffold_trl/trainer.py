@@ -272,8 +272,7 @@ class GRPORun:
             self.engine = self.job.registry.create("engine", engine_cfg.name, engine_cfg.options, path="engine")
 
     def _open_teacher(self) -> None:
-        from scaffold_core.engines.teacher import TransformersTeacher
-        from scaffold_core.teacher import check_same_tokenizer
+        from scaffold_core.teacher import check_same_tokenizer, make_teacher
 
         s = self.config.sampling
         if s.temperature != 1.0:
@@ -281,7 +280,7 @@ class GRPORun:
                               "distribution with the teacher's at temperature 1, so sample with temperature: 1.0 "
                               f"(got {s.temperature})")
         assert self.loop is not None
-        self.teacher = TransformersTeacher(**{"device": self.device, **self.options.teacher})
+        self.teacher = make_teacher(self.options.teacher, device=self.device)
         self.loop.run(self.teacher.start(), 3600.0)
         check_same_tokenizer(self.tokenizer, self.teacher.tokenizer)
 

@@ -28,6 +28,7 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
 
     from scaffold_core.config import load_config
     from scaffold_core.engines.model_loading import bundled_smollm2_gguf
+    from scaffold_core.train.step_ledger import StepLedger
     from scaffold_core.trainer import TrainJob
 
     if bundled_smollm2_gguf() is None:
@@ -46,7 +47,9 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
     }, registry=pset.registry)
     options = pset.registry.create("trainer", "trl", config.trainer.options)
     reported = []
-    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry)
+    ledger = StepLedger(tmp_path / "run")
+    job = TrainJob(config=config, output_dir=tmp_path / "run", report=reported.append, registry=pset.registry,
+                   ledger=ledger)
     seen = {}
     with scaffold_trl.GRPORun(options, job) as run:
         original = run.trainer._compute_loss
@@ -57,7 +60,10 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
             return original(model, inputs)
 
         run.trainer._compute_loss = capture
-        summary = run.train()
+        try:
+            summary = run.train()
+        finally:
+            ledger.close()
     assert summary["algorithm"] == "opd" and summary["teacher"]["teacher_scored_tokens"] > 0
     advantages, mask = seen["advantages"], seen["mask"]
     assert advantages.dim() == 2 and advantages.shape == mask.shape  # one advantage per completion token
@@ -65,3 +71,12 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage_on_every_token(
     step = reported[0].metrics
     assert abs(step["teacher_kl"]) <= 1e-3 and math.isfinite(step["loss"]) and step["teacher_calls"] == 1
     assert torch.isfinite(advantages).all()
+    # The run's store holds the teacher's logprob of every token beside the behaviour logprob (equal here).
+    from scaffold_core.output import read_records
+
+    rows = [t for r in read_records(tmp_path / "run") for t in r["trajectories"] if t["used"]]
+    assert rows and all(t["teacher_logprobs"] is not None for t in rows)
+    for t in rows:
+        generated = [(b, x) for b, x, m in zip(t["logprobs"], t["teacher_logprobs"], t["loss_mask"]) if m]
+        assert generated and max(abs(b - x) for b, x in generated) <= 1e-3
+

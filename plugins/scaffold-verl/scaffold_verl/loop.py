@@ -26,6 +26,7 @@ import uuid
 from typing import Any, ClassVar
 
 from scaffold_core.run.assembly import Components, Limits
+from scaffold_core.teacher import Teacher, make_teacher, score_samples
 from scaffold_core.train.adapters import PromptTask, build_component, is_object, to_plain
 from scaffold_core.train.prompt_groups import TrainingRollouts
 
@@ -34,7 +35,7 @@ from .engine import VerlEngine, sampling_from_verl
 from .output import agent_loop_fields
 
 OPTIONS = ("controller", "verifier", "task", "trajectory", "messages_key", "reference_key", "request_timeout",
-           "episode_timeout", "verifier_timeout", "retries", "max_resumes", "resume_wait_s")
+           "episode_timeout", "verifier_timeout", "retries", "max_resumes", "resume_wait_s", "teacher")
 
 
 class ScaffoldEpisodeError(RuntimeError):
@@ -48,10 +49,21 @@ class ScaffoldEpisodeError(RuntimeError):
 class _Shared:
     """The per-worker machinery of one loop configuration: engine adapter and rollouts."""
 
-    def __init__(self, engine: VerlEngine, rollouts: TrainingRollouts, scored: bool):
+    def __init__(self, engine: VerlEngine, rollouts: TrainingRollouts, scored: bool, teacher: Teacher | None = None):
         self.engine = engine
         self.rollouts = rollouts
         self.scored = scored
+        self.teacher = teacher
+        self.teacher_started = False
+
+    async def score(self, samples: list[Any]) -> None:
+        """The teacher's logprobs on ``samples`` (started on first use)."""
+        if self.teacher is None:
+            return
+        if not self.teacher_started:
+            await self.teacher.start()
+            self.teacher_started = True
+        await score_samples(self.teacher, samples)
 
 
 _SHARED: dict[tuple[Any, ...], tuple[Any, _Shared]] = {}
@@ -63,6 +75,8 @@ async def close_shared() -> None:
     _SHARED.clear()
     for _, shared in held:
         await shared.rollouts.close()
+        if shared.teacher is not None and shared.teacher_started:
+            await shared.teacher.close()
 
 
 class ScaffoldLoop:
@@ -82,6 +96,10 @@ class ScaffoldLoop:
     * ``trajectory``: a scaffold trajectory maker (``single_turn``; ``multiturn`` for multi-turn controllers).
     * ``request_timeout``, ``episode_timeout``, ``verifier_timeout``, ``retries``: bounds, as in ``scaffold run``.
     * ``max_resumes``, ``resume_wait_s``: how often and after how long an aborted generation is continued.
+    * ``teacher``: on-policy distillation: a teacher (a config's ``teacher:`` options, e.g. ``{engine: vllm,
+      url: ...}``, or a :class:`~scaffold_core.teacher.Teacher`) scores each episode's samples; the output then
+      carries ``extra_fields["teacher_ids"]``/``["teacher_logprobs"]`` in verl's format (see
+      :mod:`scaffold_verl.output`).
     """
 
     #: verl's classes; set by the concrete agent loop class (the real verl, or a test's fake).
@@ -91,7 +109,7 @@ class ScaffoldLoop:
                  trajectory: Any = "single_turn", messages_key: str = "raw_prompt",
                  reference_key: str | None = "reward_model.ground_truth", request_timeout: float = 3600.0,
                  episode_timeout: float = 7200.0, verifier_timeout: float = 30.0, retries: int = 0,
-                 max_resumes: int = 16, resume_wait_s: float = 1.0, **kwargs: Any):
+                 max_resumes: int = 16, resume_wait_s: float = 1.0, teacher: Any = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.scaffold_options = dict(
             controller=to_plain(controller) if not is_object(controller) else controller,
@@ -100,7 +118,8 @@ class ScaffoldLoop:
             trajectory=to_plain(trajectory) if not is_object(trajectory) else trajectory,
             messages_key=messages_key, reference_key=reference_key, request_timeout=float(request_timeout),
             episode_timeout=float(episode_timeout), verifier_timeout=float(verifier_timeout), retries=int(retries),
-            max_resumes=int(max_resumes), resume_wait_s=float(resume_wait_s))
+            max_resumes=int(max_resumes), resume_wait_s=float(resume_wait_s),
+            teacher=to_plain(teacher) if not is_object(teacher) else teacher)
         self.prompt_length, self.response_length = rollout_lengths(self.rollout_config)  # type: ignore[attr-defined]
 
     # -- shared machinery ------------------------------------------------------
@@ -137,7 +156,10 @@ class ScaffoldLoop:
                         verifier_timeout=o["verifier_timeout"], retries=o["retries"])
         rollouts = TrainingRollouts(components, sampling=sampling_from_verl({}, self.response_length), limits=limits,
                                     engine_name="verl", manage_engine=False)
-        shared = _Shared(engine, rollouts, scored=verifier is not None)
+        teacher = o["teacher"]
+        if teacher is not None and not isinstance(teacher, Teacher):
+            teacher = make_teacher(teacher)
+        shared = _Shared(engine, rollouts, scored=verifier is not None, teacher=teacher)
         _SHARED[key] = (server_manager, shared)  # holds the server manager so its id stays unique
         return shared
 
@@ -161,6 +183,7 @@ class ScaffoldLoop:
         if not episode.ok:
             raise ScaffoldEpisodeError(f"scaffold episode {episode.episode_id} failed ({episode.error_component}): "
                                        f"{episode.error}", component=episode.error_component)
+        await shared.score(list(episode.trajectories))
         fields = agent_loop_fields(episode, log, prompt_length=self.prompt_length,
                                    response_length=self.response_length, scored=shared.scored)
         return self.verl.AgentLoopOutput(**fields)

@@ -20,7 +20,14 @@ ride along in ``extra_fields["scaffold"]``.
 * ``extra_fields``: the last ``TokenOutput.extra_fields`` (``global_steps``),
   ``min_global_steps``/``max_global_steps`` over the weight versions of the
   sample's generated tokens, ``turn_scores`` (per-turn rewards of multi-turn
-  controllers), ``tool_rewards``.
+  controllers), ``tool_rewards``; with on-policy distillation (the sample
+  carries a teacher's ``teacher_logprobs``), ``teacher_ids`` (int32) and
+  ``teacher_logprobs`` (float32), tensors [S, 1] over the S = prompt + response
+  tokens handed over, in verl's own format (what its vLLM teacher's
+  ``extract_prompt_logprobs`` builds, which verl's agent loop pops and pads
+  into the batch for its distillation losses): entry ``i`` is the next token
+  ``i + 1`` and the teacher's logprob of it (0.0 where that token is not
+  generated), the last entry a dummy (id 0, 0.0).
 """
 
 from __future__ import annotations
@@ -69,6 +76,9 @@ def agent_loop_fields(episode: EpisodeResult, log: EpisodeLog, *, prompt_length:
             extra["max_global_steps"] = max(steps)
     extra["turn_scores"] = [float(r) for r in sample.turn_rewards or []]
     extra["tool_rewards"] = []
+    if trajectory is not None and getattr(trajectory, "teacher_logprobs", None) is not None:
+        kept = cut + min(len(response), response_length)
+        extra.update(teacher_fields(list(input_ids[:kept]), list(trajectory.teacher_logprobs[:kept])))
     extra["scaffold"] = {"episode_id": episode.episode_id, "samples": len(episode.samples),
                          "chosen": sample.sample_index, "finish_reason": sample.finish_reason,
                          "answer_reward": episode.answer_reward, "metrics": dict(episode.metrics)}
@@ -83,3 +93,14 @@ def agent_loop_fields(episode: EpisodeResult, log: EpisodeLog, *, prompt_length:
                  "num_preempted": log.num_preempted if log.num_preempted is not None else -1},
         extra_fields=extra,
     )
+
+
+def teacher_fields(ids: list[int], column: list[float]) -> dict[str, Any]:
+    """``teacher_ids`` and ``teacher_logprobs`` of a sequence in verl's format (see the module docstring)."""
+    import torch
+
+    from scaffold_core.teacher import shifted
+
+    return {"teacher_ids": torch.tensor([[t] for t in ids[1:]] + [[0]], dtype=torch.int32),
+            "teacher_logprobs": torch.tensor([[v] for v in shifted(column)], dtype=torch.float32)}
+

@@ -306,32 +306,64 @@ class TestServer(FakeServer):
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             prompt = self.backend.encode_text(prompt)
-        prompt = self._prompt(prompt, "prompt")
+        batch = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, list) for p in prompt)
+        prompts = [self._prompt(p, "prompt") for p in prompt] if batch else [self._prompt(prompt, "prompt")]
         known = COMPLETION_FIELDS if self.return_token_ids else COMPLETION_FIELDS - {"return_token_ids"}
         self.ignored_fields += [k for k in body if k not in known]
-        sampling, logprobs = self._sampling(body, prompt)
-        rid = str(body.get("request_id") or uuid.uuid4().hex)
-        out, _ = await self.run_one(rid, prompt, sampling)
+        asked_prompt = body.get("prompt_logprobs")
+        if asked_prompt is not None and (not isinstance(asked_prompt, int) or asked_prompt < -1):
+            raise BadRequest(f"prompt_logprobs must be non-negative or -1, got {asked_prompt}.",
+                             param="prompt_logprobs")
+        echo = bool(body.get("echo"))
+        rid0 = str(body.get("request_id") or uuid.uuid4().hex)
+        choices, usages = [], []
+        for index, one in enumerate(prompts):
+            sampling, logprobs = self._sampling(body, one)
+            out, _ = await self.run_one(f"{rid0}-{index}" if batch else rid0, one, sampling)
+            choices.append(self._completion_choice(index, one, out, body, logprobs, asked_prompt, echo))
+            usages.append(self._usage(one, out))
+        usage = usages[0] if len(usages) == 1 else {
+            key: sum(u[key] for u in usages) for key in ("prompt_tokens", "total_tokens", "completion_tokens")}
+        return web.json_response({"id": f"cmpl-{rid0}", "object": "text_completion", "created": int(time.time()),
+                                  "model": self.served_model_name, "choices": choices,
+                                  "usage": usage, "kv_transfer_params": None})
+
+    def _completion_choice(self, index: int, prompt: list[int], out: Generated, body: dict[str, Any],
+                           logprobs: int | None, asked_prompt: int | None, echo: bool) -> dict[str, Any]:
         as_id = bool(body.get("return_tokens_as_token_ids"))
         eos = out.finish == "stop" and out.matched == self.backend.eos_token_id
-        choice: dict[str, Any] = {"index": 0, "text": out.text or "", "logprobs": None, "finish_reason": out.finish,
+        scored = None
+        if asked_prompt is not None or (echo and logprobs is not None):
+            scored = self.backend.prompt_logprobs(prompt, max(asked_prompt or 0, logprobs or 0))
+        choice: dict[str, Any] = {"index": index, "text": out.text or "", "logprobs": None,
+                                  "finish_reason": out.finish,
                                   "stop_reason": None if out.finish != "stop" or eos else out.matched,
                                   "prompt_logprobs": None}
+        if asked_prompt is not None and scored is not None:  # vLLM: the prompt token itself, then the top k
+            k = asked_prompt if asked_prompt >= 0 else 20
+            choice["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t, as_id)}
+                 for rank, (t, lp) in enumerate(sorted([(token, entry[0]), *entry[1][:k]], key=lambda e: -e[1]),
+                                                start=1)}
+                for token, entry in zip(prompt[1:], scored[1:]) if entry is not None]
         if logprobs is not None:
             tops = out.tops or [[] for _ in out.ids]
-            choice["logprobs"] = {
-                "text_offset": list(range(len(out.ids))),
-                "token_logprobs": out.logprobs,
-                "tokens": [self._token_text(t, as_id) for t in out.ids],
-                "top_logprobs": [{self._token_text(t, as_id): lp
-                                  for t, lp in [(token, lp0), *alts][:max(logprobs, 1)]}
-                                 for token, lp0, alts in zip(out.ids, out.logprobs, tops)]}
+            ids, values = list(out.ids), list(out.logprobs)
+            width = max(logprobs, 1)
+            top_lists: list[Any] = [{self._token_text(t, as_id): lp for t, lp in [(token, lp0), *alts][:width]}
+                                    for token, lp0, alts in zip(out.ids, out.logprobs, tops)]
+            if echo and scored is not None:  # the prompt's tokens first, the first without a logprob
+                ids = list(prompt) + ids
+                values = [None if e is None else e[0] for e in scored] + values
+                top_lists = [None if e is None else
+                             {self._token_text(t, as_id): lp for t, lp in [(token, e[0]), *e[1]][:width]}
+                             for token, e in zip(prompt, scored)] + top_lists
+            choice["logprobs"] = {"text_offset": list(range(len(ids))), "token_logprobs": values,
+                                  "tokens": [self._token_text(t, as_id) for t in ids], "top_logprobs": top_lists}
         if self.return_token_ids and body.get("return_token_ids"):
             choice["token_ids"] = out.ids
             choice["prompt_token_ids"] = prompt
-        return web.json_response({"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
-                                  "model": self.served_model_name, "choices": [choice],
-                                  "usage": self._usage(prompt, out), "kv_transfer_params": None})
+        return choice
 
     # -- health and info --------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

@@ -205,7 +205,8 @@
   function sampleView(s) {
     var box = el("div");
     var pairs = [["reward", s.r], ["extracted", s.x], ["key", s.k], ["verdict", s.why], ["finish", s.f],
-                 ["generated tokens", s.g], ["branch", s.b === null ? undefined : s.b], ["weight version", s.v]];
+                 ["generated tokens", s.g], ["branch", s.b === null ? undefined : s.b], ["weight version", s.v],
+                 ["teacher-student KL", s.kl]];
     if (s.st !== undefined) {
       pairs.push(["optimizer step", s.st], ["GRPO group", s.gid], ["advantage", s.adv],
                  ["training", s.u ? "used" : "left out (its group's rewards were all equal, or it was cut from the group)"]);
@@ -275,7 +276,10 @@
     } else {
       span.textContent = text;
     }
-    if (mask[i]) {
+    if (mask[i] && s.tlp) {  // on-policy distillation: shaded by the teacher's disagreement, |student - teacher|
+      var gap = Math.min(1, Math.abs(((s.lp[i] || 0) - (s.tlp[i] || 0)) / 100) / 4) * 0.85;
+      if (gap > 0.03) { span.style.background = "rgba(0,114,178," + gap.toFixed(3) + ")"; }
+    } else if (mask[i]) {
       var p = Math.exp((s.lp[i] || 0) / 100), alpha = (1 - p) * 0.85;
       if (alpha > 0.03) { span.style.background = "rgba(213,94,0," + alpha.toFixed(3) + ")"; }
     }
@@ -354,6 +358,10 @@
     if (info.mask) {
       var lp = (s.lp[info.i] || 0) / 100;
       lines.push("logprob " + lp.toFixed(2) + "   p " + Math.exp(lp).toFixed(3));
+      if (s.tlp) {
+        var tlp = (s.tlp[info.i] || 0) / 100;
+        lines.push("teacher logprob " + tlp.toFixed(2) + "   student - teacher " + (lp - tlp).toFixed(2));
+      }
       lines.push("weight version " + info.ver + "   loss mask 1");
     } else {
       lines.push("environment token   loss mask 0");
