@@ -34,17 +34,26 @@ ROOT = Path(__file__).resolve().parent
 #: session fixture -> the group of every test file that uses it (the first match wins)
 SHARED_FIXTURE_GROUPS = {"release_checkout": "release", "dist_dir": "release", "smollm2_engine": "smollm2",
                          "fixture_site": "fixture-plugins"}
+#: the groups handed out first, in this order (the slowest)
+FIRST_GROUPS = ("smollm2", "release")
+
+
+#: The parameter lists of the functions and methods a file defines (not ones in strings, such as the test files
+#: that pytester tests write: those are indented further).
+SIGNATURE = re.compile(r"^ {0,4}(?:async\s+)?def\s+\w+\s*\(([^)]*)\)", re.MULTILINE)
 
 
 @cache
 def file_group(path: str) -> str:
-    """The worker group of a test file: the group of the first shared session fixture it names, else itself."""
+    """The worker group of a test file: the group of the first shared session fixture one of its functions asks
+    for (as a parameter), else the file itself."""
     try:
         source = (ROOT / path).read_text(encoding="utf-8")
     except OSError:
         return path
+    parameters = " ".join(SIGNATURE.findall(source))
     return next((group for fixture, group in SHARED_FIXTURE_GROUPS.items()
-                 if re.search(rf"\b{fixture}\b", source)), path)
+                 if re.search(rf"\b{fixture}\b", parameters)), path)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -55,5 +64,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class SharedFixtureScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return file_group(nodeid.split("::", 1)[0])
+
+        def _assign_work_unit(self, node) -> None:
+            # xdist queues the groups by their number of tests; the shared-fixture groups are the longest by
+            # far for their count (a model, a release build), so they start first: one left for the end would
+            # keep one worker busy while the other idles.
+            for group in reversed(FIRST_GROUPS):
+                if group in self.workqueue:
+                    self.workqueue.move_to_end(group, last=False)
+            super()._assign_work_unit(node)
 
     return SharedFixtureScheduling(config, log)
