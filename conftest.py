@@ -56,6 +56,40 @@ def file_group(path: str) -> str:
                  if re.search(rf"\b{fixture}\b", parameters)), path)
 
 
+@cache
+def _free_functions(path: str) -> frozenset[str]:
+    """The module-level functions of a file in a shared group that need none of its shared fixtures, directly
+    or through the file's own fixtures (a closure over the file's module-level functions)."""
+    import ast
+
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    defs = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions = {node.name: {a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+                 for node in defs}
+    users = set(SHARED_FIXTURE_GROUPS)
+    while more := {name for name, args in functions.items() if name not in users and args & users}:
+        users |= more
+    autouse = {node.name for node in defs if any("autouse" in ast.unparse(d) for d in node.decorator_list)}
+    if autouse & users:
+        return frozenset()  # an autouse fixture needs a shared one: so does every test
+    return frozenset(name for name in functions if name not in users)
+
+
+def test_group(nodeid: str) -> str:
+    """The worker group of a test: its file's group, except that a module-level test of a shared group's file
+    that needs none of the shared fixtures stays with its file's other such tests (and may run on either
+    worker)."""
+    path, _, rest = nodeid.partition("::")
+    group = file_group(path)
+    if group == path or "::" in rest:  # a file of its own, or a test class: the class goes with the group
+        return group
+    try:
+        free = _free_functions(path)
+    except (OSError, SyntaxError):
+        return group
+    return path if rest.split("[", 1)[0] in free else group
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """pytest-xdist: hand out whole files (and the files of one shared fixture together) to the workers."""
@@ -63,7 +97,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class SharedFixtureScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return file_group(nodeid.split("::", 1)[0])
+            return test_group(nodeid)
 
         def _assign_work_unit(self, node) -> None:
             # xdist queues the groups by their number of tests; the shared-fixture groups are the longest by
