@@ -1,9 +1,9 @@
 """Root conftest: the whole suite (core and every plugin) runs under the leak guard.
 
 `make test` runs the suite on two pytest-xdist workers. A test file's tests run on one worker, in order
-(its module fixtures are built once), and so do all the files that use an expensive session fixture, so
-that it is built once: the release checkout where `make dist` ran, the bundled SmolLM2 engine, and the
-pip-installed fixture plugins.
+(its module fixtures are built once), and so do all the tests, across files, that need an expensive session
+fixture, so that it is built once: the release checkout where `make dist` ran, the bundled SmolLM2 engine,
+and the pip-installed fixture plugins (docs/testing.md).
 """
 
 from __future__ import annotations
