@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import scaffold_testkit.plugin as test_tasks
 from scaffold_testkit import ScriptedEngine
 from scaffold_testkit.conformance import (
@@ -101,16 +100,3 @@ class TestScriptedEngine(EngineConformance):
     def make_engine(self):
         return ScriptedEngine(_counting, delay=(0.0, 0.002))
 
-
-@pytest.mark.model
-class TestTransformersEngine(EngineConformance):
-    """The embedded engine on SmolLM2, sharing the session's model engine (few, short requests)."""
-
-    name = "transformers"
-    max_tokens = 8
-    prompts = ("Name three colours.", "Count from one to twenty in words, separated by commas.")
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def live_engine(cls, smollm2_engine):
-        return smollm2_engine

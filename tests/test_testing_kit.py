@@ -101,19 +101,6 @@ class _Always(ExactMatchVerifier):
         return Verdict(1.0, response, response, "always")
 
 
-def test_one_episode_on_the_shared_model(smollm2_engine):
-    """The session's model engine runs a whole episode (prompt rendered by its chat template)."""
-    from scaffold_core import SamplingParams
-
-    result = run_one_episode(ListTask(ROWS), 0, engine=smollm2_engine, verifier=ExactMatchVerifier(),
-                             sampling=SamplingParams(max_tokens=8, temperature=0.0), timeout=300)
-    assert result.ok, result.error
-    sample = result.samples[0]
-    assert 1 <= len(sample.output_ids) <= 8 and len(sample.output_logprobs) == len(sample.output_ids)
-    assert sample.verdict is not None and result.trajectories[0].prompt_len == len(sample.prompt_ids)
-    assert "<|im_start|>user" in result.prompt_text  # SmolLM2's own chat template
-
-
 def test_model_marker_is_added_to_tests_using_the_model(pytester):
     pytester.makepyfile(
         """
