@@ -222,6 +222,7 @@ from scaffold_core.trajectory import TrainingSample
 step, size = int(sys.argv[2]), int(sys.argv[3])
 out = RunOutput(sys.argv[1], resume=True, prepared=True)
 out.deferred = True
+out.open()  # the schema exists before the first kill (a reader of a store not yet created would create it)
 print("ready", flush=True)
 while True:
     for j in range(size):
