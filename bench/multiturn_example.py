@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="task.limit for both (default: the config's)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for both runs")
+    parser.add_argument("--this-first", action="store_true", help="start with this tree (default: the baseline)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     args = parser.parse_args()
     sets = list(args.sets) + ([f"task.limit={args.limit}"] if args.limit is not None else [])
@@ -88,8 +89,9 @@ def main() -> None:
         config = args.config.resolve()
         runs: dict[str, list[dict]] = {"baseline": [], "this tree": []}
         for i in range(args.repeat):
-            order = [("baseline", tree), ("this tree", None)] if i % 2 == 0 else [("this tree", None),
-                                                                                   ("baseline", tree)]
+            order: list[tuple[str, Path | None]] = [("baseline", tree), ("this tree", None)]
+            if (i % 2 == 1) != args.this_first:
+                order.reverse()
             for name, where in order:
                 out = tmp_path / f"run-{name.replace(' ', '-')}-{i}"
                 r = run_once(where, config, out, sets, args.timeout)
