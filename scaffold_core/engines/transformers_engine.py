@@ -446,22 +446,23 @@ class TransformersEngine(Engine):
             return batch, logits
         if self._lean is not None:  # prompts of similar length side by side (grouped prefill)
             new.sort(key=lambda r: prefill_order(r.request.prompt_ids))
+        old = list(rows)
+        rows.extend(new)  # from now on an error answers them too
         fresh = self._new_batch(new)
         fresh_logits = fresh.start()
         self._count_prefill(fresh.counts)
         self._stats["rows"] += len(new)
-        if rows and isinstance(fresh, LeanBatch):
+        if old and isinstance(fresh, LeanBatch):
             batch.absorb(fresh)
             logits = self._torch.cat([logits, fresh_logits])
             self._stats["joined"] += len(new)
-        elif rows:  # hooks came in while the batch decoded: its rows go on through transformers' forward
-            batch = self._new_batch(rows + new)
+        elif old:  # hooks came in while the batch decoded: its rows go on through transformers' forward
+            batch = self._new_batch(rows)
             logits = batch.start()
             self._count_prefill(batch.counts)
         else:
             batch, logits = fresh, fresh_logits
             self._stats["batches"] += 1
-        rows.extend(new)
         self._stats["max_batch"] = max(self._stats["max_batch"], len(rows))
         return batch, logits
 
