@@ -599,3 +599,52 @@ def test_the_kit_catches_what_would_poison_training(pytester):
     assert "TestRaisesOnWrong::test_gold_answer_passes_the_verifier" in out["passed"]
     assert "TestSleepyController::test_does_not_block_the_event_loop" in out["failed"]
     assert "TestSleepyController::test_episodes_complete" in out["passed"]
+
+
+# -- test servers die with the test run -------------------------------------------------------------------
+_LISTENER = """
+import socket, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+with socket.create_server(("127.0.0.1", port)):
+    time.sleep(120)
+"""
+
+_STARTER = """
+import sys, time
+from pathlib import Path
+from scaffold_testkit.remote_server import ServerSubprocess
+server = ServerSubprocess(Path(sys.argv[1]), [sys.executable, "-c", sys.argv[2]]).start()
+print(server.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_test_server_dies_with_a_test_run_killed_before_its_teardown(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    starter = subprocess.Popen([sys.executable, "-c", _STARTER, str(tmp_path), _LISTENER], stdout=subprocess.PIPE)
+    try:
+        line = starter.stdout.readline()
+        assert line.strip().isdigit(), "the test server did not start"
+        server_pid = int(line)
+    finally:
+        starter.send_signal(signal.SIGKILL)  # no teardown runs
+        starter.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            if open(f"/proc/{server_pid}/stat").read().split()[2] == "Z":  # dead, waiting to be reaped
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    os.kill(server_pid, signal.SIGKILL)
+    raise AssertionError("the test server outlived the killed test run")

@@ -577,8 +577,18 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def _die_with_parent() -> None:  # in the child between fork and exec: a killed test run takes its servers along
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: kill() at teardown is the only stop
+        pass
+
+
 class ServerSubprocess:
-    """A test server as a subprocess in its own process group: ``command + args + --port P``; ``kill()`` it."""
+    """A test server as a subprocess in its own process group: ``command + args + --port P``; ``kill()`` it.
+    It dies with the thread that started it, so a test run killed before its teardown leaves no server behind."""
 
     def __init__(self, tmp: Path, command: list[str], *args: str, port: int | None = None,
                  env: dict[str, str] | None = None):
@@ -597,7 +607,8 @@ class ServerSubprocess:
         argv = [*self.command, *self.args, "--port", str(self.port)]
         env = None if self.env is None else {**os.environ, **self.env}
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                         preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
