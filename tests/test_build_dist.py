@@ -190,7 +190,7 @@ def test_a_missing_build_requirement_is_named_with_the_install_line_before_any_b
     monkeypatch.setattr(build, "check_dependency", check_dependency)
     monkeypatch.setattr(script, "source_epoch", lambda: script.DEFAULT_EPOCH)
     monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: pytest.fail("built despite a missing requirement"))
-    with pytest.raises(SystemExit, match=r"needs setuptools>=68 .*pip install 'setuptools>=68'"):
+    with pytest.raises(SystemExit, match=r"needs setuptools>=77 .*pip install 'setuptools>=77'"):
         script.build(tmp_path / "dist", ["scaffold-gsm8k"])
 
 

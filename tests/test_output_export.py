@@ -29,7 +29,8 @@ from scaffold_core.trajectory import TrainingSample
 from scaffold_core.verifier import Verdict
 
 #: What a session measures itself, and the output folder.
-CLOCK = {*finalize_module.SESSION_KEYS, "output_dir", "session"}
+# clock readings: the session's, and where the episodes' time went (spans)
+CLOCK = {*finalize_module.SESSION_KEYS, "output_dir", "session", "episode_time_s", "time_shares"}
 
 
 def as_json(text: bytes | str):
@@ -288,7 +289,12 @@ def test_two_workers_write_what_one_process_writes(test_plugins, tmp_path):
     two["output"] = {"dir": str(tmp_path / "two")}
     metrics = run_workers(load_config(data=two))
     assert "worker_failures" not in metrics
-    assert contents(tmp_path / "two") == contents(tmp_path / "one")
+    two_files, one_files = contents(tmp_path / "two"), contents(tmp_path / "one")
+    differ = {k: (two_files["metrics"].get(k), one_files["metrics"].get(k))
+              for k in {*two_files["metrics"], *one_files["metrics"]}
+              if two_files["metrics"].get(k) != one_files["metrics"].get(k)}
+    assert not differ, f"metrics of two workers (first) and of one process differ: {differ}"
+    assert two_files == one_files
     assert sorted(r["episode_id"] for r in read_records(tmp_path / "two")) == \
         sorted(r["episode_id"] for r in read_records(tmp_path / "one"))
 

@@ -459,9 +459,9 @@ def test_episodes_finishing_together_are_written_together(test_plugins, tmp_path
     batches: list[int] = []
     real = EpisodeStore._write
 
-    def spy(self, rows):
+    def spy(self, rows, *rest):
         batches.append(len(rows))
-        real(self, rows)
+        real(self, rows, *rest)
 
     monkeypatch.setattr(EpisodeStore, "_write", spy)
     config = write_config(tmp_path / "run.yaml", count=40, concurrency=8)
@@ -479,11 +479,11 @@ def test_a_store_write_that_fails_stops_the_run_with_one_error_and_resume_comple
     real = EpisodeStore._write
     calls = [0]
 
-    def full_disk(self, rows):
+    def full_disk(self, rows, *rest):
         calls[0] += 1
         if calls[0] == 3:
             raise sqlite3.OperationalError("database or disk is full")
-        real(self, rows)
+        real(self, rows, *rest)
 
     monkeypatch.setattr(EpisodeStore, "_write", full_disk)
     config = write_config(tmp_path / "run.yaml", count=40, concurrency=8)
@@ -512,7 +512,7 @@ def test_after_a_failed_write_nothing_more_is_recorded(tmp_path, monkeypatch):
         out.append(EpisodeResult("e0", 0, "failed", error="engine raised", error_component="engine"))
         assert stored_count(tmp_path / "out") == 0  # held until the flush
 
-        def broken(self, rows):
+        def broken(self, rows, *rest):
             raise OSError(5, "Input/output error")
 
         monkeypatch.setattr(EpisodeStore, "_write", broken)

@@ -138,7 +138,7 @@ def test_scaffold_train_keeps_rollouts_timings_apart_and_resumes_only_the_same_c
     is skipped (counted), and every step's rollouts still reach the ledger and its dataset."""
     out = tmp_path / "run"
     cfg = write_config(tmp_path, steps=2, group=2, filter_groups="zero_variance", max_refill_rounds=1)
-    assert main(["train", str(cfg), "-o", str(out), "--no-progress", "--no-report"]) == ExitCode.OK
+    assert main(["train", str(cfg), "-o", str(out), "--no-progress", "--no-report", "--json"]) == ExitCode.OK
     steps = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
     assert [(s["step"], s["skipped"], s["steps_skipped"]) for s in steps] == [(1, 1, 1), (2, 1, 2)]
     assert all(s["groups_filtered"] == 4 and s["refill_rounds"] == 1 for s in steps)
