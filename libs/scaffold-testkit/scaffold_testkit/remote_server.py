@@ -41,6 +41,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -588,7 +589,8 @@ def _die_with_parent() -> None:  # in the child between fork and exec: a killed 
 
 class ServerSubprocess:
     """A test server as a subprocess in its own process group: ``command + args + --port P``; ``kill()`` it.
-    It dies with the thread that started it, so a test run killed before its teardown leaves no server behind."""
+    Started from the main thread, it dies with the test run, so a run killed before its teardown leaves no server
+    behind."""
 
     def __init__(self, tmp: Path, command: list[str], *args: str, port: int | None = None,
                  env: dict[str, str] | None = None):
@@ -608,7 +610,9 @@ class ServerSubprocess:
         env = None if self.env is None else {**os.environ, **self.env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                         preexec_fn=_die_with_parent)
+                                         # the signal comes when the starting *thread* ends: only the main one
+                                         preexec_fn=_die_with_parent
+                                         if threading.current_thread() is threading.main_thread() else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
