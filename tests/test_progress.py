@@ -69,6 +69,14 @@ def test_on_a_terminal_it_is_a_bar_and_off_is_silent():
     assert clock_text(3725) == "1:02:05" and clock_text(None) == "?"
 
 
+async def shown(log: Log, text: str) -> None:
+    """Until the progress has printed ``text`` (up to 10 s)."""
+    for _ in range(1000):
+        if text in log.getvalue():
+            return
+        await asyncio.sleep(0.01)
+
+
 class Decoding(ScriptedEngine):
     """Counts decoded tokens before it answers, and answers only once the progress has shown them."""
 
@@ -76,27 +84,24 @@ class Decoding(ScriptedEngine):
 
     async def generate(self, request):
         self.decoded_tokens = (self.decoded_tokens or 0) + 7
-        for _ in range(1000):  # up to 10 s
-            if "tokens 7" in self.log.getvalue():
-                break
-            await asyncio.sleep(0.01)
+        await shown(self.log, "tokens 7")
         return await super().generate(request)
 
 
-class DecodingPlugin:
-    def __init__(self, log):
-        self.log = log
+class EnginePlugin:
+    """Registers ``cls`` (a ScriptedEngine answering "#### 2" that reads the progress ``log``) as ``name``."""
+
+    def __init__(self, name, cls, log):
+        self.name, self.cls, self.log = name, cls, log
 
     @hookimpl
     def register_engines(self, registry):
-        log = self.log
-
         def make():
-            engine = Decoding("#### 2")
-            engine.log = log
+            engine = self.cls("#### 2")
+            engine.log = self.log
             return engine
 
-        registry.add("decoding", make)
+        registry.add(self.name, make)
 
 
 def test_the_run_shows_tokens_while_the_first_episode_decodes(tmp_path, monkeypatch):
@@ -106,7 +111,7 @@ def test_the_run_shows_tokens_while_the_first_episode_decodes(tmp_path, monkeypa
     monkeypatch.setattr(progress_module, "BAR_INTERVAL_S", 0.05)
     import scaffold_testkit.plugin as test_tasks
 
-    plugins = plugin_set(test_tasks, decoding=DecodingPlugin(log))
+    plugins = plugin_set(test_tasks, decoding=EnginePlugin("decoding", Decoding, log))
     config = load_config(data={"task": {"name": "list", "rows": [{"question": "1+1?", "answer": "2"}]},
                                "engine": {"name": "decoding"}}, registry=plugins.registry)
     Rollout(config, output_dir=tmp_path / "run", plugins=plugins).run()
@@ -155,27 +160,8 @@ class SecondWaits(ScriptedEngine):
 
     async def generate(self, request):
         if self.requests:
-            for _ in range(1000):  # up to 10 s
-                if "tokens 7" in self.log.getvalue():
-                    break
-                await asyncio.sleep(0.01)
+            await shown(self.log, "tokens 7")
         return await super().generate(request)
-
-
-class SecondWaitsPlugin:
-    def __init__(self, log):
-        self.log = log
-
-    @hookimpl
-    def register_engines(self, registry):
-        log = self.log
-
-        def make():
-            engine = SecondWaits("#### 2")
-            engine.log = log
-            return engine
-
-        registry.add("second_waits", make)
 
 
 def test_tokens_of_returned_answers_count_before_their_episode_ends(tmp_path, monkeypatch):
@@ -185,7 +171,7 @@ def test_tokens_of_returned_answers_count_before_their_episode_ends(tmp_path, mo
     monkeypatch.setattr(sys, "stderr", log)
     monkeypatch.setattr(progress_module, "PLAIN_INTERVAL_S", 0.05)
     monkeypatch.setattr(progress_module, "BAR_INTERVAL_S", 0.05)
-    plugins = plugin_set(test_tasks, second=SecondWaitsPlugin(log))
+    plugins = plugin_set(test_tasks, second=EnginePlugin("second_waits", SecondWaits, log))
     config = load_config(data={"task": {"name": "list", "rows": [{"question": "1+1?", "answer": "2"}]},
                                "engine": {"name": "second_waits"}, "controller": {"name": "repeat", "n": 2},
                                "sampling": {"temperature": 0.7}}, registry=plugins.registry)
