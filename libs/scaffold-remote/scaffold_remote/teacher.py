@@ -102,6 +102,15 @@ class RemoteTeacher(Teacher):
     def body(self, chunk: list[Pair]) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def completions_body(self, chunk: list[Pair], **fields: Any) -> dict[str, Any]:
+        """A ``/v1/completions`` request scoring each whole sequence (prompt then completion, as token ids), one
+        greedy token generated, the served ``model`` named when configured, and ``fields``."""
+        body: dict[str, Any] = {"prompt": [list(p) + list(c) for p, c in chunk], "max_tokens": 1,
+                                "temperature": 0.0, **fields}
+        if self.model is not None:
+            body["model"] = self.model
+        return body
+
     def parse(self, data: Any, chunk: list[Pair]) -> list[TeacherScores]:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -135,12 +144,7 @@ class OpenAICompletionsTeacher(RemoteTeacher):
     """Any OpenAI-compatible ``/v1/completions`` that echoes prompt logprobs (``echo`` + ``logprobs``)."""
 
     def body(self, chunk: list[Pair]) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": [list(p) + list(c) for p, c in chunk], "echo": True,
-                                "logprobs": self.top_k, "max_tokens": 1, "temperature": 0.0,
-                                "return_tokens_as_token_ids": True}
-        if self.model is not None:
-            body["model"] = self.model
-        return body
+        return self.completions_body(chunk, echo=True, logprobs=self.top_k, return_tokens_as_token_ids=True)
 
     def parse(self, data: Any, chunk: list[Pair]) -> list[TeacherScores]:
         out = []

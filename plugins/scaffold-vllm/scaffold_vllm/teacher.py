@@ -23,11 +23,7 @@ class VLLMTeacher(RemoteTeacher):
     path = "/v1/completions"
 
     def body(self, chunk: list[Pair]) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": [list(p) + list(c) for p, c in chunk], "max_tokens": 1,
-                                "temperature": 0.0, "prompt_logprobs": self.top_k}
-        if self.model is not None:
-            body["model"] = self.model
-        return body
+        return self.completions_body(chunk, prompt_logprobs=self.top_k)
 
     def parse(self, data: Any, chunk: list[Pair]) -> list[TeacherScores]:
         out = []
