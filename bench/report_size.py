@@ -89,11 +89,11 @@ def episode(i: int, answers: int, rng: random.Random, maker):
 
 
 def write_run(directory: Path, problems: int, answers: int) -> None:
-    from scaffold_core.eval.command import compute_eval
     from scaffold_core.output.rundir import RunOutput
     from scaffold_core.plugins import get_plugins
     from scaffold_core.plugins.lifecycle import Hooks
     from scaffold_core.run.finalize import finalize_run_dir
+    from scaffold_report.eval.command import compute_eval
 
     plugins = get_plugins()
     maker = plugins.registry.create("trajectory_maker", "single_turn", {})
@@ -188,7 +188,7 @@ def main() -> int:
                         help="measure the report of a real `scaffold run` of this many episodes instead")
     parser.add_argument("--chromium", action="store_true", help="also time opening the page in headless Chromium")
     args = parser.parse_args()
-    from scaffold_core.report.build import build_report
+    from scaffold_report.build import build_report
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="report-bench-"))
     root.mkdir(parents=True, exist_ok=True)

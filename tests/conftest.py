@@ -11,24 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from scaffold_core.plugins.markers import hookimpl
-
 FIXTURE_PLUGINS = Path(__file__).parent / "fixtures" / "plugins"
 #: The fixture plugins' own tests are run by tests/test_kit_catches_broken_plugins.py (several are meant to
 #: fail), never collected as part of this suite.
 collect_ignore_glob = ["fixtures/*"]
-
-
-@pytest.fixture
-def test_plugins(monkeypatch):
-    """This process, and any worker or CLI process it starts, sees the test tasks (``arithmetic``, ``list``,
-    ...) through SCAFFOLD_EXTRA_PLUGINS; the process-wide plugin manager is rebuilt and restored after."""
-    from scaffold_core.plugins import set_plugins
-
-    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_testkit.plugin")
-    previous = set_plugins(None)
-    yield
-    set_plugins(previous)
 
 
 @pytest.fixture(scope="session")
@@ -146,94 +132,3 @@ def no_ipv6_sockets(monkeypatch):
         return real(family, *args, **kwargs)
 
     monkeypatch.setattr(socket, "socket", fake)
-
-
-# -- runs with answers that differ by seed: for `scaffold eval` and `scaffold report` ------------------------
-
-#: Text a model could write that must stay text in a report (it would end a script or open a tag).
-HOSTILE = "</script><script>window.hacked=1</script><img src=x onerror=alert(1)>{{JS}}"
-
-
-def dice_respond(prompt: str, request) -> str:
-    """A scripted model: problem i is answered right with probability (i % 5) / 4, by the request's seed;
-    some answers ramble past max_tokens, some carry HTML that must stay text."""
-    import random
-    import re
-
-    found = re.search(r"What is (\d+) \+ (\d+)", prompt)
-    a, b = (int(x) for x in found.groups()) if found else (1, 1)
-    rng = random.Random(request.seed)
-    skill = (a % 5) / 4
-    if rng.random() < 0.1:
-        return "Let me think. " * 40  # stops on length (128 tokens)
-    answer = a + b if rng.random() < skill else a + b + rng.choice([-10, -1, 1, 10])
-    return f"{HOSTILE} {answer}" if rng.random() < 0.2 else str(answer)
-
-
-class DicePlugin:
-    """Task ``sums`` (``count`` additions; the first operand sets the difficulty; the second question carries
-    :data:`HOSTILE`), engine ``dice`` and a verifier ``last_number`` (exact match on the last word)."""
-
-    @hookimpl
-    def register_tasks(self, registry):
-        from scaffold_testkit import ListTask
-
-        class Sums(ListTask):
-            default_config = {"verifier": {"name": "last_number"}, "sampling": {"max_tokens": 128}}
-
-            def __init__(self, count: int = 12):
-                super().__init__([{"id": f"sum-{i:02d}", "question": f"What is {10 + i} + {20 + 3 * i}?"
-                                   + (f" {HOSTILE}" if i == 1 else ""), "answer": str(30 + 4 * i)}
-                                  for i in range(count)])
-
-        registry.add("sums", Sums)
-
-    @hookimpl
-    def register_engines(self, registry):
-        from scaffold_testkit.engines import ScriptedEngine
-
-        registry.add("dice", lambda: ScriptedEngine(dice_respond))
-
-    @hookimpl
-    def register_verifiers(self, registry):
-        from scaffold_core.verifier import Verdict, Verifier
-
-        class LastNumber(Verifier):
-            def verify(self, response, reference):
-                words = response.split()
-                last = words[-1] if words and words[-1].lstrip("-").isdigit() else None
-                if last is None:
-                    return Verdict(0.0, None, None, "no number at the end")
-                return Verdict(float(last == str(reference)), last, last, "match" if last == str(reference) else "no")
-
-        registry.add("last_number", LastNumber)
-
-
-@pytest.fixture(scope="session")
-def dice_plugins():
-    """A plugin set with the built-ins and :class:`DicePlugin`."""
-    from scaffold_testkit import plugin_set
-
-    return plugin_set(dice=DicePlugin())
-
-
-@pytest.fixture(scope="session")
-def dice_config(dice_plugins):
-    """``dice_config(**sections)``: a resolved config of task ``sums`` on engine ``dice`` with ``sections``."""
-    from scaffold_core.config import load_config
-
-    def make(**sections):
-        data = {"task": {"name": "sums"}, "engine": {"name": "dice"}, **sections}
-        return load_config(data=data, registry=dice_plugins.registry)
-
-    return make
-
-
-@pytest.fixture(scope="session")
-def eval_dir(tmp_path_factory, dice_plugins, dice_config) -> Path:
-    """A finished `scaffold eval` of 12 problems, 4 answers each (k = 1, 2, 4), its report not yet written."""
-    from scaffold_core.eval.command import run_eval
-
-    out = tmp_path_factory.mktemp("eval") / "run"
-    run_eval(dice_config(), [1, 2, 4], output_dir=out, plugins=dice_plugins, progress=False)
-    return out

@@ -469,3 +469,56 @@ def test_hook_register_commands(capsys):
             assert "invalid choice" in capsys.readouterr().err
     finally:
         set_plugins(previous)
+
+
+class _Reporter:
+    def __init__(self, log: list):
+        self.log = log
+
+    def count(self, head):
+        self.log.append(("count", head.get("episode_id"), head.get("status")))
+
+    def write(self, directory, tokenizer=None):
+        self.log.append(("write", str(directory), tokenizer is not None))
+
+
+class _Reporting:
+    def __init__(self):
+        self.log: list = []
+        self.asked = 0
+
+    @hookimpl
+    def run_reporter(self):
+        self.asked += 1
+        return _Reporter(self.log)
+
+
+def test_hook_run_reporter(tmp_path, capsys):
+    """The reporter counts each episode as `scaffold run` exports it, then writes once the run's files are complete;
+    `--no-report` asks for none, and without a reporter the run says no report is written."""
+    import yaml
+
+    from scaffold_core.cli.main import main
+    from scaffold_core.plugins import PluginSet, get_plugins, set_plugins
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"task": {"name": "list", "rows": ROWS},
+                                      "engine": {"name": "benchmark_canned", "response": "2"},
+                                      "output": {"save_dataset": False}}), encoding="utf-8")
+    reporting = _Reporting()
+    previous = get_plugins()
+    try:
+        set_plugins(PluginSet().load(entry_points=False, extra={"tasks": test_tasks, "reporting": reporting}))
+        assert main(["run", str(config), "-o", str(tmp_path / "a"), "--no-progress"]) == 0
+        assert sorted(reporting.log[:2]) == [("count", "a", "ok"), ("count", "b", "ok")], reporting.log
+        assert reporting.log[2:] == [("write", str(tmp_path / "a"), True)]  # the canned engine's tokenizer
+        assert (tmp_path / "a" / "metrics.json").exists()
+        assert main(["run", str(config), "-o", str(tmp_path / "b"), "--no-progress", "--no-report"]) == 0
+        assert reporting.asked == 1 and len(reporting.log) == 3
+        set_plugins(PluginSet().load(entry_points=False, extra={"tasks": test_tasks}))
+        capsys.readouterr()
+        assert main(["run", str(config), "-o", str(tmp_path / "c"), "--no-progress"]) == 0
+        assert "no installed plugin writes reports" in capsys.readouterr().err
+        assert not (tmp_path / "c" / "report.html").exists()
+    finally:
+        set_plugins(previous)

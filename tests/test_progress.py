@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import re
 import sys
 
 import pytest
@@ -118,16 +117,6 @@ def test_the_run_shows_tokens_while_the_first_episode_decodes(tmp_path, monkeypa
     lines = log.getvalue().splitlines()
     assert any(line.startswith("scaffold: episodes 0/1") and "tokens 7" in line for line in lines)
     assert lines[-1].startswith("scaffold: episodes 1/1 (100%)")
-
-
-def test_the_eval_counts_answers(dice_plugins, dice_config, tmp_path, monkeypatch):
-    from scaffold_core.eval.command import run_eval
-
-    log = Log()
-    monkeypatch.setattr(sys, "stderr", log)
-    run_eval(dice_config(task={"name": "sums", "count": 3}), [1, 4], output_dir=tmp_path / "e",
-             plugins=dice_plugins, progress=None)
-    assert re.search(r"^scaffold: answers 12/12 \(100%\)", log.getvalue(), re.M)
 
 
 @pytest.mark.parametrize("steps", [3])

@@ -10,7 +10,6 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
@@ -51,8 +50,6 @@ def _parser() -> argparse.ArgumentParser:
                                                        "instead of the short summary")
     p.set_defaults(handler=cmd_run)
 
-    _eval_parser(sub)
-
     p = sub.add_parser("train", help="train a policy on scaffold's rollouts with the configured trainer plugin")
     p.add_argument("config", help="YAML config file with a trainer section (e.g. trainer: {name: trl})")
     add_override_arguments(p, "trainer.max_steps=10")
@@ -67,8 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="end with the trainer's summary as JSON on stdout (for "
                                                        "scripts) instead of the short summary")
     p.set_defaults(handler=cmd_train)
-
-    _report_parser(sub)
 
     p = sub.add_parser("score", help="re-score saved responses with a verifier")
     p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
@@ -96,38 +91,6 @@ def _plugin_commands(sub: argparse._SubParsersAction) -> None:
 
     for warning in get_plugins().add_commands(sub):
         print(f"warning: {warning}", file=sys.stderr)
-
-
-def _eval_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="max(k) answers per problem with any controller, then pass@k, pass^k, "
-                                    "majority@k and best-of-N@k per k, with bootstrap intervals")
-    add_run_arguments(p)
-    p.add_argument("--k", default="1,2,4,8,16", help="the ks to report, comma-separated (default 1,2,4,8,16); "
-                                                     "max(k) answers are drawn per problem")
-    p.add_argument("--workers", type=int, help="worker processes (overrides rollout.workers)")
-    p.add_argument("--select", default="reward", metavar="SCORE",
-                   help="how best-of-N picks: reward (the run's verifier, default), logprob (the mean token "
-                        "logprob), or the name of another installed verifier (a reward model) scoring each answer")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
-                   help="bootstrap resamples over problems for the 95%% intervals (0: none; default 1000)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
-    p.set_defaults(handler=cmd_eval)
-
-
-def _report_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write one offline report.html for a run, eval or train directory; given "
-                                      "several, one page comparing them")
-    p.add_argument("run_dir", nargs="+", metavar="RUN_DIR",
-                   help="the directory a `scaffold run`, `eval` or `train` wrote; several: a comparison page "
-                        "overlaying them (runs and evals together, or training runs together)")
-    p.add_argument("-o", "--output", help="where to write the page (default: RUN_DIR/report.html; comparing: "
-                                          "compare.html here)")
-    p.add_argument("--max-episodes", type=int, default=None, metavar="N",
-                   help="episodes the trajectory browser carries in full (default 300; past it, a stratified sample)")
-    p.add_argument("--tokenizer", help="a local tokenizer or model folder for the token texts (default: the run's "
-                                       "engine's)")
-    p.set_defaults(handler=cmd_report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -242,8 +205,16 @@ def with_option_defaults(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _count_head(stats: Any, head: dict[str, Any]) -> None:
-    stats.add(stats.episodes, head)
+def run_reporter() -> Any:
+    """What writes ``report.html`` at the end of ``run`` and ``train``: the first installed plugin's reporter (the
+    ``run_reporter`` hook), or None, said once, when no plugin offers one."""
+    from ..plugins import get_plugins
+
+    reporter = get_plugins().pm.hook.run_reporter()
+    if reporter is None:
+        print("scaffold: no installed plugin writes reports (the run_reporter hook); report.html is not written "
+              "(docs/plugins.md lists the package that does)", file=sys.stderr)
+    return reporter
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -256,8 +227,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.append("output.overwrite=true")
     config = load_config(args.config, overrides)  # validates everything before any model loads
     progress = False if args.no_progress else None
-    # The engine's tokenizer, when it ran in this process, gives the report its token texts.
-    report_options: dict[str, Any] = {}
+    reporter = None if args.no_report else run_reporter()
+    tokenizer = None
     if config.rollout.workers > 1 or config.rollout.launcher != "local":
         from ..launch import run_workers
 
@@ -269,20 +240,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         rollout = Rollout(config, output_dir=args.output, resume=args.resume, progress=progress,
                           force_config=args.force_config)
         print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
-        on_head = None
-        if not args.no_report:  # the report's counts, taken as the run's files are exported
-            from ..report.episodes import Stats
-
-            stats = report_options["stats"] = Stats()
-            on_head = partial(_count_head, stats)
-        metrics = rollout.run(on_head)
-        if getattr(rollout.components.engine, "tokenizer", None) is not None:
-            report_options["tokenizer"] = rollout.components.engine.tokenizer
+        # The reporter counts each episode as the run exports its files (no second pass over a large run).
+        metrics = rollout.run(getattr(reporter, "count", None))
+        # The engine's tokenizer, when it ran in this process, gives the report its token texts.
+        tokenizer = getattr(rollout.components.engine, "tokenizer", None)
     print_summary(metrics, as_json=args.json)
-    if not args.no_report and metrics.get("output_dir"):
-        from ..report.build import report_at_end
-
-        report_at_end(metrics["output_dir"], **report_options)
+    if reporter is not None and metrics.get("output_dir"):
+        reporter.write(metrics["output_dir"], tokenizer=tokenizer)
     limit = config.rollout.max_failed_fraction
     code = exit_code_for(metrics, limit)
     reason = exit_reason(code, metrics, limit)
@@ -309,80 +273,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = run_training(config, output_dir, progress=False if args.no_progress else None,
                                overwrite=overwrite, resume=args.resume, force_config=args.force_config)
     print(json.dumps(summary, indent=2, default=str) if args.json else format_train_summary(summary, output_dir))
-    if not args.no_report:
-        from ..report.build import report_at_end
-
-        report_at_end(output_dir)
-    return ExitCode.OK
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..eval.command import format_table, run_eval
-    from ..eval.figures import Bootstrap, parse_ks
-    from ..run.metrics import truncation_warning, unscored_warning
-    from ..run.summary import failure_report
-
-    try:
-        ks = parse_ks(args.k)
-        bootstrap = Bootstrap(resamples=args.bootstrap)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    overrides = list(args.overrides)
-    if args.workers is not None:
-        overrides.append(f"rollout.workers={args.workers}")
-    if args.overwrite:
-        overrides.append("output.overwrite=true")
-    config = load_config(args.config, overrides)  # validates everything before any model loads
-    result = run_eval(config, ks, output_dir=args.output, resume=args.resume,
-                      progress=False if args.no_progress else None, force_config=args.force_config,
-                      select=args.select, bootstrap=bootstrap)
-    print(format_table(result.figures))
-    metrics = result.metrics
-    for message in (failure_report(metrics), unscored_warning(metrics), truncation_warning(
-            metrics.get("truncated_fraction", 0.0))):
-        if message:
-            print(message, file=sys.stderr)
-    print(f"scaffold: figures: {result.directory / 'eval.json'}", file=sys.stderr)
-    if not args.no_report:
-        from ..report.build import report_at_end
-
-        report_at_end(result.directory, **({"tokenizer": result.tokenizer} if result.tokenizer is not None else {}))
-    limit = config.rollout.max_failed_fraction
-    code = exit_code_for(metrics, limit)
-    reason = exit_reason(code, metrics, limit)
-    if reason:
-        print(reason, file=sys.stderr)
-    return code
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from ..report.build import build_report
-
-    if len(args.run_dir) > 1:
-        return _compare(args)
-    options: dict = {}
-    if args.tokenizer:
-        from ..report.tokens import load_tokenizer
-
-        options["tokenizer"] = load_tokenizer(args.tokenizer)
-    if args.max_episodes is not None and args.max_episodes < 0:
-        raise ConfigError(f"--max-episodes: {args.max_episodes} is not >= 0")
-    if args.max_episodes is not None:  # asked for: carried whatever their size
-        options.update(max_episodes=args.max_episodes, budget=sys.maxsize)
-    path = build_report(args.run_dir[0], output=args.output, **options)
-    print(path)
-    return ExitCode.OK
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from ..report.compare import build_comparison
-
-    for flag, value in (("--max-episodes", args.max_episodes), ("--tokenizer", args.tokenizer)):
-        if value is not None:
-            raise ConfigError(f"{flag} applies to the report of one directory; a comparison carries no "
-                              "trajectories: leave it out")
-    print(build_comparison(args.run_dir, output=args.output))
+    reporter = None if args.no_report else run_reporter()
+    if reporter is not None:
+        reporter.write(output_dir)
     return ExitCode.OK
 
 

@@ -272,6 +272,23 @@ def on_run_end(metrics: dict, output_dir: str | None) -> None:
     """
 
 
+@hookspec(firstresult=True)
+def run_reporter() -> Any:
+    """The reporter that writes ``report.html`` at the end of ``scaffold run`` and ``scaffold train`` (the first
+    plugin that returns one is used; ``--no-report`` asks none). Called once per command, before the run starts.
+
+    Return an object with ``write(directory, tokenizer=None)``, called when the run's files are complete, and
+    optionally ``count(head)``, called with each episode's record (without its token arrays) in order as a
+    one-process run exports its files, so a large run is not read twice. ``tokenizer``: the engine's, when it ran
+    in this process. ``write`` must not raise for a report it cannot write: the run's own files are complete
+    either way, so it says why and how to write the report later::
+
+        @hookimpl
+        def run_reporter():
+            return MyReporter()
+    """
+
+
 @hookspec
 def engine_request(  # type: ignore[empty-body]  # a spec: pluggy never runs its body
     request: GenerationRequest, engine: str

@@ -40,6 +40,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
+def test_plugins(monkeypatch):
+    """This process, and any worker or CLI process it starts, sees the test tasks (``arithmetic``, ``list``,
+    ...) through SCAFFOLD_EXTRA_PLUGINS; the process-wide plugin manager is rebuilt and restored after."""
+    from scaffold_core.plugins import set_plugins
+
+    monkeypatch.setenv("SCAFFOLD_EXTRA_PLUGINS", "scaffold_testkit.plugin")
+    previous = set_plugins(None)
+    yield
+    set_plugins(previous)
+
+
+@pytest.fixture
 def scaffold_registry_factory():
     """Build registries with extra plugins: ``scaffold_registry_factory(my_plugin_module)``."""
     from . import plugin_set
@@ -94,3 +106,25 @@ def smollm2_engine():
         yield live
     finally:
         live.close()
+
+
+@pytest.fixture(scope="session")
+def dice_plugins():
+    """A plugin set with the built-ins and :class:`scaffold_testkit.dice.DicePlugin` (task ``sums``, engine
+    ``dice``, verifier ``last_number``)."""
+    from scaffold_testkit import plugin_set
+    from scaffold_testkit.dice import DicePlugin
+
+    return plugin_set(dice=DicePlugin())
+
+
+@pytest.fixture(scope="session")
+def dice_config(dice_plugins):
+    """``dice_config(**sections)``: a resolved config of task ``sums`` on engine ``dice`` with ``sections``."""
+    from scaffold_core.config import load_config
+
+    def make(**sections):
+        data = {"task": {"name": "sums"}, "engine": {"name": "dice"}, **sections}
+        return load_config(data=data, registry=dice_plugins.registry)
+
+    return make

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import sys
 
 import pytest
 
 from scaffold_core.cli import main
 from scaffold_core.errors import ConfigError
-from scaffold_core.eval.command import run_eval
-from scaffold_core.eval.estimators import pass_at_k, pass_hat_k
 from scaffold_core.output.reader import EpisodeReader
+from scaffold_report.eval.command import run_eval
+from scaffold_report.eval.estimators import pass_at_k, pass_hat_k
 
 
 def ledger(directory):
@@ -88,7 +91,7 @@ def test_a_controller_with_several_unnamed_answers_is_refused_before_anything_ru
 
 
 def test_best_of_n_by_logprob_and_by_another_verifier(eval_dir, dice_plugins):
-    from scaffold_core.eval.command import compute_eval
+    from scaffold_report.eval.command import compute_eval
 
     by_logprob = compute_eval(eval_dir, [1, 4], select="logprob", registry=dice_plugins.registry)
     by_verifier = compute_eval(eval_dir, [1, 4], select="exact_match", registry=dice_plugins.registry)
@@ -133,7 +136,7 @@ def test_cli_no_report_writes_none(test_plugins, tmp_path, capsys):
 
 
 def test_a_report_that_cannot_be_written_is_a_warning_not_a_failed_run(test_plugins, tmp_path, capsys, monkeypatch):
-    import scaffold_core.report.build as build
+    import scaffold_report.build as build
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -149,7 +152,7 @@ def test_a_report_that_cannot_be_written_is_a_warning_not_a_failed_run(test_plug
 
 
 def test_k_answers_at_temperature_zero_are_warned_about(dice_plugins, dice_config, tmp_path, capsys):
-    from scaffold_core.eval.command import run_eval
+    from scaffold_report.eval.command import run_eval
 
     run_eval(dice_config(sampling={"temperature": 0.0, "max_tokens": 16}, task={"name": "sums", "count": 2}),
              [1, 4], output_dir=tmp_path / "greedy", plugins=dice_plugins, progress=False)
@@ -177,3 +180,13 @@ def test_a_forced_resume_with_another_verifier_says_the_saved_answers_are_not_re
              progress=False)  # the same verifier as saved now: nothing to say
     assert "does not re-score" not in capsys.readouterr().err
     assert "not_rescored" not in json.loads((out / "eval.json").read_text())
+
+
+def test_the_eval_counts_answers(dice_plugins, dice_config, tmp_path, monkeypatch):
+    from scaffold_report.eval.command import run_eval
+
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    run_eval(dice_config(task={"name": "sums", "count": 3}), [1, 4], output_dir=tmp_path / "e",
+             plugins=dice_plugins, progress=None)
+    assert re.search(r"^scaffold: answers 12/12 \(100%\)", log.getvalue(), re.M)

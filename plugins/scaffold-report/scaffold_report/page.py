@@ -16,8 +16,9 @@ from html import escape
 from importlib import resources
 from typing import Any
 
-from .._meta import CORE_DISTRIBUTION, version
-from ..output.codec import dumps_compact
+from scaffold_core.output.codec import dumps_compact
+
+from ._versions import CORE_DISTRIBUTION, version
 from .contents import Report
 from .episodes import MAX_EPISODES, Stats
 from .svg import PALETTE, Series, bar_chart, histogram_bins, line_chart
@@ -73,7 +74,7 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") ->
 
 
 def _exit_status(report: Report) -> tuple[str, str]:
-    from ..run.summary import ExitCode, exit_code_for
+    from scaffold_core.run.summary import ExitCode, exit_code_for
 
     metrics = report.metrics or {}
     if not metrics:

@@ -8,8 +8,8 @@ import re
 from types import SimpleNamespace
 
 from scaffold_core.cli import main
-from scaffold_core.report.build import build_report
 from scaffold_core.run.provenance import model_provenance, provenance, weights_fingerprint
+from scaffold_report.build import build_report
 
 
 def _summary(html: str) -> str:

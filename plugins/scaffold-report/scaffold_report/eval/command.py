@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ComponentConfig, Config
-from ..errors import ConfigError
-from ..output.files import atomic_write_text
-from ..output.reader import EVAL_FILE, EpisodeReader, read_config
-from ..run.provenance import versions
+from scaffold_core.config import ComponentConfig, Config
+from scaffold_core.errors import ConfigError
+from scaffold_core.output.files import atomic_write_text
+from scaffold_core.output.reader import EVAL_FILE, EpisodeReader, read_config
+from scaffold_core.run.provenance import versions
+
 from .answers import Problems, read_problems
 from .figures import METRICS, Bootstrap, eval_figures
 
@@ -79,14 +80,14 @@ def run_answers(config: Config, *, output_dir: str | Path | None, resume: bool, 
                 force_config: bool, plugins: Any = None) -> tuple[dict[str, Any], Path, Any]:
     """Run the (wrapped) config as ``scaffold run`` would: (metrics, output directory, engine tokenizer)."""
     if config.rollout.workers > 1 or config.rollout.launcher != "local":
-        from ..launch import run_workers
+        from scaffold_core.launch import run_workers
 
         metrics = run_workers(config, output_dir=output_dir, resume=resume, progress=progress,
                               force_config=force_config)
         return metrics, Path(metrics.get("output_dir") or output_dir or "."), None
     import sys
 
-    from ..run.rollout import Rollout
+    from scaffold_core.run.rollout import Rollout
 
     rollout = Rollout(config, output_dir=output_dir, resume=resume, progress=progress, force_config=force_config,
                       plugins=plugins, answers_per_episode=int(config.controller.options.get("n") or 1))
@@ -113,8 +114,8 @@ def score_answers(problems: Problems, select: str, registry: Any, timeout: float
 
 
 async def _verify(verifier: Any, name: str, items: list[tuple[str, Any]], timeout: float) -> list[float | None]:
-    from ..errors import VerifierError
-    from ..run.verifier_pool import VerifierPool
+    from scaffold_core.errors import VerifierError
+    from scaffold_core.run.verifier_pool import VerifierPool
 
     pool = VerifierPool(verifier, timeout=timeout, workers=2, name=name)
     out: list[float | None] = []
@@ -157,7 +158,7 @@ def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = N
              bootstrap: Bootstrap | None = None, plugins: Any = None) -> EvalResult:
     """Run ``config`` with ``max(ks)`` answers per problem, compute the figures, write ``eval.json``."""
     if plugins is None:
-        from ..plugins import get_plugins
+        from scaffold_core.plugins import get_plugins
 
         plugins = get_plugins()
     registry = plugins.registry
@@ -188,7 +189,7 @@ def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = N
 
 def verifier_changes(config: Config, directory: Path) -> dict[str, tuple[Any, Any]]:
     """The ``verifier`` keys of ``config`` that differ from the config saved in ``directory`` (a resume)."""
-    from ..output.saved_config import config_changes
+    from scaffold_core.output.saved_config import config_changes
 
     saved = read_config(directory)
     if saved is None:
@@ -199,7 +200,7 @@ def verifier_changes(config: Config, directory: Path) -> dict[str, tuple[Any, An
 
 
 def not_rescored_warning(changed: dict[str, tuple[Any, Any]], directory: Path) -> str:
-    from ..output.saved_config import describe
+    from scaffold_core.output.saved_config import describe
 
     return (f"scaffold: WARNING: --force-config changed the verifier ({describe(changed)}), but the answers "
             f"already in {directory} keep the rewards the saved verifier gave them: eval does not re-score "

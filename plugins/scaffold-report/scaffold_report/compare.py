@@ -30,9 +30,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from .._meta import CORE_DISTRIBUTION, version
-from ..errors import RunDirError
-from ..output.files import atomic_write_text
+from scaffold_core.errors import RunDirError
+from scaffold_core.output.files import atomic_write_text
+
+from ._versions import CORE_DISTRIBUTION, version
 from .contents import Report
 from .page import EVAL_NAMES, TRAIN_CHARTS, _is_number, _number, _table, asset, script_json
 from .svg import PALETTE, Series, grouped_bar_chart, line_chart
@@ -252,7 +253,7 @@ def build_comparison(directories: list[str | Path], *, output: str | Path | None
                      private: bool = True) -> Path:
     """Write one page comparing the runs in ``directories`` (default: ``compare.html`` here); returns its path."""
     if registry is None:
-        from ..plugins import get_registry
+        from scaffold_core.plugins import get_registry
 
         registry = get_registry()
     reports = read_reports(directories, registry)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from scaffold_testkit.engines import ScriptedEngine
 
-from scaffold_core.report.build import build_report
+from scaffold_report.build import build_report
 
 CHROMIUM = Path(os.environ.get("SCAFFOLD_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 #: Chromium as root in a container: no sandbox, no GPU, nothing that reaches the network.
@@ -181,7 +181,7 @@ def test_a_comparison_page_opens_with_its_charts_and_no_errors(eval_dir, dice_pl
     need_browser()
     from playwright.sync_api import sync_playwright
 
-    from scaffold_core.report.compare import build_comparison
+    from scaffold_report.compare import build_comparison
 
     first, second = tmp_path / "first", tmp_path / "second"
     shutil.copytree(eval_dir, first)

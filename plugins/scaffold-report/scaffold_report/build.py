@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..output.files import atomic_write_text
-from ..output.reader import (
+from scaffold_core.output.files import atomic_write_text
+from scaffold_core.output.reader import (
     EVAL_FILE,
     METRICS_FILE,
     PROVENANCE_FILE,
@@ -26,7 +26,8 @@ from ..output.reader import (
     read_train_steps,
     run_kind,
 )
-from ..output.store import store_paths
+from scaffold_core.output.store import store_paths
+
 from .contents import Report
 from .episodes import DETAIL_BYTES, MAX_EPISODES, Stats, Vocab, choose, episode_detail, scan
 from .page import render
@@ -62,7 +63,7 @@ def _versions(report: Report, registry: Any) -> None:
     if isinstance(recorded, dict):
         report.versions, report.versions_recorded = recorded, True
         return
-    from ..run.provenance import versions
+    from scaffold_core.run.provenance import versions
 
     report.versions = versions(report.config, registry)
 
@@ -94,7 +95,7 @@ def build_report(directory: str | Path, *, output: str | Path | None = None, tok
     ``output.private``, else true). ``stats``: see :func:`read_report`.
     """
     if registry is None:
-        from ..plugins import get_registry
+        from scaffold_core.plugins import get_registry
 
         registry = get_registry()
     report = read_report(directory, tokenizer=tokenizer, registry=registry, max_episodes=max_episodes,

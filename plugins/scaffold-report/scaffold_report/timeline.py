@@ -23,7 +23,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..spans import PHASES, exclusive
+from scaffold_core.spans import PHASES, exclusive
+
 from .svg import HEIGHT, MARGIN, PALETTE, WIDTH, _fmt, nice_ticks
 
 #: A colour per phase (the palette's, colour-blind safe), and one for the time no span covers.
@@ -391,7 +392,7 @@ def trace_events(timeline: Timeline, limit: int = TRACE_EPISODES) -> dict[str, A
 
 def write_trace(timeline: Timeline, path: Path, *, private: bool = True, limit: int = TRACE_EPISODES) -> Path:
     """Write :func:`trace_json` to ``path`` (atomically)."""
-    from ..output.files import atomic_write_text
+    from scaffold_core.output.files import atomic_write_text
 
     atomic_write_text(path, trace_json(timeline, limit), private=private)
     return path

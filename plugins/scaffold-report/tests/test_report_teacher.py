@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from scaffold_core.report.episodes import Vocab, episode_detail
-from scaffold_core.report.page import training_section
+from scaffold_report.episodes import Vocab, episode_detail
+from scaffold_report.page import training_section
 
 
 def test_teacher_kl_is_a_training_chart_only_in_runs_that_log_it(tmp_path):
-    from scaffold_core.report.contents import Report
+    from scaffold_report.contents import Report
 
     steps = [{"step": i, "reward_mean": 0.1 * i, "teacher_kl": 2.0 / i, "teacher_kl_max_sample": 3.0 / i}
              for i in range(1, 4)]

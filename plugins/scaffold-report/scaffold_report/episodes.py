@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..eval.answers import answers_of, usable_number
+from .eval.answers import answers_of, usable_number
 from .timeline import Timeline
 
 #: Episodes the browser carries in full at most, and the page bytes their tokens may take (estimated).

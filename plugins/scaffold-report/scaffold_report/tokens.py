@@ -64,7 +64,7 @@ def tokenizer_for_run(config: dict[str, Any] | None, registry: Any = None) -> tu
 
 def _hf_tokenizer(model: Any) -> tuple[Any, str]:
     """A Hugging Face tokenizer for an engine's model (a ModelSource, a name or a path), offline."""
-    from ..engines.model_loading import ModelSource, cached_model_dir, resolve_model
+    from scaffold_core.engines.model_loading import ModelSource, cached_model_dir, resolve_model
 
     try:
         source = model if isinstance(model, ModelSource) else resolve_model(model)
@@ -87,7 +87,7 @@ def _hf_tokenizer(model: Any) -> tuple[Any, str]:
 
 def load_tokenizer(name: str) -> Any:
     """``--tokenizer NAME``: a Hugging Face tokenizer by local path or cached hub id."""
-    from ..errors import ConfigError
+    from scaffold_core.errors import ConfigError
 
     try:
         from transformers import AutoTokenizer

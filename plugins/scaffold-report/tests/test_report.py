@@ -13,8 +13,8 @@ from scaffold_testkit.engines import ScriptedEngine
 from scaffold_core.cli import main
 from scaffold_core.errors import RunDirError
 from scaffold_core.output.reader import EpisodeReader, read_json, read_train_steps, run_kind
-from scaffold_core.report.build import build_report, read_report
 from scaffold_core.run.rollout import Rollout
+from scaffold_report.build import build_report, read_report
 
 
 def page_data(html: str) -> dict:
@@ -45,7 +45,7 @@ def test_eval_report_is_one_offline_page_with_charts_and_the_browser(eval_dir, d
 
 
 def test_text_from_the_run_cannot_end_the_script_or_inject_markup(eval_dir, dice_plugins, tmp_path):
-    out = tmp_path / "r"  # the scripted model writes HOSTILE (tests/conftest.py) into some answers
+    out = tmp_path / "r"  # the scripted model writes HOSTILE (scaffold_testkit.dice) into some answers
     shutil.copytree(eval_dir, out)
     html = build_report(out, tokenizer=ScriptedEngine().tokenizer, registry=dice_plugins.registry).read_text()
     assert "window.hacked" in html  # the hostile answers are in the page ...
@@ -75,7 +75,7 @@ def test_run_report_counts_every_episode_and_samples_the_browser_past_the_bound(
 
 
 def test_a_stratified_sample_keeps_rare_failures(tmp_path):
-    from scaffold_core.report.episodes import choose
+    from scaffold_report.episodes import choose
 
     strata = [(i, "none", 1000) for i in range(990)] + [(990 + i, "failed", 500) for i in range(10)]
     chosen = choose(strata, max_episodes=100)
@@ -161,7 +161,7 @@ def test_versions_are_the_runs_own_record(eval_dir, dice_plugins, tmp_path):
 
 def test_token_texts_come_from_the_saved_engine_or_are_missing_with_a_reason(dice_plugins, tmp_path):
     from scaffold_core.errors import ConfigError
-    from scaffold_core.report.tokens import load_tokenizer, token_texts, tokenizer_for_run
+    from scaffold_report.tokens import load_tokenizer, token_texts, tokenizer_for_run
 
     tokenizer, source = tokenizer_for_run({"engine": {"name": "benchmark_canned"}}, dice_plugins.registry)
     assert source == "the benchmark_canned engine's tokenizer"
@@ -206,7 +206,7 @@ def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_
     from scaffold_core.episode import EpisodeResult
     from scaffold_core.output import read_records
     from scaffold_core.output.store import UPSERT, EpisodeStore
-    from scaffold_core.report.episodes import scan
+    from scaffold_report.episodes import scan
 
     config = dice_config(task={"name": "sums", "count": 30}, controller={"name": "native", "samples": 2})
     Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
@@ -237,7 +237,7 @@ def test_counts_read_in_one_pass_equal_the_episodes_in_order(dice_plugins, dice_
 
 def _counted_run(dice_plugins, dice_config, directory, controller, resume=False):
     """A run whose report counts are taken as its files are exported (as `scaffold run` does)."""
-    from scaffold_core.report.episodes import Stats
+    from scaffold_report.episodes import Stats
 
     config = dice_config(task={"name": "sums", "count": 30}, controller=controller,
                          rollout={"max_failed_fraction": 1.0})
@@ -297,9 +297,9 @@ def test_scaffold_run_reports_from_what_it_counted(test_plugins, tmp_path, monke
 def test_the_reward_band_of_a_training_chart_stays_within_the_rewards_given(tmp_path):
     from array import array
 
-    from scaffold_core.report.contents import Report
-    from scaffold_core.report.episodes import Stats
-    from scaffold_core.report.page import training_section
+    from scaffold_report.contents import Report
+    from scaffold_report.episodes import Stats
+    from scaffold_report.page import training_section
 
     stats = Stats(rewards=array("d", [0.0, 1.0, 0.0]))
     steps = [{"step": i, "reward_mean": m, "reward_std": 0.5} for i, m in enumerate([0.1, 0.3, 0.6], 1)]
@@ -310,8 +310,8 @@ def test_the_reward_band_of_a_training_chart_stays_within_the_rewards_given(tmp_
 
 
 def test_training_charts_show_groups_learning_rate_length_clip_ratio_and_kl(tmp_path):
-    from scaffold_core.report.contents import Report
-    from scaffold_core.report.page import training_section
+    from scaffold_report.contents import Report
+    from scaffold_report.page import training_section
 
     steps = [{"step": i, "reward_mean": 0.5, "groups_used": 3, "groups_filtered": 1, "learning_rate": 1e-5 * i,
               "completion_length": 40.0 + i, "clip_ratio": 0.01 * i, "kl": 0.002 * i} for i in (1, 2, 3)]

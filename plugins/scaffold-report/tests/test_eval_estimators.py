@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaffold_core.eval.answers import Answer, Problem, Problems, answers_of
-from scaffold_core.eval.estimators import best_of_n_at_k, majority_at_k, pass_at_k, pass_hat_k, vote_groups
-from scaffold_core.eval.figures import Bootstrap, eval_figures, parse_ks
+from scaffold_report.eval.answers import Answer, Problem, Problems, answers_of
+from scaffold_report.eval.estimators import best_of_n_at_k, majority_at_k, pass_at_k, pass_hat_k, vote_groups
+from scaffold_report.eval.figures import Bootstrap, eval_figures, parse_ks
 
 
 def chen_pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,0 +1,139 @@
+"""Where the time went, shown: the report draws each episode's spans for run, eval and train directories and writes a
+Chrome trace; `scaffold report A B` compares runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from scaffold_testkit.engines import ScriptedEngine
+
+from scaffold_core.cli import main
+from scaffold_core.output.store import read_records
+from scaffold_core.run.rollout import Rollout
+from scaffold_core.spans import exclusive
+from scaffold_report.build import build_report
+
+EPS = 2e-4  # spans are kept to 0.1 ms
+
+
+def section(html: str, anchor: str) -> str:
+    found = re.search(rf'<section id="{anchor}">.*?</section>', html, re.S)
+    assert found, f"the page has no {anchor} section"
+    return found.group(0)
+
+
+def check_spans(record: dict) -> None:
+    """Every span of the episode lies within its time: from its first span to the end of its wall time."""
+    spans = record["spans"]
+    assert spans, record["episode_id"]
+    start, end = record["started_s"], record["started_s"] + record["wall_s"]
+    for phase, a, b, *_ in spans:
+        assert a <= b, (phase, a, b)
+        assert b <= end + EPS, (record["episode_id"], phase, b, end)
+        assert a >= start - EPS or phase == "queued", (record["episode_id"], phase, a, start)
+    parts = exclusive(spans, min(start, spans[0][1]), end)
+    assert sum(parts.values()) == pytest.approx(end - min(start, spans[0][1]), abs=1e-6)
+
+
+def _timeline_checks(directory, html: str) -> None:
+    time_section = section(html, "time")
+    assert "share of episode time" in time_section
+    assert '<svg class="chart wide gantt"' in time_section and 'class="span" data-phase=' in time_section
+    assert "Spans in flight by phase" in time_section and '<polygon class="area"' in time_section
+    assert '<a href="#time">Time</a>' in html
+    trace = json.loads((directory / "trace.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert slices and all(e["dur"] >= 0 and "episode_id" in e["args"] for e in slices)
+    assert {e["cat"] for e in slices} >= {"episode"}
+
+
+def test_the_run_report_draws_the_timeline_and_writes_a_trace(dice_plugins, dice_config, tmp_path):
+    config = dice_config(task={"name": "sums", "count": 6}, controller={"name": "native", "samples": 2})
+    Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    html = build_report(tmp_path / "run", tokenizer=None, registry=dice_plugins.registry).read_text()
+    _timeline_checks(tmp_path / "run", html)
+    gantt = re.search(r'<svg class="chart wide gantt".*?</svg>', html, re.S).group(0)
+    assert gantt.count('<g class="lane"') == 6  # every episode when there are few
+    assert gantt.count('data-phase="generate"') == 12 and 'data-phase="verify"' in gantt
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    episodes = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "episode"]
+    assert len(episodes) == 6
+    for episode in episodes:  # each span sits inside its episode's slice, on its row
+        inner = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "episode"
+                 and e["args"]["episode_id"] == episode["name"]]
+        assert inner and all(e["tid"] == episode["tid"] for e in inner)
+        assert all(episode["ts"] - 200 <= e["ts"] and e["ts"] + e["dur"] <= episode["ts"] + episode["dur"] + 200
+                   for e in inner)
+
+
+def test_the_eval_report_draws_the_timeline(eval_dir, dice_plugins, tmp_path):
+    out = tmp_path / "r"
+    shutil.copytree(eval_dir, out)
+    html = build_report(out, tokenizer=ScriptedEngine().tokenizer, registry=dice_plugins.registry).read_text()
+    _timeline_checks(out, html)
+
+
+def test_the_train_report_draws_the_timeline(test_plugins, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text("task: {name: arithmetic, count: 3}\nengine: {name: benchmark_canned, response: '42'}\n"
+                      "trainer: {name: rollout_only, steps: 2, group: 2}\n")
+    assert main(["train", str(config), "-o", str(tmp_path / "t"), "--no-progress"]) == 0
+    html = (tmp_path / "t" / "report.html").read_text()
+    _timeline_checks(tmp_path / "t", html)
+    for record in read_records(tmp_path / "t"):
+        check_spans(record)
+    metrics = json.loads((tmp_path / "t" / "metrics.json").read_text())
+    assert sum(metrics["time_shares"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+# -- runs side by side ----------------------------------------------------------------------------------------
+
+
+def test_two_runs_side_by_side(dice_plugins, dice_config, eval_dir, tmp_path):
+    for name, samples in (("one", 1), ("two", 3)):
+        config = dice_config(task={"name": "sums", "count": 6}, controller={"name": "native", "samples": samples})
+        Rollout(config, output_dir=tmp_path / name, plugins=dice_plugins, progress=False).run()
+    from scaffold_report.compare import build_comparison
+
+    path = build_comparison([tmp_path / "one", tmp_path / "two", eval_dir], output=tmp_path / "c.html",
+                            registry=dice_plugins.registry)
+    html = path.read_text()
+    runs = section(html, "summary")
+    assert "<code>one</code>" in runs and "<code>two</code>" in runs and "<code>run</code>" in runs
+    lengths = re.search(r"Generated tokens per sample.*?</svg>", html, re.S).group(0)
+    assert lengths.count('<path class="line"') == 3 and ">one</text>" in lengths and ">two</text>" in lengths
+    scaling = section(html, "scaling")  # the eval's pass@k; the plain runs have none
+    assert "pass@k by k" in scaling and scaling.count('<path class="line"') == 2  # pass@k and majority@k
+    timings = section(html, "time")
+    assert "Share of episode time by phase" in timings and "one, generate:" in timings and "two, generate:" in timings
+
+
+def test_compare_command_and_mixing_kinds(dice_plugins, dice_config, test_plugins, tmp_path, capsys):
+    config = tmp_path / "train.yaml"
+    config.write_text("task: {name: arithmetic, count: 2}\nengine: {name: benchmark_canned, response: '42'}\n"
+                      "trainer: {name: rollout_only, steps: 2, group: 2}\n")
+    for name in ("t1", "t2"):
+        assert main(["train", str(config), "-o", str(tmp_path / name), "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "t1"), str(tmp_path / "t2"), "-o", str(tmp_path / "c.html")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "c.html")
+    html = (tmp_path / "c.html").read_text()
+    training = section(html, "training")
+    assert "Reward" in training and ">t1</text>" in training and ">t2</text>" in training
+    run = tmp_path / "run"
+    Rollout(dice_config(task={"name": "sums", "count": 2}), output_dir=run, plugins=dice_plugins,
+            progress=False).run()
+    assert main(["report", str(tmp_path / "t1"), str(run), "-o", str(tmp_path / "bad.html")]) != 0
+    err = capsys.readouterr().err
+    assert "cannot compare training directories" in err and "Compare training directories together" in err
+    assert not (tmp_path / "bad.html").exists()
+    assert main(["report", str(tmp_path / "t1"), str(tmp_path / "t2"), "--max-episodes", "3"]) != 0
+    assert "--max-episodes applies to the report of one directory" in capsys.readouterr().err
+
+
+# -- OpenTelemetry ----------------------------------------------------------------------------------------------
+
+
