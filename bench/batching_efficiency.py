@@ -87,8 +87,8 @@ def direct_tokens_per_s(model, tokenizer, prompts: list[list[int]], max_tokens: 
 
 
 async def main_async(n: int, max_tokens: int) -> None:
-    from scaffold_core.engines.transformers_engine import TransformersEngine
     from scaffold_core.tokenizers import render_chat
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(max_batch_size=n, batch_wait_ms=20)
     await engine.start()

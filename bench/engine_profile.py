@@ -20,10 +20,10 @@ async def profile(lean: bool, batch: int, steps: int, top: int) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from scaffold_core.engines.transformers_engine import TransformersEngine
     from scaffold_core.generation import GenerationRequest
     from scaffold_core.sampling import SamplingParams
     from scaffold_core.tokenizers import render_chat
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(max_batch_size=batch, batch_wait_ms=50, lean_forward=lean, prefix_cache_mb=0)
     await engine.start()

@@ -89,7 +89,7 @@ def run_hf_generate(model, tokenizer, prompts: list[list[int]], max_tokens: int,
 
 
 def build_engines(args: argparse.Namespace) -> dict[str, object]:
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     engines: dict[str, object] = {}
     if "scaffold" in args.engines:
@@ -123,8 +123,8 @@ async def main() -> None:
 
     import torch
 
-    from scaffold_core.engines.transformers_engine import TransformersEngine
     from scaffold_core.tokenizers import render_chat
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     engines = build_engines(args)
     for engine in engines.values():

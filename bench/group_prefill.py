@@ -111,7 +111,7 @@ def prefill_alone(engine, prompts: list[list[int]], share: bool) -> dict:
     """One batch's prefill by itself: each prompt for its group's ``SAMPLES`` rows (wall and process CPU s)."""
     import torch
 
-    from scaffold_core.engines.prefill import prefill
+    from scaffold_transformers.prefill import prefill
 
     rows = [p for p in prompts for _ in range(SAMPLES)]
     device = next(engine.model.parameters()).device
@@ -157,7 +157,7 @@ def compare(a: dict, b: dict) -> tuple[bool, float]:
 
 
 async def main_async(args) -> None:
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(max_batch_size=args.episodes * SAMPLES, batch_wait_ms=20, threads=args.threads)
     await engine.start()

@@ -49,7 +49,7 @@ split = sys.argv[1] == "split"
 t0 = now()
 import torch, transformers  # noqa: F401
 t1 = now()
-from scaffold_core.engines.transformers_engine import TransformersEngine
+from scaffold_transformers.transformers_engine import TransformersEngine
 engine = TransformersEngine()
 if split:  # import what the load would import lazily, without loading anything
     from scaffold_core.engines.model_loading import cache_root, _cache_key

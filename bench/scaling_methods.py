@@ -179,13 +179,13 @@ def methods(selected: set[str]) -> list[tuple[str, Any]]:
 async def run_all(args: argparse.Namespace, table: list[tuple[str, Any]] | None = None,
                   on_result: Any = None) -> list[Tally]:
     """Run ``table`` (default: ``methods(args.methods)``) on the task; ``on_result(name, result)`` sees each episode."""
-    from scaffold_core.engines.transformers_engine import TransformersEngine
     from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
     from scaffold_core.run.verifier_pool import VerifierPool
     from scaffold_core.sampling import SamplingParams
     from scaffold_core.task import episode_context
     from scaffold_methods.arithmetic import ArithmeticTask, ArithmeticVerifier
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     engine = ReplayEngine(TransformersEngine(max_batch_size=args.batch, batch_wait_ms=20, threads=args.threads),
                           replay=not args.no_replay)

@@ -140,9 +140,9 @@ def reverse_kl_advantages(teacher: Sequence[float], student: Sequence[float], *,
 
 
 #: ``teacher.engine`` -> the class that serves it (``module:Class``). Plugins add theirs as entry points of the
-#: group :data:`TEACHER_GROUP` (scaffold's vLLM and SGLang plugins add ``vllm`` and ``sglang``).
+#: group :data:`TEACHER_GROUP` (the embedded engine's plugin adds ``transformers``; the vLLM and SGLang plugins add
+#: ``vllm`` and ``sglang``).
 TEACHER_ENGINES = {
-    "transformers": "scaffold_core.engines.teacher:TransformersTeacher",
     "openai": "scaffold_remote.teacher:OpenAICompletionsTeacher",
 }
 TEACHER_GROUP = "scaffold.teachers"

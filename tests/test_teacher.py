@@ -46,8 +46,8 @@ def test_teacher_calls_are_counted_apart():
 @pytest.mark.model
 def test_a_teacher_scores_like_the_engine_and_a_same_model_teacher_gives_zero_advantage():
     torch = pytest.importorskip("torch")
-    from scaffold_core.engines.teacher import TransformersTeacher
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.teacher import TransformersTeacher
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     async def go():
         engine = TransformersEngine(max_batch_size=4, batch_wait_ms=20)

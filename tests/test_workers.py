@@ -303,7 +303,7 @@ def test_scaffold_run_workers_2_on_the_embedded_model_matches_one_worker(test_pl
 
 
 def test_auto_device_gives_each_local_worker_its_own_gpu():
-    from scaffold_core.engines.transformers_engine import auto_device
+    from scaffold_transformers.transformers_engine import auto_device
 
     assert auto_device(False, 0, 3) == "cpu"
     assert [auto_device(True, 4, r) for r in range(6)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]

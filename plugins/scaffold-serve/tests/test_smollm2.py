@@ -82,8 +82,8 @@ def check_teacher_forced(smol, record, constrained=()):
     """Every model token's recorded logprob is the model's own, teacher-forced over the whole trajectory (|delta| <=
     1e-3). ``constrained``: (start, length, constraint) of the turns decoded under a grammar, whose logprobs are
     those of the distribution the grammar left (the grammar replayed over the recorded tokens)."""
-    from scaffold_core.engines.grammar import mask_logits
     from scaffold_core.sampling import Constraint
+    from scaffold_transformers.grammar import mask_logits
 
     ids, mask, logprobs = record["input_ids"], record["loss_mask"], record["logprobs"]
     with torch.no_grad():

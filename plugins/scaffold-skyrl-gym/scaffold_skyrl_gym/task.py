@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any, ClassVar, Literal
 
-from scaffold_core.builtins.dataset_task import DatasetTask, json_value
 from scaffold_core.errors import DataError
+from scaffold_datasets import DatasetTask, json_value
 
 from .envs import CODE_EXECUTING
 

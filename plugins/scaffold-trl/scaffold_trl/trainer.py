@@ -246,7 +246,7 @@ class GRPORun:
 
     def _load_policy(self) -> None:
         from scaffold_core.engines.model_loading import load_model_and_tokenizer, resolve_model
-        from scaffold_core.engines.transformers_engine import TransformersEngine
+        from scaffold_transformers import TransformersEngine
 
         engine_cfg = self.config.engine
         self.wraps_model = engine_cfg.name == "transformers"

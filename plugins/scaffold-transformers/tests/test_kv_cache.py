@@ -31,7 +31,7 @@ def tiny_model():
 def test_reserved_layers_hold_what_concatenation_holds_through_growth_selection_and_crop():
     from transformers import DynamicCache
 
-    from scaffold_core.engines import kv_cache
+    from scaffold_transformers import kv_cache
 
     reserved, plain = kv_cache.reserved_cache(reserve=150), DynamicCache()
     assert isinstance(reserved, DynamicCache)  # the model sees the cache type it expects
@@ -61,7 +61,7 @@ def test_reserved_layers_hold_what_concatenation_holds_through_growth_selection_
 
 
 def test_engine_tokens_and_logprobs_are_identical_with_and_without_the_reserved_cache():
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     engine = TransformersEngine.wrap(tiny_model(), NoEosTokenizer(), max_batch_size=16, batch_wait_ms=50)
     prompts = [[10, 11, 12, 13], [20, 21], [10, 11, 12, 13], [30, 31, 32, 33, 34, 35]]

@@ -25,8 +25,8 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from ..errors import EngineError
-from ..sampling import CONSTRAINT_KINDS, Constraint
+from scaffold_core.errors import EngineError
+from scaffold_core.sampling import CONSTRAINT_KINDS, Constraint
 
 #: Compiled grammars kept per engine (a served agent repeats its tools and schemas call after call).
 CACHE_SIZE = 256

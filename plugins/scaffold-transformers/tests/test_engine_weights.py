@@ -48,7 +48,7 @@ def close(a, b, tol=1e-4):
 
 
 def wrapped(model=None, **options):
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     return TransformersEngine.wrap(model if model is not None else tiny_model(), NoEosTokenizer(), **options)
 

@@ -4,7 +4,7 @@ The engine uses it for architectures the lean forward (``lean_llama.py``)
 does not implement. The batch is pre-filled left-padded (rows of one group
 share a prefill: ``prefill.py``), decodes into transformers' cache (with room
 reserved: ``kv_cache.py``), and drops finished rows from the cache at once.
-Same interface as :class:`~scaffold_core.engines.lean_llama.LeanBatch`.
+Same interface as :class:`~scaffold_transformers.lean_llama.LeanBatch`.
 """
 
 from __future__ import annotations

@@ -55,18 +55,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import Engine
-from ..errors import EngineError
-from ..generation import GenerationRequest, GenerationResult
-from ..spans import clock
-from ..tokenizers import eos_token_ids
-from .decode_rows import DecodeRow, new_row, record_top, result_of, take_token
+from scaffold_core.engine import Engine
+from scaffold_core.engines.decode_rows import DecodeRow, new_row, record_top, result_of, take_token
+from scaffold_core.engines.model_loading import load_model_and_tokenizer, require_torch, resolve_model
+from scaffold_core.engines.sampler import sample, top_logprobs
+from scaffold_core.errors import EngineError
+from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.spans import clock
+from scaffold_core.tokenizers import eos_token_ids
+
 from .generic_batch import GenericBatch
 from .grammar import Grammars, RowGrammar, available_kinds, mask_logits
 from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
-from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
 from .prefix_store import PrefixStore
-from .sampler import sample, top_logprobs
 
 
 @dataclass(eq=False)

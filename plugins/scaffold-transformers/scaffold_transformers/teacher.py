@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ..teacher import Teacher, TeacherScores
-from .model_loading import load_model_and_tokenizer, require_torch, resolve_model
+from scaffold_core.engines.model_loading import load_model_and_tokenizer, require_torch, resolve_model
+from scaffold_core.teacher import Teacher, TeacherScores
 
 
 class TransformersTeacher(Teacher):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import EngineError
+from scaffold_core.errors import EngineError
 
 #: Weight files of a Hugging Face checkpoint directory, in the order they are looked for.
 SAFETENSORS_INDEX = "model.safetensors.index.json"

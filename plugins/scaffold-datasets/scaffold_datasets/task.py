@@ -1,4 +1,4 @@
-"""The built-in ``dataset`` task: any Hugging Face ``datasets`` source as prompts and reference answers.
+"""The ``dataset`` task: any Hugging Face ``datasets`` source as prompts and reference answers.
 
 ``task: {name: dataset, path: json, data_files: data.jsonl, prompt: question, answer: answer}`` turns a
 local JSON-lines, CSV or parquet file, or a hub dataset, into episodes: one row per record, its prompt a
@@ -34,8 +34,8 @@ from typing import Annotated, Any, ClassVar
 
 from annotated_types import Ge
 
-from ..errors import DataError
-from ..task import Task
+from scaffold_core.errors import DataError
+from scaffold_core.task import Task
 
 #: ``path`` values that name a ``datasets`` file builder (the files come from ``data_files``).
 BUILDERS = ("json", "csv", "parquet", "text", "arrow")

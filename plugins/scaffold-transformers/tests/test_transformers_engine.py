@@ -37,7 +37,7 @@ class LoopThread:
 
 @pytest.fixture(scope="module")
 def engine():
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     runner = LoopThread()
     eng = TransformersEngine(max_batch_size=8, batch_wait_ms=20)

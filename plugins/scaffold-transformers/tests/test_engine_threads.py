@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from scaffold_core.engines.transformers_engine import auto_threads
+from scaffold_transformers.transformers_engine import auto_threads
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs os.sched_getaffinity")

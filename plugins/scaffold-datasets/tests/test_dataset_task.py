@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from scaffold_testkit.conformance import TaskConformance
 
-from scaffold_core.builtins.dataset_task import DatasetTask
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError, DataError
 from scaffold_core.plugins import get_plugins
 from scaffold_core.run.rollout import Rollout
+from scaffold_datasets.task import DatasetTask
 
 REPO = Path(__file__).resolve().parents[1]
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
