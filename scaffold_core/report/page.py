@@ -21,7 +21,7 @@ from ..output.codec import dumps_compact
 from .contents import Report
 from .episodes import MAX_EPISODES, Stats
 from .svg import PALETTE, Series, bar_chart, histogram_bins, line_chart
-from .timeline import timeline_section
+from .timeline import PHASE_COLORS, timeline_section
 
 #: Sections of the page, in order: (anchor, title).
 SECTIONS = (("summary", "Summary"), ("rewards", "Rewards"), ("scaling", "Scaling"), ("training", "Training"),
@@ -435,7 +435,7 @@ def render(report: Report) -> str:
                 training_section(report), time_section(report), trajectories_section(report)]
     present = {anchor for anchor, _ in SECTIONS if f'<section id="{anchor}"' in "".join(sections)}
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS if a in present)
-    data = {"episodes": report.episodes, "vocab": report.vocab, "kind": report.kind}
+    data = {"episodes": report.episodes, "vocab": report.vocab, "kind": report.kind, "phases": PHASE_COLORS}
     title = f"{report.kind} · {report.directory.name or report.directory}"
     stamp = time.strftime("%Y-%m-%d %H:%M")
     header = (f'<header><div class="brand">scaffold report</div><h1>{escape(title)}</h1>'
