@@ -205,7 +205,8 @@ def verifier_changes(config: Config, directory: Path) -> dict[str, tuple[Any, An
 def rescore_saved(config: Config, directory: Path, changed: dict[str, tuple[Any, Any]], registry: Any) -> Any:
     """Re-score the answers already in ``directory`` with ``config``'s verifier (``--force-config`` changed it),
     before the run goes on, so every answer and figure has one verifier (None: no saved answers)."""
-    from ..output.store import store_paths
+    from scaffold_core.output.store import store_paths
+
     from .rescore import rescore_run
 
     if not store_paths(directory):
@@ -217,7 +218,7 @@ def rescore_saved(config: Config, directory: Path, changed: dict[str, tuple[Any,
 
 def rescored_message(changed: dict[str, tuple[Any, Any]], directory: Path, rescored: Any) -> str:
     """What re-scoring the saved answers did, in a few lines."""
-    from ..output.saved_config import describe
+    from scaffold_core.output.saved_config import describe
 
     lines = [f"scaffold: --force-config changed the verifier ({describe(changed)}): before going on, re-scored the "
              f"{rescored.samples:,} saved samples of {rescored.episodes:,} episodes in {directory} with "

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import VerifierError
-from ..output import codec
-from ..output.lock import RunLock
-from ..output.store import connect, store_paths
-from ..verifier import Verdict
+from scaffold_core.errors import VerifierError
+from scaffold_core.output import codec
+from scaffold_core.output.lock import RunLock
+from scaffold_core.output.store import connect, store_paths
+from scaffold_core.verifier import Verdict
 
 #: Samples verified in one call of the pool (a call that fails is retried one sample at a time).
 CHUNK = 256
@@ -68,7 +68,7 @@ def rescore_run(directory: Path, verifier: Any, name: str, *, timeout: float = 3
                 private: bool = True) -> Rescored:
     """Re-score every completed episode's samples in the stores of ``directory`` with ``verifier`` (see the
     module's docstring); holds the directory's lock meanwhile."""
-    from ..run.verifier_pool import VerifierPool
+    from scaffold_core.run.verifier_pool import VerifierPool
 
     summary = Rescored(verifier=name)
     with RunLock(Path(directory), private=private):

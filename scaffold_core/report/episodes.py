@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..eval.answers import answers_of, usable_number
-from ..spans import exclusive
 from .timeline import Timeline
 
 #: Episodes the browser carries in full at most, and the page bytes their tokens may take (estimated).
@@ -238,6 +237,8 @@ def episode_spans(record: dict[str, Any], limit: int = MAX_SPANS) -> dict[str, A
     seconds since the episode's start (the first ``limit``; ``more``: how many were left out), and each phase's
     share of its time (``parts``: seconds, divided as the report's Time section divides them); None when it
     recorded none."""
+    from scaffold_core.spans import exclusive
+
     spans = record.get("spans")
     if not isinstance(spans, list) or not spans:
         return None

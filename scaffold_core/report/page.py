@@ -21,7 +21,7 @@ from ..output.codec import dumps_compact
 from .contents import Report
 from .episodes import MAX_EPISODES, Stats
 from .svg import PALETTE, Series, bar_chart, histogram_bins, line_chart
-from .timeline import PHASE_COLORS, timeline_section
+from .timeline import timeline_section
 
 #: Sections of the page, in order: (anchor, title).
 SECTIONS = (("summary", "Summary"), ("rewards", "Rewards"), ("scaling", "Scaling"), ("training", "Training"),
@@ -431,6 +431,8 @@ def time_section(report: Report) -> str:
 
 def render(report: Report) -> str:
     """The whole page."""
+    from .timeline import PHASE_COLORS
+
     sections = [summary_section(report), rewards_section(report), scaling_section(report),
                 training_section(report), time_section(report), trajectories_section(report)]
     present = {anchor for anchor, _ in SECTIONS if f'<section id="{anchor}"' in "".join(sections)}
