@@ -206,3 +206,22 @@ def test_package_metadata_gives_setuptools_nothing_to_deprecate(project):
     assert not any(c.startswith("License ::") for c in data["project"].get("classifiers", []))
     floors = [r for r in data["build-system"]["requires"] if r.startswith("setuptools")]
     assert floors == ["setuptools>=77"]
+
+
+def test_the_cores_editable_install_gives_setuptools_nothing_to_warn_about(tmp_path):
+    """``make setup`` installs the core editable: setuptools builds the editable wheel with no warning (for a
+    flat layout with no explicit root mapping it installs an import hook and prints a warning block), and the
+    wheel puts the root on ``sys.path`` with one ``.pth`` line."""
+    import zipfile
+
+    code = ("import sys, warnings, setuptools.warnings\n"
+            "warnings.simplefilter('error', setuptools.warnings.SetuptoolsWarning)\n"
+            "from setuptools import build_meta\n"
+            "print(build_meta.build_editable(sys.argv[1]))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / done.stdout.strip().splitlines()[-1]) as wheel:
+        pth = [n for n in wheel.namelist() if n.endswith(".pth")]
+        assert len(pth) == 1 and wheel.read(pth[0]).decode().strip() == str(REPO)
+        assert not any(n.endswith("_finder.py") for n in wheel.namelist())  # no import hook

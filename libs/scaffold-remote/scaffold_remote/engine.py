@@ -32,6 +32,17 @@ else is here, once:
     ``meta["versions_exact"] = False`` (conservative for staleness).
   - ``wait``: the update waits until the requests in flight finish on the
     old weights.
+* **Where a request's time went.** A request is one ``generate`` span of its
+  episode (:mod:`scaffold_core.spans`), unless the server said how long its
+  parts took: a protocol puts ``meta["server_timing"]`` (:data:`SERVER_TIMING`),
+  seconds of ``decode`` and either ``queued`` and ``prefill`` or only
+  ``first_token`` (queue and prefill together), and the engine places them
+  back to back, ending when the answer arrived: ``decode`` last, then
+  ``prefill``, and the time from the request's start to there as ``queued``
+  (the client's own wait for a connection, the transfer and any failed
+  attempt before the last included; a ``first_token`` part stays
+  ``generate``). SGLang says so when started with
+  ``--enable-metrics``; vLLM's HTTP answers carry no timing.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from scaffold_core.errors import ConfigError, EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult, version_number
 from scaffold_core.plugins import Help
 from scaffold_core.sampling import mix_seed
-from scaffold_core.spans import span
+from scaffold_core.spans import META_KEY, clock, span
 from scaffold_core.tokenizers import response_text
 
 log = logging.getLogger("scaffold.remote")
@@ -68,6 +79,37 @@ UrlWaitTimeout = Annotated[float, Gt(0), Help("seconds to wait for engine.url's 
 PauseMode = Annotated[Literal["abort", "keep", "wait"], Help("what a weight update does to requests in flight")]
 #: A request continued after this many pauses is failed instead (something keeps aborting it).
 MAX_SEGMENTS = 64
+#: The key of ``GenerationResult.meta`` a protocol reports the server's timing of a request under (seconds).
+SERVER_TIMING = "server_timing"
+
+
+def timing_spans(timing: Any, began: float, ended: float) -> list[tuple[str, float, float]] | None:
+    """A request's spans from the server's timing of it (see the module's docstring), on
+    :func:`scaffold_core.spans.clock` between ``began`` (the request's start) and ``ended`` (its answer); None
+    when ``timing`` gives no usable ``decode``."""
+    if not isinstance(timing, dict):
+        return None
+
+    def seconds(key: str) -> float | None:
+        value = timing.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            return None  # missing, not a number, negative or NaN
+        return float(value)
+
+    decode = seconds("decode")
+    if decode is None:
+        return None
+    decode_from = max(began, ended - decode)
+    spans = [("decode", decode_from, ended)]
+    prefill = seconds("prefill")
+    if prefill is not None and seconds("queued") is not None:
+        prefill_from = max(began, decode_from - prefill)
+        spans.insert(0, ("prefill", prefill_from, decode_from))
+        if prefill_from > began:
+            spans.insert(0, ("queued", began, prefill_from))
+    elif decode_from > began:  # queue and prefill not told apart
+        spans.insert(0, ("generate", began, decode_from))
+    return spans
 
 
 class RemoteEngine(Engine):
@@ -324,9 +366,14 @@ class RemoteEngine(Engine):
             with span("weight_wait"):
                 await self._resumed.wait()
         pauses, updates, version = self._pauses, self._updates, self.weight_version
+        began = clock()
         result = await client.generate(request)
         if result.finish_reason == "abort" and self._pauses != pauses:  # aborted by this engine's own pause
             return await self._continue(request, result, version)
+        if SERVER_TIMING in result.meta:
+            spans = timing_spans(result.meta[SERVER_TIMING], began, clock())
+            if spans:
+                result.meta[META_KEY] = spans
         self._stamp(result, version, updates)
         if not result.meta.pop("server_text", True) and result.output_ids:
             # The server sent ids only: decode them here, cut at the first stop string.

@@ -7,7 +7,9 @@ stratified random sample (by status and by how the episode's answers were
 rewarded, seeded), so a large run still gives a page of a few megabytes.
 :func:`episode_detail` turns one whole record into the page's compact form:
 token ids with one shared table of their texts, logprobs in hundredths,
-loss mask and versions as runs.
+loss mask and versions as runs, and the episode's spans (where its time went:
+queued, prefill, decode, generate, verify, tool calls, weight-update waits)
+relative to its start, with each phase's share.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ DETAIL_BYTES = 6_000_000
 #: Page bytes per generated token (id, logprob) and per sample besides its tokens, for the estimate.
 BYTES_PER_TOKEN = 8
 BYTES_PER_SAMPLE = 160
+#: Spans the browser lists per episode at most (an agent's episode may hold thousands of tool calls).
+MAX_SPANS = 400
+#: Page bytes per span listed (phase, start, end).
+BYTES_PER_SPAN = 30
 
 
 def _reward(value: Any) -> float | None:
@@ -96,7 +102,9 @@ class Stats:
             self.failures[(str(head.get("error_component") or "episode"), first)] += 1
             self.strata.add(position, "failed", 400 + len(str(head.get("error") or "")))
             return
-        size = len(head.get("prompt") or "") + 200
+        spans = head.get("spans")
+        size = len(head.get("prompt") or "") + 200 + BYTES_PER_SPAN * min(len(spans) if isinstance(spans, list)
+                                                                           else 0, MAX_SPANS)
         scored = correct = 0  # of the samples, each its own answer unless they carry runs (see answers_of)
         branched = False
         for sample in head.get("samples") or []:
@@ -213,11 +221,44 @@ def episode_detail(record: dict[str, Any], vocab: Vocab) -> dict[str, Any]:
                            "p": record.get("prompt") or "", "ref": record.get("answer"),
                            "fa": record.get("final_answer"), "ar": record.get("answer_reward"),
                            "att": record.get("attempts"), "w": record.get("wall_s")}
+    timing = episode_spans(record)
+    if timing:
+        out["sp"] = timing
     if record.get("status") != "ok":
         out.update(err=record.get("error"), ec=record.get("error_component"))
         return out
     rows = {t.get("sample_index"): t for t in record.get("trajectories") or [] if isinstance(t, dict)}
     out["s"] = [_sample(s, rows.get(s.get("sample_index")), vocab) for s in record.get("samples") or []]
+    return out
+
+
+def episode_spans(record: dict[str, Any], limit: int = MAX_SPANS) -> dict[str, Any] | None:
+    """Where one episode's time went, for the browser: its spans as ``[phase, start, end]`` (``+ [name]``) in
+    seconds since the episode's start (the first ``limit``; ``more``: how many were left out), and each phase's
+    share of its time (``parts``: seconds, divided as the report's Time section divides them); None when it
+    recorded none."""
+    from scaffold_core.spans import exclusive
+
+    spans = record.get("spans")
+    if not isinstance(spans, list) or not spans:
+        return None
+    try:
+        items = [(str(s[0]), float(s[1]), float(s[2]), str(s[3]) if len(s) > 3 and s[3] else "") for s in spans]
+    except (TypeError, ValueError, IndexError):  # a span that is no (phase, start, end): nothing to draw
+        return None
+    started = record.get("started_s")
+    first = min(s[1] for s in items)
+    started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else first
+    began = min(started, first)  # a queued span starts before the episode does
+    wall = record.get("wall_s")
+    ended = max(started + (float(wall) if isinstance(wall, (int, float)) else 0.0), max(s[2] for s in items))
+    parts = exclusive(sorted(items, key=lambda s: s[1]), began, ended)
+    shown = [[phase, round(a - began, 4), round(b - began, 4), *([name] if name else [])]
+             for phase, a, b, name in items[:limit]]
+    out: dict[str, Any] = {"d": round(ended - began, 4), "s": shown,
+                           "parts": {p: round(v, 4) for p, v in parts.items() if v > 0}}
+    if len(items) > limit:
+        out["more"] = len(items) - limit
     return out
 
 

@@ -432,11 +432,13 @@ def time_section(report: Report) -> str:
 
 def render(report: Report) -> str:
     """The whole page."""
+    from .timeline import PHASE_COLORS
+
     sections = [summary_section(report), rewards_section(report), scaling_section(report),
                 training_section(report), time_section(report), trajectories_section(report)]
     present = {anchor for anchor, _ in SECTIONS if f'<section id="{anchor}"' in "".join(sections)}
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS if a in present)
-    data = {"episodes": report.episodes, "vocab": report.vocab, "kind": report.kind}
+    data = {"episodes": report.episodes, "vocab": report.vocab, "kind": report.kind, "phases": PHASE_COLORS}
     title = f"{report.kind} · {report.directory.name or report.directory}"
     stamp = time.strftime("%Y-%m-%d %H:%M")
     header = (f'<header><div class="brand">scaffold report</div><h1>{escape(title)}</h1>'

@@ -163,23 +163,55 @@ def test_k_answers_at_temperature_zero_are_warned_about(dice_plugins, dice_confi
     assert "copies of one answer" not in capsys.readouterr().err
 
 
-def test_a_forced_resume_with_another_verifier_says_the_saved_answers_are_not_rescored(eval_dir, dice_plugins, tmp_path,
-                                                                                      dice_config, capsys):
+def test_a_forced_resume_with_another_verifier_rescores_the_saved_answers(eval_dir, dice_plugins, tmp_path,
+                                                                         dice_config, capsys):
     import shutil
+
+    from scaffold_report.eval.answers import read_problems
+    from scaffold_report.eval.command import compute_eval
 
     out = tmp_path / "forced"
     shutil.copytree(eval_dir, out)
+    before = {h["episode_id"]: h for h in ledger(out)}
+    judge = dice_plugins.registry.create("verifier", "exact_match", {})
     run_eval(dice_config(verifier={"name": "exact_match"}), [1, 4], output_dir=out, resume=True, force_config=True,
              plugins=dice_plugins, progress=False)
     err = capsys.readouterr().err
     assert "changed the verifier (verifier.name: \"last_number\" -> \"exact_match\")" in err
-    assert "does not re-score" in err and "scaffold score" in err
+    assert "re-scored the 48 saved samples of 12 episodes" in err and "every figure is the new verifier" in err
+    after = ledger(out)
+    changed = 0
+    for head in after:
+        old = before[head["episode_id"]]
+        for sample, saved in zip(head["samples"], old["samples"]):
+            assert sample["response"] == saved["response"]  # the answers are kept as they were
+            assert sample["generated_tokens"] == saved["generated_tokens"]
+            verdict = judge.verify(sample["response"], head["answer"])
+            assert sample["reward"] == verdict.reward and sample["extracted"] == verdict.extracted
+            assert sample["previous_verdict"]["reward"] == saved["reward"]
+            changed += sample["reward"] != saved["reward"]
+            answer = sample["metadata"].get("branch_answer")
+            if answer is not None:  # each run's answer is its sample, re-scored
+                assert answer["reward"] == sample["reward"] and answer["logprob"] == \
+                    saved["metadata"]["branch_answer"]["logprob"]
+    assert changed > 0  # the two verifiers disagree on some answers: the test can tell them apart
     figures = json.loads((out / "eval.json").read_text())
-    assert figures["not_rescored"]["verifier.name"] == {"saved": "last_number", "now": "exact_match"}
+    assert figures["rescored"]["changes"]["verifier.name"] == {"saved": "last_number", "now": "exact_match"}
+    assert figures["rescored"]["samples"] == 48 and figures["rescored"]["changed"] == changed
+    # every figure is the new verifier's: the same as computed afresh from the re-scored store
+    assert figures["by_k"] == compute_eval(out, [1, 4], registry=dice_plugins.registry)["by_k"]
+    problems = read_problems(after)
+    correct = [p.correct for p in problems.problems]
+    assert figures["by_k"][0]["pass@k"]["value"] == pytest.approx(sum(c / 4 for c in correct) / 12, abs=1e-6)
+    metrics = json.loads((out / "metrics.json").read_text())
+    rewards = [s["reward"] for h in after for s in h["samples"] if s["reward"] is not None]
+    assert metrics["reward_mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-6)
+    exported = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert sorted(r["reward"] for r in exported) == sorted(s["reward"] for h in after for s in h["samples"])
     run_eval(dice_config(verifier={"name": "exact_match"}), [1], output_dir=out, resume=True, plugins=dice_plugins,
-             progress=False)  # the same verifier as saved now: nothing to say
-    assert "does not re-score" not in capsys.readouterr().err
-    assert "not_rescored" not in json.loads((out / "eval.json").read_text())
+             progress=False)  # the same verifier as saved now: nothing to re-score
+    assert "re-scored" not in capsys.readouterr().err
+    assert "rescored" not in json.loads((out / "eval.json").read_text())
 
 
 def test_the_eval_counts_answers(dice_plugins, dice_config, tmp_path, monkeypatch):

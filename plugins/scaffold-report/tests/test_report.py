@@ -321,3 +321,50 @@ def test_training_charts_show_groups_learning_rate_length_clip_ratio_and_kl(tmp_
         assert any(t.startswith(title) for t in titles), title
     groups = re.search(r'<svg[^>]*aria-label="Prompt groups[^"]*".*?</svg>', html, re.S).group(0)
     assert "groups_filtered" in groups and "groups_used" in groups
+
+
+def test_the_browser_carries_each_episodes_spans_with_durations_and_shares(tmp_path):
+    """The trajectory view of an episode shows where its time went: each span (queued, prefill, decode, tool
+    calls by name, a weight-update wait, verify) from the episode's start, and each phase's share."""
+    from scaffold_core.episode import EpisodeResult, Sample
+    from scaffold_core.output.rundir import RunOutput
+    from scaffold_core.verifier import Verdict
+
+    spans = [["queued", 9.5, 10.0], ["prefill", 10.0, 10.25], ["decode", 10.25, 11.0],
+             ["tool", 11.0, 11.5, "tool 'search'"], ["weight_wait", 11.5, 12.0], ["decode", 12.0, 12.5],
+             ["verify", 12.5, 12.75]]
+    sample = Sample([1], [2, 3], [-0.1, -0.2], [1, 1], "42", "stop", 0, 0, Verdict(1.0, "42", "42", "ok"))
+    failed_spans = [["queued", 20.0, 20.5], ["generate", 20.5, 22.0]]
+    out = RunOutput(tmp_path / "run")
+    try:
+        out.append(EpisodeResult("e1", 0, "ok", reference="42", prompt_text="p", samples=[sample], wall_s=3.0,
+                                 spans=spans, started_s=10.0))
+        out.append(EpisodeResult("e2", 1, "failed", error="EngineError: timed out", wall_s=2.0,
+                                 spans=failed_spans, started_s=20.0))
+    finally:
+        out.close()
+        out.release()
+    html = build_report(tmp_path / "run", tokenizer=None).read_text()
+    data = page_data(html)
+    assert set(data["phases"]) >= {"queued", "prefill", "decode", "tool", "weight_wait", "verify"}  # their colours
+    ok, failed = data["episodes"]
+    timing = ok["sp"]
+    assert timing["d"] == pytest.approx(3.5)  # from the queued span's start to the end of the wall time
+    assert timing["s"][0] == ["queued", 0.0, 0.5] and timing["s"][3] == ["tool", 1.5, 2.0, "tool 'search'"]
+    assert [s[0] for s in timing["s"]] == [s[0] for s in spans]
+    assert timing["parts"] == pytest.approx({"queued": 0.5, "prefill": 0.25, "decode": 1.25, "tool": 0.5,
+                                             "weight_wait": 0.5, "verify": 0.25, "other": 0.25})
+    assert sum(timing["parts"].values()) == pytest.approx(timing["d"])
+    assert failed["sp"]["s"] == [["queued", 0.0, 0.5], ["generate", 0.5, 2.0]]  # a failed episode's time too
+    assert "function spanView" in html  # the view that draws them
+
+
+def test_an_episode_with_many_spans_lists_the_first_and_says_how_many_more():
+    from scaffold_report.episodes import episode_spans
+
+    record = {"started_s": 0.0, "wall_s": 10.0, "spans": [["tool", i * 0.01, i * 0.01 + 0.005, f"call {i}"]
+                                                         for i in range(1000)]}
+    timing = episode_spans(record, limit=400)
+    assert len(timing["s"]) == 400 and timing["more"] == 600 and timing["s"][-1][3] == "call 399"
+    assert timing["parts"]["tool"] == pytest.approx(5.0, abs=1e-3)  # the shares count every span
+    assert episode_spans({"spans": [["x", "not a time", 1]]}) is None and episode_spans({}) is None

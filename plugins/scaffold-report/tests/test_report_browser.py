@@ -177,6 +177,26 @@ def test_the_time_section_draws_the_timeline(page):
     assert errors == []
 
 
+def test_the_selected_trajectory_shows_its_episodes_spans(page):
+    tab, errors = page
+    tab.locator("#list .row").nth(5).click()
+    spans = tab.locator("#detail .episode-spans")
+    assert spans.count() == 1 and spans.locator("h4").inner_text().startswith("time: ")
+    assert spans.locator('.span-lane[data-phase="generate"]').count() == 1  # one lane per phase
+    assert spans.locator('.span-lane[data-phase="verify"]').count() == 1
+    bars = spans.locator(".span-bar")
+    assert bars.count() >= 5  # each of the episode's 4 answers' requests, and its verification
+    box = bars.first.bounding_box()
+    assert box and box["width"] > 0 and box["height"] > 0
+    assert "generate" in bars.first.get_attribute("title") or "queued" in bars.first.get_attribute("title")
+    rows = spans.locator("table.span-table tr[data-phase]")
+    assert rows.count() == bars.count()  # and listed, each with its start and duration
+    cells = rows.first.locator("td").all_inner_texts()
+    assert cells[2].startswith("+") and cells[3].endswith("s")
+    assert "%" in spans.locator(".span-shares").inner_text()  # each phase's share of the episode's time
+    assert errors == []
+
+
 def test_a_comparison_page_opens_with_its_charts_and_no_errors(eval_dir, dice_plugins, tmp_path):
     need_browser()
     from playwright.sync_api import sync_playwright

@@ -13,7 +13,8 @@ dict that always sets ``max_new_tokens`` and only uses names SGLang knows
 ``output_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, token_id,
 text|null]`` tuples), ``meta_info.output_top_logprobs`` (a list of such
 tuples per position), ``meta_info.finish_reason.type`` and
-``meta_info.weight_version``.
+``meta_info.weight_version``; with a server started with
+``--enable-metrics``, the request's timing (:func:`server_timing`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import orjson
 from scaffold_remote.client import ProtocolError, WireProtocol, decode_json, encode_ids, encode_json
+from scaffold_remote.engine import SERVER_TIMING
 
 from scaffold_core.generation import GenerationRequest, GenerationResult
 
@@ -224,6 +226,9 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
             info["message"] = str(finish.get("message") or "aborted by the server")
             if finish.get("status_code") is not None:
                 info["status_code"] = finish["status_code"]
+    timing = server_timing(meta, len(output_ids))
+    if timing is not None:
+        info[SERVER_TIMING] = timing
     null_logprobs = sum(map(math.isnan, logprobs)) if total != total else 0
     if null_logprobs:
         info["null_logprobs"] = null_logprobs
@@ -234,6 +239,33 @@ def parse_generate_response(body: Any, *, expect_rid: str | None = None) -> Gene
         text=text if isinstance(text, str) else "", weight_version=meta.get("weight_version"), meta=info,
         top_logprobs=parse_top_logprobs(meta.get("output_top_logprobs"), len(output_ids)),
     )
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
+        return None
+    return float(value)
+
+
+def server_timing(meta: Mapping[str, Any], completion_tokens: int) -> dict[str, float] | None:
+    """How long the server's parts of one request took, from ``meta_info`` (seconds; the remote engine turns
+    them into the request's spans): ``decode`` from the first token to the last, then ``queued`` (waiting for
+    the scheduler: tokenizing and dispatch included) and ``prefill``, or, without the scheduler's time,
+    ``first_token`` (both together). None when the server says too little: SGLang adds ``decode_throughput``
+    (and, from some versions, ``inference_time``: from leaving the queue to the end) only when started with
+    ``--enable-metrics``; ``e2e_latency`` is always there.
+
+    ``decode_throughput`` is the tokens after the first over the decode time (``completion_tokens - 1``;
+    some versions count all of them: the time is then one token's too short)."""
+    e2e = _seconds(meta.get("e2e_latency"))
+    rate = _seconds(meta.get("decode_throughput"))
+    if e2e is None or not rate or completion_tokens < 2:
+        return None
+    decode = min(e2e, (completion_tokens - 1) / rate)
+    inference = _seconds(meta.get("inference_time"))
+    if inference is not None and decode <= inference <= e2e:
+        return {"queued": e2e - inference, "prefill": inference - decode, "decode": decode}
+    return {"first_token": e2e - decode, "decode": decode}
 
 
 def parse_top_logprobs(entries: Any, n: int) -> list[dict[int, float]] | None:

@@ -24,7 +24,9 @@ weights label of each token, injected failures and the CLI plumbing):
 
 With ``--compat 0.5.23`` (the default) a response whose tokens two weight
 versions sampled (a request kept across an update) carries
-``meta_info.weight_versions`` spans, as SGLang 0.5.23 does.
+``meta_info.weight_versions`` spans, as SGLang 0.5.23 does. With
+``--enable-metrics``, as SGLang then does, ``meta_info`` also carries the
+request's timestamps, ``inference_time`` and ``decode_throughput``.
 
 Run it exactly like ``python -m sglang.launch_server`` (same flag spelling for
 the flags it knows), e.g.::
@@ -98,8 +100,10 @@ class TestServer(FakeServer):
     open_paths = HEALTH_PATHS
 
     def __init__(self, *, weight_version: str = "default", compat: str = "0.5.23", tp_size: int = 1,
-                 skip_tokenizer_init: bool = False, backend: Any = None, **common: Any):
+                 skip_tokenizer_init: bool = False, enable_metrics: bool = False, backend: Any = None,
+                 **common: Any):
         super().__init__(backend=backend or RandomBackend(), weights=weight_version, **common)
+        self.enable_metrics = enable_metrics
         if skip_tokenizer_init:
             self.decode = None
         self.skip_tokenizer_init = skip_tokenizer_init
@@ -299,12 +303,21 @@ class TestServer(FakeServer):
                             stop_token_ids=list(params.get("stop_token_ids") or ()),
                             ignore_eos=bool(params.get("ignore_eos")), top_p=params["top_p"], top_k=params["top_k"],
                             top_logprobs=int(top_logprobs or 0))
+        forward = time.perf_counter()
         out, live = await self.run_one(rid, prompt, sampling)
+        finished = time.perf_counter()
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": self._finish(out), "prompt_tokens": len(prompt),
             "completion_tokens": len(out.ids), "cached_tokens": 0, "weight_version": self.weights,
-            "e2e_latency": time.perf_counter() - started,
+            "e2e_latency": finished - started,
         }
+        if self.enable_metrics:  # SGLang --enable-metrics: its timestamps, the inference time, the decode rate
+            n = len(out.ids)
+            first_token = forward + (finished - forward) / max(1, n)  # the tokens come at an even pace here
+            meta.update(request_received_ts=time.time() - (finished - started), request_finished_ts=time.time(),
+                        inference_time=finished - forward)
+            if n > 1 and finished > first_token:
+                meta["decode_throughput"] = (n - 1) / (finished - first_token)
         if self.compat_v >= (0, 5, 23) and len(set(out.labels)) > 1:
             meta["weight_versions"] = spans(out.labels)
         meta["num_retractions" if self.compat_v >= (0, 5, 15) else "total_retractions"] = live.retractions
@@ -462,6 +475,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-gpu-id", type=int, default=0)
     p.add_argument("--skip-server-warmup", action="store_true")
     p.add_argument("--skip-tokenizer-init", action="store_true")
+    p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--log-level", default="info")
     # Test-only flags.
     p.add_argument("--compat", default="0.5.23", help="sglang version to imitate where versions differ")
@@ -478,7 +492,8 @@ def make_server(args: argparse.Namespace, backend: Any) -> TestServer:
                       warmup_delay_s=0.0 if args.skip_server_warmup else args.warmup_delay,
                       never_ready=args.never_ready, fail_first=args.fail_first, fail_status=args.fail_status,
                       drop_first=args.drop_first, tokenizer_path=args.tokenizer_path, port=args.port,
-                      tp_size=args.tp_size, skip_tokenizer_init=args.skip_tokenizer_init)
+                      tp_size=args.tp_size, skip_tokenizer_init=args.skip_tokenizer_init,
+                      enable_metrics=args.enable_metrics)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -475,3 +475,32 @@ def test_requests_a_pause_aborts_are_continued_by_the_engine_and_each_episode_ru
         rest = next(r for r in server.responses
                     if r is not part and r["input_ids"] == part["input_ids"] + part["output_ids"])
         assert rest["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("enable_metrics", [True, False])
+def test_a_request_is_split_into_queue_prefill_and_decode_when_the_server_times_it(enable_metrics):
+    """With --enable-metrics the server says how long its parts of a request took: the request's spans are
+    queued, prefill and decode, back to back within it; without, the runtime keeps one generate span."""
+    from scaffold_core.spans import META_KEY, clock
+
+    server = byte_server(enable_metrics=enable_metrics, backend_options={"token_delay_s": 0.01, "mean_tokens": 400})
+
+    async def main():
+        async with ts.running(server) as url:
+            async with engine(url) as eng:
+                began = clock()
+                result = await eng.generate(req(1, max_tokens=8))
+                return result, began, clock()
+
+    result, began, ended = run(main())
+    if not enable_metrics:
+        assert META_KEY not in result.meta
+        return
+    spans = result.meta[META_KEY]
+    assert [s[0] for s in spans] == ["queued", "prefill", "decode"]
+    assert began <= spans[0][1] and spans[-1][2] <= ended
+    assert all(a[2] == b[1] for a, b in zip(spans, spans[1:]))  # back to back, ending with the answer
+    assert len(result.output_ids) == 8  # the decode rate needs two tokens or more
+    decode = spans[2][2] - spans[2][1]
+    assert decode == pytest.approx(result.meta["server_timing"]["decode"])
+    assert decode > 0 and spans[1][2] - spans[1][1] > 0  # the first token's time is prefill here

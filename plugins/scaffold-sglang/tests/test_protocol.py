@@ -210,3 +210,33 @@ def test_a_constraint_goes_out_as_sglangs_native_grammar_parameter():
         assert kind in SGLangEngine.constraints
     plain = generate_body(GenerationRequest("r", [1], SamplingParams(max_tokens=8)), "r")["sampling_params"]
     assert not {"json_schema", "regex", "ebnf", "structural_tag"} & set(plain)
+
+
+def _timed(**meta) -> dict:
+    """A final response of 5 tokens whose meta_info also holds ``meta``."""
+    return {"output_ids": [5, 6, 7, 8, 2], "meta_info": {
+        "id": "r", "finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 3, "completion_tokens": 5,
+        "output_token_logprobs": [[-0.5, t, None] for t in (5, 6, 7, 8, 2)], **meta}}
+
+
+def test_a_server_started_with_enable_metrics_gives_the_requests_queue_prefill_and_decode_time():
+    from scaffold_remote.engine import SERVER_TIMING
+
+    # --enable-metrics (recent versions): inference_time runs from leaving the queue to the end, and the decode
+    # rate counts the tokens after the first over the time from the first token to the last
+    result = parse_generate_response(_timed(e2e_latency=2.0, inference_time=1.5, decode_throughput=4.0,
+                                            request_received_ts=1.7e9, request_finished_ts=1.7e9 + 2))
+    assert result.meta[SERVER_TIMING] == pytest.approx({"queued": 0.5, "prefill": 0.5, "decode": 1.0})
+    # versions without inference_time: the time to the first token is queue and prefill together
+    result = parse_generate_response(_timed(e2e_latency=2.0, decode_throughput=4.0))
+    assert result.meta[SERVER_TIMING] == pytest.approx({"first_token": 1.0, "decode": 1.0})
+    # without --enable-metrics (only e2e_latency), a one-token answer, or numbers that make no sense: nothing
+    for meta in ({"e2e_latency": 2.0}, {"e2e_latency": 2.0, "decode_throughput": 0}, {"decode_throughput": 4.0},
+                 {"e2e_latency": float("nan"), "decode_throughput": 4.0}):
+        assert SERVER_TIMING not in parse_generate_response(_timed(**meta)).meta, meta
+    one = {"output_ids": [2], "meta_info": {"id": "r", "finish_reason": {"type": "stop"}, "e2e_latency": 1.0,
+                                            "decode_throughput": 9.0, "output_token_logprobs": [[-0.1, 2, None]]}}
+    assert SERVER_TIMING not in parse_generate_response(one).meta
+    # a decode longer than the whole request (a rate from another clock): held within the request
+    assert parse_generate_response(_timed(e2e_latency=0.5, decode_throughput=4.0)).meta[SERVER_TIMING] == \
+        pytest.approx({"first_token": 0.0, "decode": 0.5})

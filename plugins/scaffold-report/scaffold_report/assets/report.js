@@ -179,6 +179,7 @@
     prompt.appendChild(el("summary", null, "prompt (" + ep.p.length.toLocaleString() + " characters)"));
     prompt.appendChild(el("pre", null, ep.p));
     out.appendChild(prompt);
+    if (ep.sp) { out.appendChild(spanView(ep.sp)); }
     if (ep.st !== "ok") {
       out.appendChild(el("h3", null, "error (" + (ep.ec || "episode") + ")"));
       out.appendChild(el("div", "error-box", ep.err || "no reason given"));
@@ -201,6 +202,65 @@
     out.appendChild(body);
     detail.replaceChildren(out);
     detail.scrollTop = 0;
+  }
+  // Where the episode's time went: one lane per phase with each span placed on the episode's own time axis,
+  // each phase's share, and the spans listed with their start and duration.
+  var COLORS = DATA.phases || {};
+  function seconds(x) { return x >= 1 ? x.toFixed(2) + " s" : (x * 1000).toFixed(x >= 0.01 ? 0 : 1) + " ms"; }
+  function spanView(sp) {
+    var box = el("div", "episode-spans"), d = sp.d > 0 ? sp.d : 1e-9;
+    var parts = Object.keys(sp.parts || {}).sort(function (a, b) { return sp.parts[b] - sp.parts[a]; });
+    box.appendChild(el("h4", null, "time: " + seconds(sp.d) + " (" + sp.s.length + (sp.more ? "+" + sp.more : "")
+                       + " spans)"));
+    var shares = el("div", "span-shares");
+    parts.forEach(function (p) {
+      var item = el("span", "share");
+      var sw = el("span", "swatch");
+      sw.style.background = COLORS[p] || "#888";
+      item.appendChild(sw);
+      item.appendChild(el("span", null, p + " " + (100 * sp.parts[p] / d).toFixed(1) + "% · " + seconds(sp.parts[p])));
+      shares.appendChild(item);
+    });
+    box.appendChild(shares);
+    var lanes = [], byPhase = {};
+    sp.s.forEach(function (x) {
+      if (!byPhase[x[0]]) { byPhase[x[0]] = []; lanes.push(x[0]); }
+      byPhase[x[0]].push(x);
+    });
+    var chart = el("div", "span-chart");
+    lanes.forEach(function (phase) {
+      var lane = el("div", "span-lane");
+      lane.dataset.phase = phase;
+      lane.appendChild(el("span", "span-label", phase));
+      var track = el("div", "span-track");
+      byPhase[phase].forEach(function (x) {
+        var bar = el("div", "span-bar");
+        bar.style.left = (100 * x[1] / d).toFixed(3) + "%";
+        bar.style.width = Math.max(0.3, 100 * (x[2] - x[1]) / d).toFixed(3) + "%";
+        bar.style.background = COLORS[phase] || "#888";
+        bar.title = phase + (x[3] ? " " + x[3] : "") + ": " + seconds(x[2] - x[1]) + " (from " + seconds(x[1]) + ")";
+        track.appendChild(bar);
+      });
+      lane.appendChild(track);
+      chart.appendChild(lane);
+    });
+    box.appendChild(chart);
+    var listing = el("details", "span-list");
+    listing.open = sp.s.length <= 12;
+    listing.appendChild(el("summary", null, "spans, in order of their start"));
+    var table = el("table", "span-table"), head = el("tr");
+    ["phase", "name", "start", "duration"].forEach(function (h) { head.appendChild(el("th", null, h)); });
+    table.appendChild(head);
+    sp.s.forEach(function (x) {
+      var tr = el("tr");
+      tr.dataset.phase = x[0];
+      [x[0], x[3] || "", "+" + seconds(x[1]), seconds(x[2] - x[1])].forEach(function (c) { tr.appendChild(el("td", null, c)); });
+      table.appendChild(tr);
+    });
+    listing.appendChild(table);
+    if (sp.more) { listing.appendChild(el("p", "note", sp.more + " later spans are not listed (see trace.json).")); }
+    box.appendChild(listing);
+    return box;
   }
   function sampleView(s) {
     var box = el("div");

@@ -9,7 +9,9 @@ the config and the versions that produced them.
 
 ``--resume`` continues a run in the same directory, or reuses a finished one:
 its answers are kept, and the figures are computed again for the ks asked for
-(up to the answers per problem it has).
+(up to the answers per problem it has). With ``--force-config`` and another
+verifier, the saved answers are re-scored with it first (:mod:`.rescore`), so
+the figures never mix two verifiers.
 """
 
 from __future__ import annotations
@@ -172,17 +174,19 @@ def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = N
         print(warning, file=sys.stderr)
     config = repeat_config(config, n, registry)
     changed = verifier_changes(config, Path(output_dir)) if resume and force_config and output_dir else {}
+    rescored = rescore_saved(config, Path(output_dir), changed, registry) if changed and output_dir else None
     metrics, directory, tokenizer = run_answers(config, output_dir=output_dir, resume=resume, progress=progress,
                                                 force_config=force_config, plugins=plugins)
     figures = compute_eval(directory, ks, select=select, registry=registry, bootstrap=bootstrap)
     figures.update(answers_per_problem=n, run={k: metrics.get(k) for k in (
         "episodes", "completed", "failed", "accuracy", "reward_mean", "generated_tokens", "truncated_fraction",
         "wall_s", "tokens_per_s")}, config=config.to_dict(), versions=versions(config.to_dict(), registry))
-    if changed:
+    if rescored is not None:
         import sys
 
-        figures["not_rescored"] = {key: {"saved": a, "now": b} for key, (a, b) in changed.items()}
-        print(not_rescored_warning(changed, directory), file=sys.stderr)
+        print(rescored_message(changed, directory, rescored), file=sys.stderr)
+        figures["rescored"] = {"changes": {key: {"saved": a, "now": b} for key, (a, b) in changed.items()},
+                               **rescored.to_dict()}
     atomic_write_text(directory / EVAL_FILE, json.dumps(figures, indent=2) + "\n", private=config.output.private)
     return EvalResult(metrics, figures, directory, tokenizer)
 
@@ -199,14 +203,40 @@ def verifier_changes(config: Config, directory: Path) -> dict[str, tuple[Any, An
             if key.startswith("verifier")}
 
 
-def not_rescored_warning(changed: dict[str, tuple[Any, Any]], directory: Path) -> str:
+def rescore_saved(config: Config, directory: Path, changed: dict[str, tuple[Any, Any]], registry: Any) -> Any:
+    """Re-score the answers already in ``directory`` with ``config``'s verifier (``--force-config`` changed it),
+    before the run goes on, so every answer and figure has one verifier (None: no saved answers)."""
+    from scaffold_core.output.store import store_paths
+
+    from .rescore import rescore_run
+
+    if not store_paths(directory):
+        return None
+    verifier = registry.create("verifier", config.verifier.name, config.verifier.options, path="verifier")
+    return rescore_run(directory, verifier, config.verifier.name, timeout=config.verifier_timeout,
+                       workers=config.verifier_workers, private=config.output.private)
+
+
+def rescored_message(changed: dict[str, tuple[Any, Any]], directory: Path, rescored: Any) -> str:
+    """What re-scoring the saved answers did, in a few lines."""
     from scaffold_core.output.saved_config import describe
 
-    return (f"scaffold: WARNING: --force-config changed the verifier ({describe(changed)}), but the answers "
-            f"already in {directory} keep the rewards the saved verifier gave them: eval does not re-score "
-            "them, so its figures mix both verifiers (eval.json lists the change under not_rescored). Re-score "
-            f"the answers with scaffold score --verifier NAME --input {directory / 'samples.jsonl'}, or evaluate "
-            "into a new directory with -o")
+    lines = [f"scaffold: --force-config changed the verifier ({describe(changed)}): before going on, re-scored the "
+             f"{rescored.samples:,} saved samples of {rescored.episodes:,} episodes in {directory} with "
+             f"{rescored.verifier!r} ({rescored.changed:,} rewards changed; the responses are kept as they were, "
+             "each sample's former verdict under previous_verdict), so every figure is the new verifier's; "
+             "eval.json lists it under rescored"]
+    if rescored.kept:
+        lines.append(f"scaffold: {rescored.kept:,} runs' answers name no single sample (a vote's answer): they keep "
+                     "their saved reward")
+    if rescored.unscored:
+        lines.append(f"scaffold: WARNING: {rescored.unscored:,} samples got no reward from {rescored.verifier!r}"
+                     + (f" (first error: {rescored.errors[0]})" if rescored.errors else "")
+                     + "; they count as unscored, never as 0")
+    if rescored.advantages_stale:
+        lines.append(f"scaffold: the {rescored.advantages_stale:,} training sequences whose reward changed keep the "
+                     "advantage the saved rewards gave (a new run computes them from the new rewards)")
+    return "\n".join(lines)
 
 
 def format_table(figures: dict[str, Any]) -> str:
