@@ -312,3 +312,16 @@ def test_no_plugin_imports_another_plugins_private_modules():
     offenders = cross_plugin_imports(plugin_files())
     assert not offenders, ("plugins import another plugin's private modules (import its package root, or move what "
                            "they share into a core contract):\n" + "\n".join(offenders))
+
+
+#: The core's budget in lines of Python (docs/architecture.md's size table): what one command or one engine needs
+#: goes to a plugin of its own.
+CORE_BUDGET = 15_000
+
+
+def test_the_core_stays_within_its_line_budget():
+    lines = sum(len(path.read_text(encoding="utf-8").splitlines()) for path in modules().values())
+    assert lines <= CORE_BUDGET, (f"scaffold_core has {lines:,} lines of Python, over its budget of "
+                                  f"{CORE_BUDGET:,}: move what one command, engine or plugin needs into that plugin")
+    stated = re.search(r"\*\*the core\*\* \| \*\*([\d,]+)\*\*", DOC.read_text(encoding="utf-8"))
+    assert stated, "docs/architecture.md's size table has no total"

@@ -11,24 +11,27 @@ from pathlib import Path
 import pytest
 from scaffold_testkit.conformance import TaskConformance
 
+import scaffold_datasets
 from scaffold_core.config import load_config
 from scaffold_core.errors import ConfigError, DataError
 from scaffold_core.plugins import get_plugins
 from scaffold_core.run.rollout import Rollout
 from scaffold_datasets.task import DatasetTask
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]  # the repository (its examples/)
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
 
 
 class TestDatasetTaskConformance(TaskConformance):
     """The bundled example file: rows load, prompts build, each answer passes exact_match, wrong ones do not."""
 
+    plugin = scaffold_datasets
     name = "dataset"
     options = {"path": "json", "data_files": str(CAPITALS), "prompt": "question", "answer": "answer", "id": "code"}
 
 
 class TestDatasetTaskWithMessagesConformance(TaskConformance):
+    plugin = scaffold_datasets
     name = "dataset"
 
     @pytest.fixture(autouse=True)
@@ -153,7 +156,7 @@ def test_bad_options_fail_when_the_config_is_built(tmp_path):
 
 def test_a_hub_dataset_that_cannot_be_reached_is_a_one_line_error(tmp_path):
     """Offline (as here), a hub id fails with one line saying what to do, not a traceback."""
-    code = ("from scaffold_core.builtins.dataset_task import DatasetTask\n"
+    code = ("from scaffold_datasets.task import DatasetTask\n"
             "from scaffold_core.errors import DataError\n"
             "try:\n    DatasetTask(path='nobody-here/no-such-dataset', prompt='q').load()\n"
             "except DataError as exc:\n    print(exc)\n")
