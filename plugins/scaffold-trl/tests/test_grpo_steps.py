@@ -163,21 +163,15 @@ class SyncedEngine:
         registry.add("synced", lambda: self.engine_class(lambda prompt, request: "ok"))
 
 
-def test_a_separate_engine_gets_the_weights_after_every_step(tmp_path):
+def test_a_separate_engine_gets_the_weights_after_every_step(tmp_path, tiny_policy):
     """With an engine other than the embedded one, the trained policy is saved and loaded into the engine
     (update_weights) after each optimizer step, and the next rollouts carry the new version."""
     import scaffold_testkit.plugin as test_tasks
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     import scaffold_trl
-    from scaffold_core.engines.model_loading import load_model_and_tokenizer, resolve_model
     from scaffold_trl import GRPORun
 
-    _, tokenizer, _ = load_model_and_tokenizer(resolve_model(None))
-    policy = tmp_path / "policy"
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(policy)
-    tokenizer.save_pretrained(policy)
+    policy = tiny_policy
     synced = SyncedEngine()
     pset = plugin_set(test_tasks, scaffold_trl, Plugin(), synced)
     config = load_config(data={
