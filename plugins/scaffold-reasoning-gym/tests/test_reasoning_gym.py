@@ -76,13 +76,13 @@ def test_unknown_names_and_bad_configs_are_one_line_errors(pset):
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_scaffold_train_runs_two_steps_on_a_reasoning_gym_task(tmp_path):
+def test_scaffold_train_runs_two_steps_on_a_reasoning_gym_task(tmp_path, tiny_policy):
     pytest.importorskip("scaffold_trl")
     config = tmp_path / "train.yaml"
     config.write_text(json.dumps({
         "task": {"name": "reasoning_gym", "dataset": "leg_counting", "size": 4, "seed": 0,
                  "system_prompt": "direct"},
-        "engine": {"name": "transformers", "threads": 1, "max_batch_size": 8},
+        "engine": {"name": "transformers", "model": str(tiny_policy), "threads": 1, "max_batch_size": 8},
         "sampling": {"max_tokens": 32, "temperature": 1.0},
         "trainer": {"name": "trl", "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
                     "learning_rate": 1e-5, "seed": 0, "threads": 1, "filter_groups": "none"},

