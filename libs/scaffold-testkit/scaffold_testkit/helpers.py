@@ -26,9 +26,25 @@ def build(factory: Any, **options: Any) -> Any:
     return factory(**validate_options(factory, options, path=name, label=name))
 
 
-def plugin_set(*plugins: Any, entry_points: bool = False, **named: Any) -> PluginSet:
-    """A fresh PluginSet with the built-ins, ``plugins`` (auto-named) and ``named`` plugins registered."""
-    extra = {f"test-plugin-{i}": p for i, p in enumerate(plugins)}
+#: The default plugins every installation of scaffold has (`make setup` installs them with the core): entry-point
+#: name -> module. A test's plugin set gets those installed, as a user's run does, without reading entry points.
+DEFAULT_PLUGINS = {"transformers": "scaffold_transformers", "datasets": "scaffold_datasets", "report": "scaffold_report"}
+
+
+def default_plugins() -> dict[str, Any]:
+    """The installed default plugins' modules by entry-point name (those not installed are left out)."""
+    import importlib
+    import importlib.util
+
+    return {name: importlib.import_module(module) for name, module in DEFAULT_PLUGINS.items()
+            if importlib.util.find_spec(module) is not None}
+
+
+def plugin_set(*plugins: Any, entry_points: bool = False, defaults: bool = True, **named: Any) -> PluginSet:
+    """A fresh PluginSet with the built-ins, the installed default plugins (``defaults``; with ``entry_points`` they
+    come from there), ``plugins`` (auto-named) and ``named`` plugins registered."""
+    extra = default_plugins() if defaults and not entry_points else {}
+    extra.update({f"test-plugin-{i}": p for i, p in enumerate(plugins)})
     extra.update(named)
     return PluginSet().load(entry_points=entry_points, extra=extra)
 
