@@ -100,3 +100,39 @@ def test_closing_the_engine_fails_the_requests_it_was_decoding():
             await asyncio.wait_for(running, 60)
 
     asyncio.run(main())
+
+
+def teacher_forced(model, prompt_ids, output_ids):
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt_ids + output_ids])).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    return [logp[len(prompt_ids) - 1 + j, t].item() for j, t in enumerate(output_ids)]
+
+
+@pytest.mark.parametrize("lean_forward", [True, False], ids=["lean", "transformers-forward"])
+def test_a_wrapped_model_in_train_mode_keeps_its_mode_and_is_decoded_without_dropout(lean_forward):
+    """A trainer whose rollouts are answered reads ``model.training`` at once (TRL does, to tell a training step
+    from an evaluation): the engine leaves the mode as the owner set it, even while other requests still decode,
+    and still samples without dropout (logprobs those of the model in eval mode)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=NoEosTokenizer().vocab_size, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512, attention_dropout=0.5)
+    model = transformers.LlamaForCausalLM(config).train()
+    long = GenerationRequest("long", prompt(1), SamplingParams(max_tokens=400, temperature=1.0), seed=2)
+    short = GenerationRequest("short", prompt(0), SamplingParams(max_tokens=3, temperature=1.0), seed=1)
+
+    async def main():
+        async with engine(model, lean_forward=lean_forward) as eng:
+            running = asyncio.ensure_future(eng.generate(long))
+            short_result = await eng.generate(short)
+            mode_when_answered = model.training  # the long request may still be decoding (it does, joined)
+            long_result = await running
+            return short_result, mode_when_answered, long_result, model.training
+
+    short_result, mode_when_answered, long_result, mode_after = asyncio.run(main())
+    assert mode_when_answered and mode_after
+    model.eval()
+    for request, result in ((short, short_result), (long, long_result)):
+        expected = teacher_forced(model, request.prompt_ids, result.output_ids)
+        assert max(abs(a - b) for a, b in zip(result.logprobs, expected)) <= 1e-4

@@ -55,7 +55,6 @@ import collections
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,9 +272,10 @@ class TransformersEngine(Engine):
         Nothing is copied or moved: the engine decodes with ``model`` as it is
         (its device and dtype) and sees every change the owner makes to its
         weights. ``start()`` loads nothing; ``close()`` leaves the model alone.
-        While a batch decodes, the model is put in eval mode (no dropout) and
-        its previous mode is restored afterwards; the owner should not step
-        its optimizer while requests run. ``options`` are the engine's other
+        Its mode is left as the owner set it: the lean forward has no dropout,
+        and transformers' forward (other architectures) runs each pass in eval
+        mode and restores the mode before any request is answered. The owner
+        should not step its optimizer while requests run. ``options`` are the engine's other
         options (``max_batch_size``, ``batch_wait_ms``, ``logprobs``,
         ``threads``).
         """
@@ -331,17 +331,24 @@ class TransformersEngine(Engine):
             changed = True
             done.set_result(version)
 
-    @contextlib.contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        """Eval mode while a batch decodes (a trainer's model may be in train mode); restored afterwards."""
-        training = bool(getattr(self.model, "training", False))
-        if training:
-            self.model.eval()
+    def _forward(self, batch: Any, method: str, *args: Any) -> Any:
+        """``batch.start()`` or ``batch.step(tokens)``, in eval mode where the forward pass depends on the mode.
+
+        The lean forward has no dropout and reads no mode: a wrapped model (a trainer's policy, in train mode)
+        keeps the mode its owner gave it all along, even while other requests decode. transformers' forward
+        drops out in train mode, so such a model is put in eval mode for that one pass and back in train mode
+        before any row is answered: an owner resuming when its requests are answered (a trainer whose
+        rollouts are in, which reads the mode to tell a training step from an evaluation) finds its mode as
+        it left it.
+        """
+        call = getattr(batch, method)
+        if isinstance(batch, LeanBatch) or not getattr(self.model, "training", False):
+            return call(*args)
+        self.model.eval()
         try:
-            yield
+            return call(*args)
         finally:
-            if training:
-                self.model.train()
+            self.model.train()
 
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self._stats)
@@ -435,7 +442,7 @@ class TransformersEngine(Engine):
         """Decode until no row is left and no request waits; every row's caller gets an answer."""
         rows: list[DecodeRow] = []  # the rows decoding, kept current by _decode
         try:
-            with self._torch.inference_mode(), self._eval_mode():
+            with self._torch.inference_mode():
                 self._decode(rows)
         except BaseException as exc:
             error = EngineError(f"generation failed: {type(exc).__name__}: {exc}")
@@ -470,7 +477,7 @@ class TransformersEngine(Engine):
         rows.extend(new)  # from now on an error answers them too
         began = clock()
         fresh = self._new_batch(new)
-        fresh_logits = fresh.start()
+        fresh_logits = self._forward(fresh, "start")
         _mark(new, "prefill", began)
         self._count_prefill(fresh.counts)
         self._stats["rows"] += len(new)
@@ -482,7 +489,7 @@ class TransformersEngine(Engine):
             began = clock()
             _end_decode(old, began)
             batch = self._new_batch(rows)
-            logits = batch.start()
+            logits = self._forward(batch, "start")
             _mark(old, "prefill", began)
             self._count_prefill(batch.counts)
         else:
@@ -540,11 +547,11 @@ class TransformersEngine(Engine):
                     _mark(rows, "weight_wait", paused)
                     began = clock()
                     batch = self._new_batch(rows)
-                    logits = batch.start()
+                    logits = self._forward(batch, "start")
                     _mark(rows, "prefill", began)
                     self._count_prefill(batch.counts)
                     continue
-            logits = batch.step([r.output_ids[-1] for r in rows])
+            logits = self._forward(batch, "step", [r.output_ids[-1] for r in rows])
 
     def _keep_prefixes(self, batch: Any, live: list[DecodeRow], done: list[int]) -> None:
         """Store the keys and values of finished rows, for prompts that will extend them (the next turn)."""
