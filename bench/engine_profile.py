@@ -36,8 +36,13 @@ async def profile(lean: bool, batch: int, steps: int, top: int) -> None:
 
     await run()  # warm-up
     before = engine.stats()["decode_steps"]
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        await run()
+    # the decode loop runs on the engine's worker thread, and the profiler records the thread that starts it:
+    # started and stopped there (the worker runs one job at a time, so the batch runs in between)
+    prof = torch_profile(activities=[ProfilerActivity.CPU])
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(engine._executor, prof.start)
+    await run()
+    await loop.run_in_executor(engine._executor, prof.stop)
     done = engine.stats()["decode_steps"] - before
     events = prof.key_averages()
     calls = sum(e.count for e in events if not e.key.startswith("ProfilerStep"))

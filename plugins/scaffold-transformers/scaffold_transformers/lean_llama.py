@@ -205,6 +205,7 @@ class LeanBatch:
         self.next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
         self.column = self.width  # the cache column the next decode step writes
         self.live = list(range(n))  # cache rows still decoding, in order
+        self.starts = [self.width - len(p) for p in prompts]  # per cache row: the column its prompt begins at
         self.share = share
         self.counts = PrefillCounts()
 
@@ -369,12 +370,59 @@ class LeanBatch:
                     caches[i] = cache[:n]
             self.valid = self.valid[keep]
             self.next_pos = self.next_pos[keep]
+            self.starts = [self.starts[r] for r in self.live]
+            self.prompts = [self.prompts[r] for r in self.live]
             self.live = list(range(n))
+
+    def absorb(self, other: LeanBatch) -> None:
+        """Take in the rows of ``other``, a batch just pre-filled (requests joining this running batch).
+
+        Its rows go after this batch's live rows. Both batches are right-aligned at the column their next
+        step writes, so the merged cache aligns them there: the older rows' keys and values and the new
+        rows' are copied once into a cache wide enough for the longer history and the larger room left.
+        Keys and values do not depend on the column they sit in (positions are per row, padding is
+        masked), so every row computes what it would alone.
+        """
+        if other.column != other.width:
+            raise RuntimeError("only a batch that has not decoded yet can join another")
+        torch = self.torch
+        live = torch.tensor(self.live, dtype=torch.long, device=self.device)
+        mine, theirs = len(self.live), len(other.live)
+        left = max(self.column, other.column)
+        room = max(self.capacity - self.column, other.capacity - other.column)
+        shift, other_shift = left - self.column, left - other.column
+        capacity = left + room
+        for caches, joined in ((self.k, other.k), (self.v, other.v)):
+            for i, cache in enumerate(caches):
+                merged = cache.new_empty((mine + theirs, *cache.shape[1:2], capacity, cache.shape[3]))
+                if shift:
+                    merged[:mine, :, :shift].zero_()
+                merged[:mine, :, shift:left].copy_(cache[live, :, :self.column])
+                if other_shift:
+                    merged[mine:, :, :other_shift].zero_()
+                merged[mine:, :, other_shift:left].copy_(joined[i][:, :, :other.column])
+                caches[i] = merged
+        valid = torch.zeros((mine + theirs, capacity), dtype=torch.bool, device=self.device)
+        valid[:mine, shift:left] = self.valid[live, :self.column]
+        valid[mine:, other_shift:left] = other.valid[:, :other.column]
+        self.valid = valid
+        self.next_pos = torch.cat([self.next_pos[live], other.next_pos])
+        self.starts = [self.starts[r] + shift for r in self.live] + [s + other_shift for s in other.starts]
+        self.prompts = [self.prompts[r] for r in self.live] + other.prompts
+        self.column, self.capacity, self.width = left, capacity, left
+        self.live = list(range(mine + theirs))
+        c, o = self.counts, other.counts
+        c.prompts += o.prompts
+        c.shared += o.shared
+        c.rows_saved += o.rows_saved
+        c.reused_tokens += o.reused_tokens
+        c.seconds += o.seconds
+        other.counts = PrefillCounts()
 
     def keys_values(self, slot: int) -> tuple[list[Any], list[Any], int]:
         """The cached keys and values of a live row (views), and how many tokens they cover."""
         row = self.live[slot]
-        start = self.width - len(self.prompts[row])
+        start = self.starts[row]
         return ([k[row:row + 1, :, start:self.column] for k in self.k],
                 [v[row:row + 1, :, start:self.column] for v in self.v], self.column - start)
 

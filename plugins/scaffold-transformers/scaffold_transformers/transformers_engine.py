@@ -1,15 +1,19 @@
 """The embedded engine: a Hugging Face causal LM in this process, CPU or GPU.
 
-Dynamic batching: requests from concurrent episodes are queued; a batcher on
-the event loop takes up to ``max_batch_size`` of them, waiting at most
-``batch_wait_ms`` for more to arrive, and runs the batch on one worker thread
-(torch releases the GIL, so the event loop keeps running). Every sampling
+Continuous batching: requests from concurrent episodes are queued; when the
+engine is idle, a batcher on the event loop waits at most ``batch_wait_ms`` for
+more to arrive and starts a batch on one worker thread (torch releases the GIL,
+so the event loop keeps running). While the batch decodes, requests that arrive
+join it between two decode steps (up to ``max_batch_size`` rows): they are
+pre-filled and decode alongside the rows already there, so the next turn of a
+conversation never waits for other conversations' turns to end. Every sampling
 parameter is applied per row, so requests with different parameters share a
-batch. Rows that finish are dropped from the batch (and its KV cache) at once, and
-so are rows whose caller stopped waiting (a cancelled or timed-out request: counted
-as ``abandoned``); the
-KV cache keeps room for the batch's new tokens, so decode steps write in place
-(``kv_cache.py``).
+batch. A row that finishes is answered at once and dropped from the batch (and
+its KV cache), and so is a row whose caller stopped waiting (a cancelled or
+timed-out request: counted as ``abandoned``); the KV cache keeps room for the
+batch's new tokens, so decode steps write in place (``kv_cache.py``). Joining
+needs the lean forward (``lean_llama.py``); through transformers' forward a
+request waits for the running batch to end.
 Rows of a batch with the same prompt (the samples of one group) share one
 prefill: the prompt's KV cache is computed once and copied to each of them
 (``prefill.py``; ``share_prefill: false`` turns it off).
@@ -51,7 +55,6 @@ import collections
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +88,12 @@ def _mark(rows: list[DecodeRow], phase: str, began: float) -> None:
     for row in rows:
         row.spans.append((phase, began, now))
         row.decode_from = now
+
+
+def _end_decode(rows: list[DecodeRow], now: float) -> None:
+    """Close each row's current stretch of decoding at ``now``."""
+    for row in rows:
+        row.spans.append(("decode", row.decode_from, now))
 
 
 def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
@@ -158,11 +167,15 @@ class TransformersEngine(Engine):
         self.tokenizer: Any = None
         self.load_info: dict[str, Any] = {}
         self.weight_version = 0
-        self._queue: asyncio.Queue[_Pending] | None = None
+        self._inbox: collections.deque[_Pending] = collections.deque()  # requests not yet in a batch
+        self._wake: asyncio.Event | None = None  # set when a request arrives
         self._batcher: asyncio.Task | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = threading.Event()
-        self._stats = {"batches": 0, "rows": 0, "max_batch": 0, "decode_steps": 0, "abandoned": 0}
+        # batches: started on an idle engine; joined: rows that joined a running batch; rows_stepped: the
+        # rows of every decode step (mean_batch = rows_stepped / decode_steps)
+        self._stats = {"batches": 0, "rows": 0, "joined": 0, "max_batch": 0, "decode_steps": 0,
+                       "rows_stepped": 0, "abandoned": 0}
         #: Tokens decoded so far, counted as each decode step samples them (the run's live progress reads it).
         self.decoded_tokens: int = 0
         self._prefill_stats = {"prefills": 0, "shared_prefills": 0, "prefill_rows_saved": 0,
@@ -185,7 +198,7 @@ class TransformersEngine(Engine):
         loop = asyncio.get_running_loop()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scaffold-engine")
         await loop.run_in_executor(self._executor, self._load)
-        self._queue = asyncio.Queue()
+        self._wake = asyncio.Event()
         self._batcher = asyncio.ensure_future(self._batch_loop())
 
     def _load(self) -> None:
@@ -240,14 +253,13 @@ class TransformersEngine(Engine):
             except (asyncio.CancelledError, Exception):
                 pass
             self._batcher = None
-        if self._queue is not None:
-            while not self._queue.empty():
-                pending = self._queue.get_nowait()
-                if not pending.future.done():
-                    pending.future.set_exception(EngineError("engine closed before the request ran"))
-        if self._executor is not None:
+        if self._executor is not None:  # a batch decoding stops after its step (and fails its rows)
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        while self._inbox:
+            pending = self._inbox.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(EngineError("engine closed before the request ran"))
         with self._updates_lock:
             left, self._updates = list(self._updates), collections.deque()
         for _, _, done in left:
@@ -261,9 +273,10 @@ class TransformersEngine(Engine):
         Nothing is copied or moved: the engine decodes with ``model`` as it is
         (its device and dtype) and sees every change the owner makes to its
         weights. ``start()`` loads nothing; ``close()`` leaves the model alone.
-        While a batch decodes, the model is put in eval mode (no dropout) and
-        its previous mode is restored afterwards; the owner should not step
-        its optimizer while requests run. ``options`` are the engine's other
+        Its mode is left as the owner set it: the lean forward has no dropout,
+        and transformers' forward (other architectures) runs each pass in eval
+        mode and restores the mode before any request is answered. The owner
+        should not step its optimizer while requests run. ``options`` are the engine's other
         options (``max_batch_size``, ``batch_wait_ms``, ``logprobs``,
         ``threads``).
         """
@@ -319,28 +332,35 @@ class TransformersEngine(Engine):
             changed = True
             done.set_result(version)
 
-    @contextlib.contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        """Eval mode while a batch decodes (a trainer's model may be in train mode); restored afterwards."""
-        training = bool(getattr(self.model, "training", False))
-        if training:
-            self.model.eval()
+    def _forward(self, batch: Any, method: str, *args: Any) -> Any:
+        """``batch.start()`` or ``batch.step(tokens)``, in eval mode where the forward pass depends on the mode.
+
+        The lean forward has no dropout and reads no mode: a wrapped model (a trainer's policy, in train mode)
+        keeps the mode its owner gave it all along, even while other requests decode. transformers' forward
+        drops out in train mode, so such a model is put in eval mode for that one pass and back in train mode
+        before any row is answered: an owner resuming when its requests are answered (a trainer whose
+        rollouts are in, which reads the mode to tell a training step from an evaluation) finds its mode as
+        it left it.
+        """
+        call = getattr(batch, method)
+        if isinstance(batch, LeanBatch) or not getattr(self.model, "training", False):
+            return call(*args)
+        self.model.eval()
         try:
-            yield
+            return call(*args)
         finally:
-            if training:
-                self.model.train()
+            self.model.train()
 
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self._stats)
-        s["mean_batch"] = round(s["rows"] / s["batches"], 2) if s["batches"] else 0.0
+        s["mean_batch"] = round(s["rows_stepped"] / s["decode_steps"], 2) if s["decode_steps"] else 0.0
         s.update(self._prefill_stats, prefill_s=round(self._prefill_stats["prefill_s"], 3))
         s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
         return s
 
     # -- requests ---------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if self._queue is None:
+        if self._wake is None:
             raise EngineError("the transformers engine is not started: await engine.start() first")
         n_prompt = len(request.prompt_ids)
         if n_prompt == 0:
@@ -351,7 +371,8 @@ class TransformersEngine(Engine):
                 "shorten the prompt (fewer few-shot examples, a shorter system prompt)", retryable=False)
         loop = asyncio.get_running_loop()
         pending = _Pending(request, loop.create_future(), loop, self._grammar(request), clock())
-        self._queue.put_nowait(pending)
+        self._inbox.append(pending)
+        self._wake.set()
         return await pending.future
 
     def _grammar(self, request: GenerationRequest) -> RowGrammar | None:
@@ -365,42 +386,25 @@ class TransformersEngine(Engine):
         return self._grammars.row(constraint)
 
     async def _batch_loop(self) -> None:
-        assert self._queue is not None
+        """Start a batch on the worker thread when requests wait and the engine is idle."""
+        assert self._wake is not None
         loop = asyncio.get_running_loop()
         while True:
-            first = await self._queue.get()
-            batch = [first]
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._inbox:
+                continue  # a running batch took them
             deadline = loop.time() + self.batch_wait_s
-            while len(batch) < self.max_batch_size:
-                if not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
-                    continue
+            while len(self._inbox) < self.max_batch_size:  # a moment for the requests sent together
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                self._wake.clear()
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                    await asyncio.wait_for(self._wake.wait(), remaining)
                 except asyncio.TimeoutError:
                     break
-            batch = [p for p in batch if not p.future.done()]  # timed-out callers are gone
-            if not batch:
-                continue
-            try:
-                outcomes = await loop.run_in_executor(self._executor, self._run_batch, batch)
-            except asyncio.CancelledError:
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(EngineError("engine closed while the request was running"))
-                raise
-            except BaseException as exc:
-                outcomes = [EngineError(f"generation failed: {type(exc).__name__}: {exc}")] * len(batch)
-            for pending, outcome in zip(batch, outcomes):
-                if pending.future.done():
-                    continue
-                if isinstance(outcome, BaseException):
-                    pending.future.set_exception(outcome)
-                else:
-                    pending.future.set_result(outcome)
+            await loop.run_in_executor(self._executor, self._serve)
 
     # -- the decode loop (worker thread) ------------------------------------
     def _make_row(self, pending: _Pending) -> DecodeRow:
@@ -408,19 +412,46 @@ class TransformersEngine(Engine):
                        context_length=self.context_length,
                        grammar=pending.grammar, loop=pending.loop)
 
-    def _run_batch(self, batch: list[_Pending]) -> list[Any]:
-        torch = self._torch
-        self._stats["batches"] += 1
-        self._stats["rows"] += len(batch)
-        self._stats["max_batch"] = max(self._stats["max_batch"], len(batch))
-        rows = [self._make_row(p) for p in batch]
-        started = clock()
-        for row, pending in zip(rows, batch):
-            row.spans.append(("queued", pending.queued_at, started))
-        with torch.inference_mode(), self._eval_mode():
-            self._decode(rows)
-        return [result_of(row, self.tokenizer) if row.finish is not None
-                else EngineError("engine closed while the request was running") for row in rows]
+    def _take(self, room: int) -> list[DecodeRow]:
+        """Up to ``room`` waiting requests whose callers still wait, as rows."""
+        rows: list[DecodeRow] = []
+        while self._inbox and len(rows) < room:
+            pending = self._inbox.popleft()
+            if not pending.future.done():  # timed-out callers are gone
+                row = self._make_row(pending)
+                row.spans.append(("queued", pending.queued_at, clock()))
+                rows.append(row)
+        return rows
+
+    @staticmethod
+    def _answer(row: DecodeRow, outcome: Any) -> None:
+        """Give a row's caller its result (or error), on the caller's event loop."""
+        future = row.future
+
+        def settle() -> None:
+            if future.done():
+                return
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+            row.loop.call_soon_threadsafe(settle)
+
+    def _serve(self) -> None:
+        """Decode until no row is left and no request waits; every row's caller gets an answer."""
+        rows: list[DecodeRow] = []  # the rows decoding, kept current by _decode
+        try:
+            with self._torch.inference_mode():
+                self._decode(rows)
+        except BaseException as exc:
+            error = EngineError(f"generation failed: {type(exc).__name__}: {exc}")
+            for row in rows:
+                self._answer(row, error)
+            return
+        for row in rows:  # still decoding when the engine closed
+            self._answer(row, EngineError("engine closed while the request was running"))
 
     def _new_batch(self, rows: list[DecodeRow]) -> Any:
         """The decode state of ``rows`` (each one's prompt and the tokens it has so far), not yet pre-filled."""
@@ -432,62 +463,96 @@ class TransformersEngine(Engine):
         return GenericBatch(self._torch, self.model, prompts, pad_id=self.pad_id, cache_arg=self._cache_arg,
                             share=self.share_prefill, reserve=reserve if self.reserve_cache else 0)
 
-    def _decode(self, rows: list[DecodeRow]) -> None:
-        began = clock()
-        if self._apply_updates():  # those that came in while the batch formed
-            _mark(rows, "weight_wait", began)
+    def _admit(self, rows: list[DecodeRow], batch: Any, logits: Any) -> tuple[Any, Any]:
+        """Waiting requests into the batch (a new one when ``rows`` is empty): (batch, logits of every row)."""
+        joinable = not rows or isinstance(batch, LeanBatch)  # transformers' forward: wait for the batch's end
+        room = self.max_batch_size - len(rows)
+        if not joinable or room <= 0 or not self._inbox:
+            return batch, logits
+        new = self._take(room)
+        if not new:
+            return batch, logits
         if self._lean is not None:  # prompts of similar length side by side (grouped prefill)
-            rows = sorted(rows, key=lambda r: prefill_order(r.request.prompt_ids))
-        version = self.weight_version
+            new.sort(key=lambda r: prefill_order(r.request.prompt_ids))
+        old = list(rows)
+        rows.extend(new)  # from now on an error answers them too
         began = clock()
-        batch = self._new_batch(rows)
-        logits = batch.start()
-        _mark(rows, "prefill", began)
-        self._count_prefill(batch.counts)
-        active = list(range(len(rows)))
-        while True:
+        fresh = self._new_batch(new)
+        fresh_logits = self._forward(fresh, "start")
+        _mark(new, "prefill", began)
+        self._count_prefill(fresh.counts)
+        self._stats["rows"] += len(new)
+        if old and isinstance(fresh, LeanBatch):
+            batch.absorb(fresh)
+            logits = self._torch.cat([logits, fresh_logits])
+            self._stats["joined"] += len(new)
+        elif old:  # hooks came in while the batch decoded: its rows go on through transformers' forward
+            began = clock()
+            _end_decode(old, began)
+            batch = self._new_batch(rows)
+            logits = self._forward(batch, "start")
+            _mark(old, "prefill", began)
+            self._count_prefill(batch.counts)
+        else:
+            batch, logits = fresh, fresh_logits
+            self._stats["batches"] += 1
+        self._stats["max_batch"] = max(self._stats["max_batch"], len(rows))
+        return batch, logits
+
+    def _decode(self, rows: list[DecodeRow]) -> None:
+        """The decode loop: ``rows`` (empty at first) holds the rows decoding, requests join between steps."""
+        self._apply_updates()  # those that came in while the batch formed
+        batch: Any = None
+        logits: Any = None
+        while not self._closing.is_set():
+            if not rows and self._updates:
+                self._apply_updates()
+            batch, logits = self._admit(rows, batch, logits)
+            if not rows:
+                return
+            version = self.weight_version
             self._stats["decode_steps"] += 1
-            live = [rows[i] for i in active]
-            self.decoded_tokens += len(live)
-            if any(r.grammar is not None for r in live):  # constrained rows: disallowed tokens out before anything
-                mask_logits([r.grammar for r in live], logits)
-            tokens, logprobs, report = sample(self._torch, logits, [r.request.sampling for r in live],
-                                              [r.generator for r in live],
+            self._stats["rows_stepped"] += len(rows)
+            self.decoded_tokens += len(rows)
+            if any(r.grammar is not None for r in rows):  # constrained rows: disallowed tokens out before anything
+                mask_logits([r.grammar for r in rows], logits)
+            tokens, logprobs, report = sample(self._torch, logits, [r.request.sampling for r in rows],
+                                              [r.generator for r in rows],
                                               processed=self.logprobs_mode == "processed")
-            self._record_top(live, report)
+            self._record_top(rows, report)
             still: list[int] = []
             done: list[int] = []
             for slot, (token, logprob) in enumerate(zip(tokens, logprobs)):
-                if take_token(live[slot], token, logprob, version, self.tokenizer):
+                if take_token(rows[slot], token, logprob, version, self.tokenizer):
                     done.append(slot)
-                    self._stats["abandoned"] += live[slot].finish == "abort"
+                    self._stats["abandoned"] += rows[slot].finish == "abort"
                 else:
                     still.append(slot)
             if done:
-                now = clock()
-                for slot in done:
-                    live[slot].spans.append(("decode", live[slot].decode_from, now))
-            self._keep_prefixes(batch, live, done)
-            if not still or self._closing.is_set():
-                return
+                _end_decode([rows[slot] for slot in done], clock())
+            self._keep_prefixes(batch, rows, done)
+            for slot in done:  # answered now: a conversation's next turn can join this batch
+                self._answer(rows[slot], result_of(rows[slot], self.tokenizer))
             if done:
+                rows[:] = [rows[s] for s in still]
+                if not rows:
+                    batch = logits = None
+                    continue
                 batch.drop(done)
-                active = [active[s] for s in still]
+            if self._closing.is_set():
+                return
             if self._updates:
-                going = [rows[i] for i in active]
                 paused = clock()
                 if self._apply_updates():  # new weights: the rows go on from what they have
-                    for row in going:
-                        row.spans.append(("decode", row.decode_from, paused))
-                    _mark(going, "weight_wait", paused)
-                    version = self.weight_version
+                    _end_decode(rows, paused)
+                    _mark(rows, "weight_wait", paused)
                     began = clock()
-                    batch = self._new_batch(going)
-                    logits = batch.start()
-                    _mark(going, "prefill", began)
+                    batch = self._new_batch(rows)
+                    logits = self._forward(batch, "start")
+                    _mark(rows, "prefill", began)
                     self._count_prefill(batch.counts)
                     continue
-            logits = batch.step([rows[i].output_ids[-1] for i in active])
+            logits = self._forward(batch, "step", [r.output_ids[-1] for r in rows])
 
     def _keep_prefixes(self, batch: Any, live: list[DecodeRow], done: list[int]) -> None:
         """Store the keys and values of finished rows, for prompts that will extend them (the next turn)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -221,3 +222,40 @@ def test_prompts_sharing_a_long_start_prefill_it_once_and_match_teacher_forcing(
         assert s.output_ids == u.output_ids
         expected = teacher_forced_logprobs(engine, req.prompt_ids, s.output_ids, 1.0)
         assert max(abs(a - b) for a, b in zip(expected, s.logprobs)) <= 1e-3
+
+
+def test_requests_joining_a_running_batch_match_running_alone(engine):
+    story = render_chat(engine.tokenizer, [{"role": "user", "content": "Write a long story about a dragon."}])[1]
+    ids = prompts(engine)
+    longer = render_chat(engine.tokenizer, [{"role": "user", "content": " ".join(QUESTIONS * 2)}])[1]
+    first = GenerationRequest("j0", story, SamplingParams(max_tokens=40, temperature=1.0), seed=11)
+    # one joiner with a prompt longer than the running row's history, one shorter; sampled and greedy
+    joiners = [GenerationRequest("j1", longer, SamplingParams(max_tokens=8, temperature=0.8), seed=12),
+               GenerationRequest("j2", ids[1], SamplingParams(max_tokens=8, temperature=0))]
+    assert len(longer) > len(story) + 3 > len(ids[1])
+
+    async def together():
+        loop = asyncio.get_running_loop()
+        seen = loop.create_future()
+
+        def on_token(token: int) -> None:  # the first row is decoding: send the others now
+            if not seen.done():
+                seen.set_result(None)
+
+        running = asyncio.ensure_future(engine.generate(dataclasses.replace(first, on_token=on_token)))
+        await seen
+        late = await asyncio.gather(*(engine.generate(r) for r in joiners))
+        return [await running, *late]
+
+    before = engine.stats()
+    joined = engine.runner.run(together())
+    after = engine.stats()
+    assert after["batches"] - before["batches"] == 1 and after["joined"] - before["joined"] == 2
+    assert len(joined[0].output_ids) == 40  # still decoding when the others joined and left
+    alone = generate_one_by_one(engine, [first, *joiners])
+    for req, j, a in zip([first, *joiners], joined, alone):
+        assert j.output_ids == a.output_ids and j.finish_reason == a.finish_reason
+        assert max(abs(x - y) for x, y in zip(j.logprobs, a.logprobs)) <= 1e-3
+        temperature = req.sampling.temperature or 1.0
+        expected = teacher_forced_logprobs(engine, req.prompt_ids, j.output_ids, temperature)
+        assert max(abs(x - y) for x, y in zip(expected, j.logprobs)) <= 1e-3
