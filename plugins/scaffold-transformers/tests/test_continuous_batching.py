@@ -33,7 +33,7 @@ def prompt(i: int) -> list[int]:
 
 
 def engine(model, **options):
-    from scaffold_core.engines.transformers_engine import TransformersEngine
+    from scaffold_transformers.transformers_engine import TransformersEngine
 
     return TransformersEngine.wrap(model, NoEosTokenizer(), max_batch_size=16, batch_wait_ms=0, **options)
 
