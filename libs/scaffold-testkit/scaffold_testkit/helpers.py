@@ -28,7 +28,8 @@ def build(factory: Any, **options: Any) -> Any:
 
 #: The default plugins every installation of scaffold has (`make setup` installs them with the core): entry-point
 #: name -> module. A test's plugin set gets those installed, as a user's run does, without reading entry points.
-DEFAULT_PLUGINS = {"transformers": "scaffold_transformers", "datasets": "scaffold_datasets", "report": "scaffold_report"}
+DEFAULT_PLUGINS = {"transformers": "scaffold_transformers", "datasets": "scaffold_datasets",
+                   "report": "scaffold_report"}
 
 
 def default_plugins() -> dict[str, Any]:
