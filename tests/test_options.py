@@ -109,8 +109,8 @@ def test_converted_components_are_validated_and_listed_from_their_declaration(ki
     assert f"{kind}.{option}: " in first and f"got {bad!r}" in first and f"({listed.bounds})" in first
 
 
-#: Components whose factories still check ranges by hand, to convert: the engines of scaffold_core/engines/.
-BY_HAND = {("engine", "transformers"), ("engine", "benchmark_canned")}
+#: Components whose factories still check ranges by hand, to convert (none left).
+BY_HAND: set[tuple[str, str]] = set()
 
 
 def _hand_written_range_checks(factory) -> list[str]:

@@ -9,6 +9,9 @@ text: never use it for data. Its tokenizer is the dependency-free
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
+
+from annotated_types import Ge
 
 from ..engine import Engine
 from ..generation import GenerationRequest, GenerationResult
@@ -19,9 +22,7 @@ class CannedBenchmarkEngine(Engine):
     """BENCHMARK ONLY: answers every request instantly with ``response`` (no model)."""
 
     def __init__(self, response: str = "Adding them gives 42.\n#### 42", logprob: float = -0.25,
-                 delay_s: float = 0.0):
-        if delay_s < 0:
-            raise ValueError("delay_s must be >= 0")
+                 delay_s: Annotated[float, Ge(0)] = 0.0):
         self.tokenizer = ByteTokenizer()
         self.response = response
         self.delay_s = delay_s

@@ -56,7 +56,9 @@ import concurrent.futures
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge
 
 from scaffold_core.engine import Engine
 from scaffold_core.engines.decode_rows import DecodeRow, new_row, record_top, result_of, take_token
@@ -64,6 +66,7 @@ from scaffold_core.engines.model_loading import load_model_and_tokenizer, requir
 from scaffold_core.engines.sampler import sample, top_logprobs
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
+from scaffold_core.plugins import Help
 from scaffold_core.spans import clock
 from scaffold_core.tokenizers import eos_token_ids
 
@@ -122,27 +125,22 @@ class TransformersEngine(Engine):
 
     def __init__(
         self,
-        model: str | None = None,
-        dtype: str = "float32",
-        device: str = "auto",
-        max_batch_size: int = 32,
-        batch_wait_ms: float = 5.0,
-        logprobs: str = "temperature",
-        threads: int | None = None,
-        cache_converted: bool = True,
+        model: Annotated[str | None, Help("Hugging Face id, local directory or .gguf file (default: the bundled "
+                                          "SmolLM2-135M-Instruct)")] = None,
+        dtype: Annotated[Literal["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
+                         Help("the weights' and activations' dtype")] = "float32",
+        device: Annotated[str, Help("cuda when available, else cpu (auto), or a torch device")] = "auto",
+        max_batch_size: Annotated[int, Ge(1), Help("requests decoded together")] = 32,
+        batch_wait_ms: Annotated[float, Ge(0), Help("how long an idle engine waits for more requests")] = 5.0,
+        logprobs: Annotated[Literal["temperature", "processed"],
+                            Help("logprobs after temperature only, or after top-k/top-p too")] = "temperature",
+        threads: Annotated[int, Ge(0), Help("torch CPU threads (null or 0: one per core, less one)")] | None = None,
+        cache_converted: Annotated[bool, Help("cache GGUF conversions")] = True,
         trust_remote_code: bool = False,
-        share_prefill: bool = True,
-        lean_forward: bool = True,
-        prefix_cache_mb: float = 512,
+        share_prefill: Annotated[bool, Help("one prefill for requests with the same prompt")] = True,
+        lean_forward: Annotated[bool, Help("the lean forward for Llama-architecture models")] = True,
+        prefix_cache_mb: Annotated[float, Ge(0), Help("memory for reusable keys and values (0: off)")] = 512,
     ):
-        if max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if batch_wait_ms < 0:
-            raise ValueError("batch_wait_ms must be >= 0")
-        if logprobs not in ("temperature", "processed"):
-            raise ValueError("logprobs must be 'temperature' or 'processed'")
-        if dtype not in ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         self.model_name = model
         self.source = resolve_model(model)
         self.dtype = dtype
@@ -155,8 +153,6 @@ class TransformersEngine(Engine):
         self.trust_remote_code = trust_remote_code
         self.share_prefill = share_prefill
         self.lean_forward = lean_forward
-        if prefix_cache_mb < 0:
-            raise ValueError("prefix_cache_mb must be >= 0 (0: keep no prefixes)")
         self.prefix_cache_mb = prefix_cache_mb
         self._lean: LeanLlama | None = None  # the lean forward, when the model's architecture has one
         self._prefixes: PrefixStore | None = None
