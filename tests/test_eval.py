@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +178,55 @@ def test_a_forced_resume_with_another_verifier_says_the_saved_answers_are_not_re
              progress=False)  # the same verifier as saved now: nothing to say
     assert "does not re-score" not in capsys.readouterr().err
     assert "not_rescored" not in json.loads((out / "eval.json").read_text())
+
+
+def test_a_teacher_scores_every_answer_and_the_figures_carry_the_kl_per_answer(dice_plugins, dice_config, tmp_path,
+                                                                                capsys):
+    from scaffold_core.eval.command import format_table
+    from scaffold_core.teacher import Teacher, TeacherScores
+
+    class Flat(Teacher):
+        """Every completion token at logprob -1 (a fake teacher: the KL is the student's logprob + 1)."""
+
+        async def _score(self, batch):
+            return [TeacherScores([-1.0] * len(completion)) for _, completion in batch]
+
+    teacher = Flat()
+    out = tmp_path / "taught"
+    result = run_eval(dice_config(task={"name": "sums", "count": 3}), [1, 2], output_dir=out, plugins=dice_plugins,
+                      progress=False, teacher=teacher)
+    kl = result.figures["teacher_kl"]
+    assert teacher.stats.samples == 6 and result.figures["teacher"]["teacher_samples"] == 6
+    expected, tokens = {}, {}
+    with EpisodeReader(out) as reader:
+        for position in range(len(reader)):
+            record = reader.record(position)
+            for seq in record["trajectories"]:
+                generated = [(lp, t) for m, lp, t in zip(seq["loss_mask"], seq["logprobs"], seq["teacher_logprobs"])
+                             if m]
+                assert generated and all(t == pytest.approx(-1.0) for _, t in generated)
+                expected[(record["episode_id"], seq["sample_index"])] = sum(lp + 1.0 for lp, _ in generated) / len(
+                    generated)
+                tokens[(record["episode_id"], seq["sample_index"])] = len(generated)
+    assert kl["answers"] == 6 == len(kl["by_answer"])
+    for answer in kl["by_answer"]:
+        key = (answer["episode_id"], answer["sample_index"])
+        assert answer["teacher_kl"] == pytest.approx(expected[key], abs=1e-5) and answer["tokens"] == tokens[key]
+    assert kl["value"] == pytest.approx(sum(expected.values()) / 6, abs=1e-5)
+    assert kl["max_answer"] == pytest.approx(max(expected.values()), abs=1e-5)
+    assert json.loads((out / "eval.json").read_text())["teacher_kl"]["value"] == kl["value"]
+    assert "teacher-student KL" in format_table(result.figures)
+    from scaffold_core.report.build import build_report
+
+    page = Path(build_report(out)).read_text()
+    assert "teacher-student KL" in page and f"{kl['value']:.3f}" in page
+    # an eval without a teacher has no such figure
+    plain = run_eval(dice_config(task={"name": "sums", "count": 2}), [1], output_dir=tmp_path / "plain",
+                     plugins=dice_plugins, progress=False)
+    assert "teacher_kl" not in plain.figures and "teacher-student" not in format_table(plain.figures)
+
+
+def test_a_teacher_with_several_workers_is_refused_before_anything_runs(dice_plugins, dice_config, tmp_path):
+    with pytest.raises(ConfigError, match="--teacher scores the answers in this process"):
+        run_eval(dice_config(rollout={"workers": 2}), [1], output_dir=tmp_path / "x", plugins=dice_plugins,
+                 progress=False, teacher={"model": "nowhere"})
