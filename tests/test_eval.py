@@ -230,3 +230,14 @@ def test_a_teacher_with_several_workers_is_refused_before_anything_runs(dice_plu
     with pytest.raises(ConfigError, match="--teacher scores the answers in this process"):
         run_eval(dice_config(rollout={"workers": 2}), [1], output_dir=tmp_path / "x", plugins=dice_plugins,
                  progress=False, teacher={"model": "nowhere"})
+
+
+def test_the_teacher_option_is_a_model_or_a_mapping_of_options():
+    from scaffold_core.cli.main import _teacher_option
+
+    assert _teacher_option("runs/teacher/final") == {"model": "runs/teacher/final"}
+    assert _teacher_option("{engine: vllm, url: 'http://h:8000', model: big}") == {
+        "engine": "vllm", "url": "http://h:8000", "model": "big"}
+    assert _teacher_option(None) is None
+    with pytest.raises(ConfigError, match="--teacher: .* is neither a model"):
+        _teacher_option("[1, 2]")
