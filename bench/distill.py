@@ -19,7 +19,7 @@ stay, and ``scaffold report`` overlays them in ``<work>/compare.html``.
 
     nice python bench/distill.py --work /tmp/distill-bench          # defaults below
     # OPD again (another learning rate) from the GRPO run already in --work
-    nice python bench/distill.py --work /tmp/distill-bench --reuse-grpo --opd-lr 1e-4 --variants opd
+    nice python bench/distill.py --work /tmp/distill-bench --reuse-grpo --opd-lr 2e-4 --suffix=-lr2e-4
     python bench/distill.py --task untuned --rows learnable --steps 15
 """
 
@@ -214,26 +214,24 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase")
     parser.add_argument("--reuse-grpo", action="store_true", help="keep the GRPO run (and teacher) already in --work")
-    parser.add_argument("--suffix", default="", help="appended to the OPD runs' folder names (e.g. -lr1e-4)")
+    parser.add_argument("--suffix", default="",
+                        help="appended to the OPD runs' folder names (--suffix=-lr2e-4: with = for a leading dash)")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     task, env = make_task(work, args.task, args.rows)
     save = work / "results.json"
-    results: dict[str, Any] = json.loads(save.read_text()) if args.reuse_grpo and save.exists() else {}
-    results.setdefault("runs", {})
-    results["args"] = vars(args)
-    results["uptime_start"] = uptime()
-
     grpo_dir = work / "grpo"
     if not (args.reuse_grpo and (grpo_dir / "final").exists()):
         shutil.rmtree(grpo_dir, ignore_errors=True)
         r = train("grpo", config(args, task, grpo_dir, args.steps, {}), work, env, args.timeout)
-        results["runs"]["grpo"] = reach(r, args.target)
-        save.write_text(json.dumps(results, indent=1))
-        print("grpo:", json.dumps(results["runs"]["grpo"]), flush=True)
+        record(save, "grpo", reach(r, args.target), vars(args))
         if not (grpo_dir / "final").exists():
             sys.exit(f"the GRPO run left no checkpoint in {grpo_dir / 'final'}: see {work / 'grpo.log'}")
+    elif "grpo" not in _load(save).get("runs", {}):  # a GRPO run whose bench process was stopped: read its folder
+        found = {"rc": 0, "wall_s": None, "out": str(grpo_dir), "uptime_after": None,
+                 "steps": _jsonl(grpo_dir / "train_metrics.jsonl"), "timings": _jsonl(grpo_dir / "train_timings.jsonl")}
+        record(save, "grpo", reach(found, args.target), vars(args))
     teacher: dict[str, Any] = {"model": str(grpo_dir / "final"), "threads": args.threads}
     opd: dict[str, Any] = {"algorithm": "opd", "teacher": teacher}
     if args.opd_lr is not None:
@@ -242,33 +240,58 @@ def main() -> None:
         teacher["top_k"] = args.top_k
         opd["opd_top_k_weight"] = args.top_k_weight
     variants = {"opd": opd, "opd_mix": {**opd, "opd_reward_weight": args.mix}}
-    names = ["grpo"]
-    for variant in args.variants.split(","):
+    for variant in filter(None, args.variants.split(",")):
         name = variant + args.suffix
-        names.append(name)
         r = train(name, config(args, task, work / name, args.opd_steps or args.steps, variants[variant]), work,
                   env, args.timeout)
-        results["runs"][name] = reach(r, args.target)
-        save.write_text(json.dumps(results, indent=1))
-        print(f"{name}:", json.dumps(results["runs"][name]), flush=True)
+        record(save, name, reach(r, args.target), vars(args))
 
-    print(f"\n{table(results['runs'], names, args.target)}")
+    # every run of this folder (OPD runs of other invocations too, and runs whose bench process was stopped:
+    # read from their folders), side by side
+    results = _load(save)
+    runs = results.get("runs", {})
+    for metrics in sorted(work.glob("*/train_metrics.jsonl")):
+        folder = metrics.parent
+        if folder.name not in runs:
+            found = {"rc": None, "wall_s": None, "out": str(folder), "uptime_after": uptime(),
+                     "steps": _jsonl(metrics), "timings": _jsonl(folder / "train_timings.jsonl")}
+            cfg = yaml.safe_load((work / f"{folder.name}.yaml").read_text()) \
+                if (work / f"{folder.name}.yaml").exists() else {}
+            lr = (cfg.get("trainer") or {}).get("learning_rate")
+            runs[folder.name] = {**reach(found, args.target), "lr": lr, "stopped": True}
+    names = ["grpo", *sorted(n for n in runs if n != "grpo")]
+    print(f"\n{table(runs, names, args.target)}")
     for name in names:
-        if name in results["runs"]:
-            print(f"  {name}: {results['runs'][name]['out']} (load after: {results['runs'][name]['uptime_after']})")
-    g = results["runs"].get("grpo", {}).get("steps_to_target")
+        if name in runs:
+            r = runs[name]
+            print(f"  {name}: {r['out']} (lr {r.get('lr')}; load after: {r['uptime_after']})")
+    g = runs.get("grpo", {}).get("steps_to_target")
     for name in names[1:]:
-        o = results["runs"].get(name, {}).get("steps_to_target")
+        o = runs.get(name, {}).get("steps_to_target")
         if g and o:
-            results["runs"][name]["over_grpo_steps"] = round(o / g, 3)
             print(f"{name} reached {args.target} in {o} steps, GRPO in {g}: ratio {o / g:.2f} (goal <= 0.5)")
         else:
             print(f"steps to {args.target}: {name} {o}, GRPO {g} (None: not reached)")
-    dirs = [results["runs"][n]["out"] for n in names if n in results["runs"]]
+    dirs = [runs[n]["out"] for n in names if n in runs]
     compare = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "report", *dirs, "-o",
                               str(work / "compare.html")], capture_output=True, text=True, timeout=600)
     print("comparison:", compare.stdout.strip() or compare.stderr.strip()[-500:])
-    save.write_text(json.dumps(results, indent=1))
+    print(f"now: {uptime()}")
+
+
+def _load(save: Path) -> dict[str, Any]:
+    return json.loads(save.read_text()) if save.exists() else {}
+
+
+def record(save: Path, name: str, figures: dict[str, Any], args: dict[str, Any]) -> None:
+    """Add one run's figures to ``save`` (read again first: OPD runs of other invocations may write beside)."""
+    lr = args["lr"] if name == "grpo" or args.get("opd_lr") is None else args["opd_lr"]
+    results = _load(save)
+    results.setdefault("runs", {})[name] = {**figures, "lr": lr, "args": args}
+    tmp = save.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(save)
+    print(f"{name}:", json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":
