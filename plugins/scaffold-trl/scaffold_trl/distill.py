@@ -98,7 +98,8 @@ def top_k_loss(logits: Any, top_ids: Any, top_logps: Any, mask: Any) -> Any:
     positions, ``top_ids``/``top_logps`` (B, T, k) from :func:`top_k_tensors`, ``mask`` (B, T)."""
     import torch
 
-    student = torch.log_softmax(logits.float(), dim=-1).gather(-1, top_ids)
+    # log p of the k tokens without a (B, T, V) log-softmax copy: gathered logits minus the log-partition
+    student = logits.gather(-1, top_ids).float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
     known = torch.isfinite(top_logps)
     q = torch.softmax(top_logps.masked_fill(~known, -1e9), dim=-1) * known
     per_token = -(q * student.masked_fill(~known, 0.0)).sum(-1)

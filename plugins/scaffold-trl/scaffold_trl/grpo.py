@@ -110,7 +110,9 @@ def make_trainer(run: Any, **kwargs: Any) -> Any:
                 completion = inputs["completion_ids"]
                 ids = torch.cat([inputs["prompt_ids"], completion], dim=1)
                 attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-                logits = model(input_ids=ids, attention_mask=attention).logits[:, -completion.size(1) - 1:-1, :]
+                # only the completion positions' logits (a full (B, T, V) float tensor per forward is large)
+                logits = model(input_ids=ids, attention_mask=attention,
+                               logits_to_keep=completion.size(1) + 1).logits[:, :-1, :]
                 mask = inputs["completion_mask"]
                 if inputs.get("tool_mask") is not None:
                     mask = mask * inputs["tool_mask"]
