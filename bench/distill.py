@@ -1,25 +1,26 @@
 """On-policy distillation vs GRPO on CPU with the bundled SmolLM2-135M-Instruct (not CI).
 
-1. A task the base model starts poor at: the untuned arithmetic task ``scaffold new-plugin`` makes
-   (four questions, an exact-match verifier), generated into the work folder and loaded through
-   ``$SCAFFOLD_EXTRA_PLUGINS``.
-2. A teacher: ``scaffold train`` with GRPO on it for ``--teacher-steps`` steps (its ``final/`` folder).
-3. From the base model, side by side with the same seed and budget: GRPO alone, and OPD
-   (``algorithm: opd``) from that teacher. For each: steps and wall-clock (sum of the steps' time, from
-   ``train_timings.jsonl``) until the step's mean reward first reaches ``--target`` (0.8), and the final
-   reward. Goal: OPD reaches the target in at most half of GRPO's steps.
+1. A task the base model starts poor at but GRPO can learn. ``--task colour`` (default): prompts asking
+   for a colour, reward 1 when the answer contains "blue" (a few % of the base model's answers; the task
+   of ``bench/train_trl.py``). ``--task untuned``: the arithmetic task ``scaffold new-plugin`` makes (its
+   rows or ``--rows``), exact match. Either is written into ``<work>/plugin`` and loaded through
+   ``$SCAFFOLD_EXTRA_PLUGINS``, never installed.
+2. GRPO from the base model for ``--steps`` steps (``scaffold train``): the GRPO curve, and its
+   ``final/`` checkpoint is the teacher.
+3. OPD (``algorithm: opd``) from the base model with that teacher, same seed, batch and learning rate
+   (``--opd-lr`` to change it), for ``--opd-steps`` steps; ``--variants opd,opd_mix`` adds OPD mixed with
+   the verifier's reward (``opd_reward_weight: --mix``).
 
-Every phase is a ``scaffold train`` subprocess; results go to ``<work>/results.json`` after each phase
-(so a cut-short run still leaves its figures).
+For each run: steps and wall-clock (sum of the steps' time, from ``train_timings.jsonl``) until a step's
+mean reward first reaches ``--target`` (0.8), and the final reward, printed side by side with the load
+(``uptime``). Goal: OPD reaches the target in at most half of GRPO's steps. Results go to
+``<work>/results.json`` after each phase (a cut-short run still leaves its figures); the runs' folders
+stay, and ``scaffold report`` overlays them in ``<work>/compare.html``.
 
-    python bench/distill.py                          # defaults below
-    python bench/distill.py --steps 10 --teacher-steps 15 --work /tmp/distill-bench
-    # rows the model can learn; the teacher continues a checkpoint; GRPO and OPD in two processes side by side
-    python bench/distill.py --work /tmp/d-opd --rows learnable --teacher-from TEACHER --teacher-steps 3 \
-        --variants opd --steps 8
-    python bench/distill.py --work /tmp/d-grpo --rows learnable --variants grpo --steps 8 --reuse-teacher
-
-``--variants`` runs any of ``opd``, ``grpo`` and ``opd_mix`` (OPD with ``opd_reward_weight: --mix``).
+    nice python bench/distill.py --work /tmp/distill-bench          # defaults below
+    # OPD again (another learning rate) from the GRPO run already in --work
+    nice python bench/distill.py --work /tmp/distill-bench --reuse-grpo --opd-lr 2e-4 --suffix=-lr2e-4
+    python bench/distill.py --task untuned --rows learnable --steps 15
 """
 
 from __future__ import annotations
@@ -38,50 +39,106 @@ import yaml
 
 NAME = "untuned"
 
-
-#: ``--rows``: the task's rows. ``generated``: the four ``new-plugin`` writes; GRPO's teacher learns the two
-#: additions and stalls at 0.5 (the bundled model never samples 6 * 7 = 42 or 10 - 4 = 6, so those groups never
-#: carry a signal). ``learnable``: four questions whose bare-number answer the model can learn (it starts near 0:
-#: it answers in prose). ``easy``: eight small sums; the model's bare-number arithmetic gets half of them wrong.
+#: ``--rows`` of the untuned task. ``generated``: the four ``new-plugin`` writes; GRPO learns the two additions
+#: and stalls at 0.5 (the bundled model never samples 6 * 7 = 42 or 10 - 4 = 6, so those groups never carry a
+#: signal). ``learnable``: four sums whose bare-number answer the model can learn (it starts near 0: it answers
+#: in prose; GRPO from the base model found no right answer in 8 steps). ``easy``: eight small sums.
 ROWS = {
     "learnable": [("2 + 3", "5"), ("1 + 1", "2"), ("5 + 2", "7"), ("7 + 8", "15")],
     "easy": [("2 + 3", "5"), ("1 + 1", "2"), ("4 + 4", "8"), ("3 + 6", "9"), ("5 + 2", "7"), ("9 - 3", "6"),
              ("8 - 5", "3"), ("2 * 4", "8")],
 }
 
+#: ``--task colour``: the prompts of ``bench/train_trl.py`` (reward 1 when the answer contains the target).
+COLOUR_PROMPTS = ["Name a color.", "Pick a color. Answer with one word.", "Tell me a color.", "Say a color.",
+                  "Which color do you like? Reply with a single word.", "Give me the name of a color.",
+                  "What is a nice color?", "Choose one color."]
+COLOUR_PLUGIN = '''"""The colour task of bench/distill.py: reward 1 when the answer contains the target word."""
+from scaffold_core import Task, hookimpl
+from scaffold_core.verifier import Verdict, Verifier
 
-def make_task(work: Path, rows: str = "generated") -> dict[str, str]:
-    """Generate the plugin (its rows replaced when ``rows`` is ``easy``); the environment that loads it
-    without installing it."""
-    folder = work / "plugin"
-    if not (folder / f"scaffold-{NAME}").exists():
-        subprocess.run([sys.executable, "-m", "scaffold_core.cli", "new-plugin", NAME, "--dir", str(folder)],
-                       check=True, timeout=120)
-    task = folder / f"scaffold-{NAME}" / f"scaffold_{NAME}" / "task.py"
-    source = task.read_text()
-    marker = "\n# rows of the benchmark:\n"
-    source = source.split(marker)[0]
-    if rows in ROWS:
-        chosen = [{"id": f"{rows}-{i}", "question": f"What is {q}?", "answer": a}
-                  for i, (q, a) in enumerate(ROWS[rows])]
-        source += f"{marker}ROWS[:] = {chosen!r}\n"
-    task.write_text(source)
+ROWS = {rows!r}
+
+
+class ColourTask(Task):
+    default_config = {{"verifier": {{"name": "contains_target"}}}}
+
+    def load(self):
+        return list(ROWS)
+
+    def messages(self, row):
+        return [{{"role": "user", "content": row["question"]}}]
+
+    def reference(self, row):
+        return row["answer"]
+
+
+class ContainsTarget(Verifier):
+    def verify(self, response, reference):
+        hit = str(reference).lower() in response.lower()
+        return Verdict(1.0 if hit else 0.0, response.strip()[:40], None, "target" if hit else "other")
+
+
+@hookimpl
+def register_tasks(registry):
+    registry.add("distill_colour", ColourTask)
+
+
+@hookimpl
+def register_verifiers(registry):
+    registry.add("contains_target", ContainsTarget)
+'''
+
+
+def _env(path: Path, module: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder / f"scaffold-{NAME}"), env.get("PYTHONPATH")]))
-    env["SCAFFOLD_EXTRA_PLUGINS"] = f"scaffold_{NAME}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
+    env["SCAFFOLD_EXTRA_PLUGINS"] = module
     return env
 
 
-def config(args: argparse.Namespace, out: Path, steps: int, extra: dict[str, Any]) -> dict[str, Any]:
+def make_task(work: Path, task: str = "colour", rows: str = "generated", target: str = "blue") \
+        -> tuple[str, dict[str, str]]:
+    """Write the task's plugin into ``work/plugin``: its task name, and the environment that loads it without
+    installing it."""
+    folder = work / "plugin"
+    folder.mkdir(parents=True, exist_ok=True)
+    if task == "colour":
+        chosen = [{"id": f"q{i}", "question": q, "answer": target} for i, q in enumerate(COLOUR_PROMPTS)]
+        (folder / "distill_colour.py").write_text(COLOUR_PLUGIN.format(rows=chosen))
+        return "distill_colour", _env(folder, "distill_colour")
+    if not (folder / f"scaffold-{NAME}").exists():
+        subprocess.run([sys.executable, "-m", "scaffold_core.cli", "new-plugin", NAME, "--dir", str(folder)],
+                       check=True, timeout=120)
+    source_file = folder / f"scaffold-{NAME}" / f"scaffold_{NAME}" / "task.py"
+    source = source_file.read_text()
+    marker = "\n# rows of the benchmark:\n"
+    source = source.split(marker)[0]
+    if rows in ROWS:
+        picked = [{"id": f"{rows}-{i}", "question": f"What is {q}?", "answer": a}
+                  for i, (q, a) in enumerate(ROWS[rows])]
+        source += f"{marker}ROWS[:] = {picked!r}\n"
+    source_file.write_text(source)
+    return NAME, _env(folder / f"scaffold-{NAME}", f"scaffold_{NAME}")
+
+
+def config(args: argparse.Namespace, task: str, out: Path, steps: int, extra: dict[str, Any]) -> dict[str, Any]:
     return {
-        "task": {"name": NAME},
+        "task": {"name": task},
         "engine": {"name": "transformers", "threads": args.threads, "max_batch_size": 64},
         "sampling": {"max_tokens": args.max_tokens, "temperature": 1.0, "seed": args.seed},
         "output": {"dir": str(out)},
         "trainer": {"name": "trl", "max_steps": steps, "num_generations": args.generations,
-                    "prompts_per_step": 4, "learning_rate": args.lr, "seed": args.seed, "threads": args.threads,
-                    "save_steps": steps, **extra},
+                    "prompts_per_step": args.prompts, "learning_rate": args.lr, "seed": args.seed,
+                    "threads": args.threads, "save_steps": steps, "filter_groups": "none", **extra},
     }
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def train(name: str, cfg: dict[str, Any], work: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
@@ -89,17 +146,19 @@ def train(name: str, cfg: dict[str, Any], work: Path, env: dict[str, str], timeo
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     started = time.perf_counter()
-    print(f"== {name}: scaffold train {path}", flush=True)
+    print(f"== {name}: scaffold train {path}  ({uptime()})", flush=True)
     with open(work / f"{name}.log", "w") as log:
         proc = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", str(path), "--overwrite",
-                               "--no-progress", "--no-report"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+                               "--no-progress"], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
     wall = time.perf_counter() - started
-    steps = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (out / "train_metrics.jsonl").exists() else []
-    timings = [json.loads(line) for line in (out / "train_timings.jsonl").read_text().splitlines()
-               if line.strip()] if (out / "train_timings.jsonl").exists() else []
-    return {"rc": proc.returncode, "wall_s": round(wall, 1), "out": str(out), "steps": steps, "timings": timings}
+    return {"rc": proc.returncode, "wall_s": round(wall, 1), "out": str(out), "uptime_after": uptime(),
+            "steps": _jsonl(out / "train_metrics.jsonl"), "timings": _jsonl(out / "train_timings.jsonl")}
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def reach(result: dict[str, Any], target: float) -> dict[str, Any]:
@@ -108,67 +167,131 @@ def reach(result: dict[str, Any], target: float) -> dict[str, Any]:
     first = next((i for i, r in enumerate(rewards) if r is not None and r >= target), None)
     clock = None if first is None else round(sum(step_s[:first + 1]), 1)  # steps' own time, no model loading
     kl = [s.get("teacher_kl") for s in result["steps"]]
-    return {"rewards": rewards, "teacher_kl": kl if any(k is not None for k in kl) else None,
-            "step_s": [round(t, 1) for t in step_s],
+    return {"rewards": [None if r is None else round(r, 3) for r in rewards],
+            "teacher_kl": [None if k is None else round(k, 3) for k in kl] if any(k is not None for k in kl)
+            else None, "step_s": [round(t, 1) for t in step_s],
             "steps_to_target": None if first is None else first + 1, "wall_s_to_target": clock,
-            "final_reward": rewards[-1] if rewards else None, "rc": result["rc"], "wall_s": result["wall_s"]}
+            "final_reward": rewards[-1] if rewards else None, "rc": result["rc"], "wall_s": result["wall_s"],
+            "out": result["out"], "uptime_after": result["uptime_after"]}
+
+
+def table(results: dict[str, Any], names: list[str], target: float) -> str:
+    lines = [f"{'run':8s} {'steps to ' + str(target):>12s} {'s to ' + str(target):>10s} {'final':>6s} "
+             f"{'steps':>5s}  rewards per step"]
+    for name in names:
+        r = results.get(name)
+        if not r:
+            continue
+        steps = "-" if r["steps_to_target"] is None else str(r["steps_to_target"])
+        clock = "-" if r["wall_s_to_target"] is None else f"{r['wall_s_to_target']:.0f}"
+        final = "-" if r["final_reward"] is None else f"{r['final_reward']:.3f}"
+        curve = ", ".join("-" if x is None else f"{x:.2f}" for x in r["rewards"])
+        lines.append(f"{name:8s} {steps:>12s} {clock:>10s} {final:>6s} {len(r['rewards']):>5d}  {curve}")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="/tmp/distill-bench")
-    parser.add_argument("--teacher-steps", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=10, help="steps of each student run")
-    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--task", choices=("colour", "untuned"), default="colour")
     parser.add_argument("--rows", choices=("generated", *ROWS), default="generated",
-                        help="the task's rows: those new-plugin generates, or one of ROWS")
-    parser.add_argument("--teacher-from", default=None,
-                        help="the teacher's starting checkpoint (default: the bundled model)")
-    parser.add_argument("--variants", default="opd,grpo",
-                        help="student runs, in order: opd, grpo, opd_mix (OPD mixed with the verifier's reward)")
+                        help="--task untuned: the rows new-plugin generates, or one of ROWS")
+    parser.add_argument("--steps", type=int, default=15, help="steps of the GRPO run (the baseline and the teacher)")
+    parser.add_argument("--opd-steps", type=int, default=None, help="steps of each OPD run (default: --steps)")
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--opd-lr", type=float, default=None, help="learning rate of the OPD runs (default: --lr)")
+    parser.add_argument("--variants", default="opd",
+                        help="OPD runs after the GRPO one, in order: opd, opd_mix (OPD plus the verifier's reward)")
     parser.add_argument("--mix", type=float, default=1.0, help="opd_reward_weight of opd_mix")
+    parser.add_argument("--top-k-weight", type=float, default=0.0,
+                        help="opd_top_k_weight of the OPD runs (0: off; the teacher then returns --top-k)")
+    parser.add_argument("--top-k", type=int, default=8, help="the teacher's top_k when --top-k-weight > 0")
     parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase")
-    parser.add_argument("--reuse-teacher", action="store_true", help="keep a teacher trained earlier in --work")
+    parser.add_argument("--reuse-grpo", action="store_true", help="keep the GRPO run (and teacher) already in --work")
+    parser.add_argument("--suffix", default="",
+                        help="appended to the OPD runs' folder names (--suffix=-lr2e-4: with = for a leading dash)")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    env = make_task(work, args.rows)
-    results: dict[str, Any] = {"args": vars(args), "load": os.getloadavg()}
+    task, env = make_task(work, args.task, args.rows)
     save = work / "results.json"
+    grpo_dir = work / "grpo"
+    if not (args.reuse_grpo and (grpo_dir / "final").exists()):
+        shutil.rmtree(grpo_dir, ignore_errors=True)
+        r = train("grpo", config(args, task, grpo_dir, args.steps, {}), work, env, args.timeout)
+        record(save, "grpo", reach(r, args.target), vars(args))
+        if not (grpo_dir / "final").exists():
+            sys.exit(f"the GRPO run left no checkpoint in {grpo_dir / 'final'}: see {work / 'grpo.log'}")
+    elif "grpo" not in _load(save).get("runs", {}):  # a GRPO run whose bench process was stopped: read its folder
+        found = {"rc": 0, "wall_s": None, "out": str(grpo_dir), "uptime_after": None,
+                 "steps": _jsonl(grpo_dir / "train_metrics.jsonl"), "timings": _jsonl(grpo_dir / "train_timings.jsonl")}
+        record(save, "grpo", reach(found, args.target), vars(args))
+    teacher: dict[str, Any] = {"model": str(grpo_dir / "final"), "threads": args.threads}
+    opd: dict[str, Any] = {"algorithm": "opd", "teacher": teacher}
+    if args.opd_lr is not None:
+        opd["learning_rate"] = args.opd_lr
+    if args.top_k_weight > 0:
+        teacher["top_k"] = args.top_k
+        opd["opd_top_k_weight"] = args.top_k_weight
+    variants = {"opd": opd, "opd_mix": {**opd, "opd_reward_weight": args.mix}}
+    for variant in filter(None, args.variants.split(",")):
+        name = variant + args.suffix
+        r = train(name, config(args, task, work / name, args.opd_steps or args.steps, variants[variant]), work,
+                  env, args.timeout)
+        record(save, name, reach(r, args.target), vars(args))
 
-    teacher_dir = work / "teacher"
-    if not (args.reuse_teacher and (teacher_dir / "final").exists()):
-        shutil.rmtree(teacher_dir, ignore_errors=True)
-        cfg = config(args, teacher_dir, args.teacher_steps, {})
-        if args.teacher_from:
-            cfg["engine"]["model"] = args.teacher_from
-        t = train("teacher", cfg, work, env, args.timeout)
-        results["teacher"] = reach(t, args.target)
-        save.write_text(json.dumps(results, indent=1))
-        print("teacher:", json.dumps(results["teacher"]), flush=True)
-    teacher = str(teacher_dir / "final")
-    opd = {"algorithm": "opd", "teacher": {"model": teacher, "threads": args.threads}}
-    variants = {"opd": opd, "grpo": {}, "opd_mix": {**opd, "opd_reward_weight": args.mix}}
-    for name in args.variants.split(","):
-        extra = variants[name]
-        r = train(name, config(args, work / name, args.steps, extra), work, env, args.timeout)
-        results[name] = reach(r, args.target)
-        results["load_after_" + name] = os.getloadavg()
-        save.write_text(json.dumps(results, indent=1))
-        print(f"{name}:", json.dumps(results[name]), flush=True)
-    g = results.get("grpo", {}).get("steps_to_target")
-    o = results.get("opd", {}).get("steps_to_target")
-    if g and o:
-        results["opd_over_grpo_steps"] = round(o / g, 3)
-        print(f"OPD reached {args.target} in {o} steps, GRPO in {g}: ratio {o / g:.2f} (goal <= 0.5)")
-    else:
-        print(f"steps to {args.target}: OPD {o}, GRPO {g} (None: not reached within {args.steps} steps)")
-    save.write_text(json.dumps(results, indent=1))
+    # every run of this folder (OPD runs of other invocations too, and runs whose bench process was stopped:
+    # read from their folders), side by side
+    results = _load(save)
+    runs = results.get("runs", {})
+    for metrics in sorted(work.glob("*/train_metrics.jsonl")):
+        folder = metrics.parent
+        if folder.name not in runs:
+            found = {"rc": None, "wall_s": None, "out": str(folder), "uptime_after": uptime(),
+                     "steps": _jsonl(metrics), "timings": _jsonl(folder / "train_timings.jsonl")}
+            cfg = yaml.safe_load((work / f"{folder.name}.yaml").read_text()) \
+                if (work / f"{folder.name}.yaml").exists() else {}
+            lr = (cfg.get("trainer") or {}).get("learning_rate")
+            runs[folder.name] = {**reach(found, args.target), "lr": lr, "stopped": True}
+    names = ["grpo", *sorted(n for n in runs if n != "grpo")]
+    print(f"\n{table(runs, names, args.target)}")
+    for name in names:
+        if name in runs:
+            r = runs[name]
+            print(f"  {name}: {r['out']} (lr {r.get('lr')}; load after: {r['uptime_after']})")
+    g = runs.get("grpo", {}).get("steps_to_target")
+    for name in names[1:]:
+        o = runs.get(name, {}).get("steps_to_target")
+        if g and o:
+            print(f"{name} reached {args.target} in {o} steps, GRPO in {g}: ratio {o / g:.2f} (goal <= 0.5)")
+        else:
+            print(f"steps to {args.target}: {name} {o}, GRPO {g} (None: not reached)")
+    dirs = [runs[n]["out"] for n in names if n in runs]
+    compare = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "report", *dirs, "-o",
+                              str(work / "compare.html")], capture_output=True, text=True, timeout=600)
+    print("comparison:", compare.stdout.strip() or compare.stderr.strip()[-500:])
+    print(f"now: {uptime()}")
+
+
+def _load(save: Path) -> dict[str, Any]:
+    return json.loads(save.read_text()) if save.exists() else {}
+
+
+def record(save: Path, name: str, figures: dict[str, Any], args: dict[str, Any]) -> None:
+    """Add one run's figures to ``save`` (read again first: OPD runs of other invocations may write beside)."""
+    lr = args["lr"] if name == "grpo" or args.get("opd_lr") is None else args["opd_lr"]
+    results = _load(save)
+    results.setdefault("runs", {})[name] = {**figures, "lr": lr, "args": args}
+    tmp = save.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(save)
+    print(f"{name}:", json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

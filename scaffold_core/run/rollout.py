@@ -46,9 +46,12 @@ class Rollout:
     def __init__(self, config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
                  dist: DistEnv | None = None, progress: bool | None = None, registry: Any = None,
                  plugins: Any = None, store_name: str = STORE, finalize: bool = True, prepared: bool = False,
-                 force_config: bool = False, answers_per_episode: int | None = None):
+                 force_config: bool = False, answers_per_episode: int | None = None, teacher: Any = None):
         """``dist``: this process's place among the run's workers (one process when omitted).
         ``answers_per_episode``: the progress counts answers, this many per episode (``scaffold eval``).
+        ``teacher``: a :class:`~scaffold_core.teacher.Teacher` (not started) that scores every episode's
+        training sequences (started after the engine, its tokenizer checked against the engine's, closed at
+        the end).
         ``prepared``: a launcher already prepared the output directory; only the own store is opened.
         Otherwise this rollout holds the directory's lock from here until :meth:`run` returns (or
         :meth:`release`), and a ``resume`` with a config other than the saved one is refused unless
@@ -65,6 +68,7 @@ class Rollout:
                                 prepared=prepared, config=config, force_config=force_config)
         self.progress = config.rollout.progress if progress is None else progress
         self.answers_per_episode = answers_per_episode
+        self.teacher = teacher
         self.finalize_outputs = finalize
         self.metrics = RunMetrics()
         self.hooks = Hooks(self.plugins.pm)
@@ -133,6 +137,8 @@ class Rollout:
                                      private=cfg.output.private)
                 todo = rows.todo
                 self.metrics.resumed = rows.count - todo  # this shard's share (other workers append theirs meanwhile)
+                if self.teacher is not None:
+                    await self._start_teacher()
                 self.runtime = self._runtime(pool)
                 bar = self._progress(todo)
                 ticker = None
@@ -156,9 +162,23 @@ class Rollout:
                     self.output.close()
                     if self.traces is not None:
                         self.traces.close()
+                    if self.teacher is not None:
+                        await self.teacher.close()
         finally:
             self.output.close()  # a run that stopped before its components started
         return self._summary()
+
+    async def _start_teacher(self) -> None:
+        from ..teacher import check_same_tokenizer
+
+        try:
+            await self.teacher.start()
+            student = getattr(self.components.engine, "tokenizer", None)
+            if student is not None and self.teacher.tokenizer is not None:
+                check_same_tokenizer(student, self.teacher.tokenizer)
+        except BaseException:
+            await self.teacher.close()
+            raise
 
     def _run_info(self) -> RunInfo:
         """Where the engine runs: output dir, rank and this worker's port slice."""
@@ -176,7 +196,7 @@ class Rollout:
         return Runtime(engine=comps.engine, controller=comps.controller, verifier=pool,
                        trajectory_maker=comps.trajectory_maker, hooks=self.hooks,
                        engine_name=bare_name(self.config.engine.name), limits=self.limits,
-                       record_spans=output.spans, clock_zero=zero, traces=self.traces)
+                       record_spans=output.spans, clock_zero=zero, traces=self.traces, teacher=self.teacher)
 
     def _progress(self, todo: int) -> Progress:
         n = self.answers_per_episode

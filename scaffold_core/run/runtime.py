@@ -68,10 +68,13 @@ class Runtime:
         record_spans: bool = True,
         clock_zero: float | None = None,
         traces: Any = None,
+        teacher: Any = None,
     ):
         """``record_spans``: record each episode's spans; ``clock_zero``: the :func:`~scaffold_core.spans.clock`
         reading their times count from (default: now); ``traces``: given each finished episode that recorded
-        spans (``export(result)``: :class:`~scaffold_core.run.otel.EpisodeTraces`)."""
+        spans (``export(result)``: :class:`~scaffold_core.run.otel.EpisodeTraces`); ``teacher``: a started
+        :class:`~scaffold_core.teacher.Teacher` that scores each episode's training sequences (their
+        ``teacher_logprobs``, and the store's per-episode ``teacher_kl``), within ``limits.request_timeout``."""
         self.engine = engine
         self.prototype = controller
         self.verifier = verifier
@@ -85,6 +88,7 @@ class Runtime:
         self.record_spans = record_spans
         self.clock_zero = clock() if clock_zero is None else clock_zero
         self.traces = traces
+        self.teacher = teacher
         self._workers: list[asyncio.Future] = []
         self._deadlines = Deadlines()  # request and episode timeouts: one timer per length, not per wait
 
@@ -254,7 +258,25 @@ class Runtime:
                 result.trajectories = self.trajectory_maker.make(result)
             except Exception as exc:
                 raise TrajectoryError(f"trajectory maker raised {type(exc).__name__}: {exc}") from exc
+            if self.teacher is not None and result.trajectories:
+                await self._score_with_teacher(result)
         return result
+
+    async def _score_with_teacher(self, result: EpisodeResult) -> None:
+        """The teacher's logprob of every token of the episode's training sequences, in one batch."""
+        from ..teacher import score_samples
+
+        began = clock()
+        try:
+            await asyncio.wait_for(score_samples(self.teacher, result.trajectories), self.limits.request_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise EpisodeError(f"the teacher did not score the episode within {self.limits.request_timeout:g} s "
+                               "(rollout.request_timeout)", component="teacher") from None
+        except EpisodeError:
+            raise
+        except Exception as exc:  # a teacher that fails fails this episode, named as the teacher
+            raise EpisodeError(f"teacher: {type(exc).__name__}: {exc}", component="teacher") from exc
+        add_span("teacher", began, clock())
 
     async def _drive(self, gen: Any, ctx: EpisodeContext) -> Any:
         """Step a controller generator, running what it yields."""

@@ -49,6 +49,10 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--select", default="reward", metavar="SCORE",
                    help="how best-of-N picks: reward (the run's verifier, default), logprob (the mean token "
                         "logprob), or the name of another installed verifier (a reward model) scoring each answer")
+    p.add_argument("--teacher", metavar="MODEL_OR_OPTIONS",
+                   help="a teacher that scores every answer's tokens (the teacher-student KL per answer, in eval.json, "
+                        "the table and the report): a checkpoint folder, or its options as a YAML mapping, e.g. "
+                        "'{engine: vllm, url: http://localhost:8000, model: big}' (as a trainer's teacher:)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="bootstrap resamples over problems for the 95%% intervals (0: none; default 1000)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -94,7 +98,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)  # validates everything before any model loads
     result = run_eval(config, ks, output_dir=args.output, resume=args.resume,
                       progress=False if args.no_progress else None, force_config=args.force_config,
-                      select=args.select, bootstrap=bootstrap)
+                      select=args.select, bootstrap=bootstrap, teacher=_teacher_option(args.teacher))
     print(format_table(result.figures))
     metrics = result.metrics
     for message in (failure_report(metrics), unscored_warning(metrics), truncation_warning(
@@ -112,6 +116,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if reason:
         print(reason, file=sys.stderr)
     return code
+
+
+def _teacher_option(text: str | None) -> dict[str, Any] | None:
+    """``--teacher``: a model folder or name, or a YAML mapping of a teacher's options."""
+    if not text:
+        return None
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        return {"model": value}
+    raise ConfigError(f"--teacher: {text!r} is neither a model (a checkpoint folder) nor a mapping of a teacher's "
+                      "options such as '{model: runs/teacher/final, threads: 2}'")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -101,6 +101,11 @@ def _cards(report: Report) -> str:
         problems = report.eval.get("problems") or {}
         cards.append(_card("problems", _number(problems.get("evaluated")),
                            f"{report.eval.get('answers_per_problem', '?')} answers each"))
+        kl = report.eval.get("teacher_kl")
+        if isinstance(kl, dict) and _is_number(kl.get("value")):
+            note = (f"nats per token, mean over {kl.get('answers', '?')} answers; largest "
+                    f"{_number(kl.get('max_answer'), 3)}" + (f"; {_ci(kl)}" if kl.get("ci") else ""))
+            cards.append(_card("teacher-student KL", f"{kl['value']:.3f}", note))
     elif m:
         cards.append(_card("accuracy", _fraction(m.get("accuracy")), "per completed episode"))
         cards.append(_card("mean reward", _fraction(m.get("reward_mean")), "per scored rollout"))

@@ -6,6 +6,7 @@ import io
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +223,66 @@ def test_the_eval_counts_answers(dice_plugins, dice_config, tmp_path, monkeypatc
     run_eval(dice_config(task={"name": "sums", "count": 3}), [1, 4], output_dir=tmp_path / "e",
              plugins=dice_plugins, progress=None)
     assert re.search(r"^scaffold: answers 12/12 \(100%\)", log.getvalue(), re.M)
+
+
+def test_a_teacher_scores_every_answer_and_the_figures_carry_the_kl_per_answer(dice_plugins, dice_config, tmp_path,
+                                                                                capsys):
+    from scaffold_core.teacher import Teacher, TeacherScores
+    from scaffold_report.eval.command import format_table
+
+    class Flat(Teacher):
+        """Every completion token at logprob -1 (a fake teacher: the KL is the student's logprob + 1)."""
+
+        async def _score(self, batch):
+            return [TeacherScores([-1.0] * len(completion)) for _, completion in batch]
+
+    teacher = Flat()
+    out = tmp_path / "taught"
+    result = run_eval(dice_config(task={"name": "sums", "count": 3}), [1, 2], output_dir=out, plugins=dice_plugins,
+                      progress=False, teacher=teacher)
+    kl = result.figures["teacher_kl"]
+    assert teacher.stats.samples == 6 and result.figures["teacher"]["teacher_samples"] == 6
+    expected, tokens = {}, {}
+    with EpisodeReader(out) as reader:
+        for position in range(len(reader)):
+            record = reader.record(position)
+            for seq in record["trajectories"]:
+                generated = [(lp, t) for m, lp, t in zip(seq["loss_mask"], seq["logprobs"], seq["teacher_logprobs"])
+                             if m]
+                assert generated and all(t == pytest.approx(-1.0) for _, t in generated)
+                expected[(record["episode_id"], seq["sample_index"])] = sum(lp + 1.0 for lp, _ in generated) / len(
+                    generated)
+                tokens[(record["episode_id"], seq["sample_index"])] = len(generated)
+    assert kl["answers"] == 6 == len(kl["by_answer"])
+    for answer in kl["by_answer"]:
+        key = (answer["episode_id"], answer["sample_index"])
+        assert answer["teacher_kl"] == pytest.approx(expected[key], abs=1e-5) and answer["tokens"] == tokens[key]
+    assert kl["value"] == pytest.approx(sum(expected.values()) / 6, abs=1e-5)
+    assert kl["max_answer"] == pytest.approx(max(expected.values()), abs=1e-5)
+    assert json.loads((out / "eval.json").read_text())["teacher_kl"]["value"] == kl["value"]
+    assert "teacher-student KL" in format_table(result.figures)
+    from scaffold_report.build import build_report
+
+    page = Path(build_report(out)).read_text()
+    assert "teacher-student KL" in page and f"{kl['value']:.3f}" in page
+    # an eval without a teacher has no such figure
+    plain = run_eval(dice_config(task={"name": "sums", "count": 2}), [1], output_dir=tmp_path / "plain",
+                     plugins=dice_plugins, progress=False)
+    assert "teacher_kl" not in plain.figures and "teacher-student" not in format_table(plain.figures)
+
+
+def test_a_teacher_with_several_workers_is_refused_before_anything_runs(dice_plugins, dice_config, tmp_path):
+    with pytest.raises(ConfigError, match="--teacher scores the answers in this process"):
+        run_eval(dice_config(rollout={"workers": 2}), [1], output_dir=tmp_path / "x", plugins=dice_plugins,
+                 progress=False, teacher={"model": "nowhere"})
+
+
+def test_the_teacher_option_is_a_model_or_a_mapping_of_options():
+    from scaffold_report.commands import _teacher_option
+
+    assert _teacher_option("runs/teacher/final") == {"model": "runs/teacher/final"}
+    assert _teacher_option("{engine: vllm, url: 'http://h:8000', model: big}") == {
+        "engine": "vllm", "url": "http://h:8000", "model": "big"}
+    assert _teacher_option(None) is None
+    with pytest.raises(ConfigError, match="--teacher: .* is neither a model"):
+        _teacher_option("[1, 2]")

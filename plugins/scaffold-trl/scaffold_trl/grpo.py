@@ -37,15 +37,15 @@ from scaffold_core.sampling import derive_seed
 from scaffold_core.trainer import TrainStep
 
 from .checkpoints import write_state
-from .distill import distill_advantages
+from .distill import distill_advantages, top_k_loss
 
 #: TRL's log keys reported with each step (renamed where scaffold has its own name).
 TRL_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy", "learning_rate": "learning_rate",
             "reward_std": "reward_std", "step_time": "step_time_s", "kl": "kl",
             "clip_ratio/region_mean": "clip_ratio", "completions/mean_length": "completion_length",
-            "completions/clipped_ratio": "completions_truncated"}
+            "completions/clipped_ratio": "completions_truncated", "opd_top_k_loss": "opd_top_k_loss"}
 #: Figures of an optimizer step: not reported for a skipped one.
-STEP_ONLY = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/region_mean")
+STEP_ONLY = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/region_mean", "opd_top_k_loss")
 
 
 class QuietPadding(logging.Filter):
@@ -89,8 +89,9 @@ def make_trainer(run: Any, **kwargs: Any) -> Any:
             output = super()._generate_and_score_completions(inputs)
             teacher_rows = None
             if run.teacher is not None:
-                run.distill_figures, teacher_rows = distill_advantages(run.teacher, run.loop, output,
-                                                                       run.options.mix, run.options.rollout_timeout)
+                run.distill_figures, teacher_rows = distill_advantages(
+                    run.teacher, run.loop, output, run.options.mix, run.options.rollout_timeout,
+                    top_k=run.teacher.top_k if run.options.opd_top_k_weight > 0 else 0)
             if getattr(self.model, "training", False):
                 advantages = output["advantages"]
                 if advantages.dim() == 2:  # per token: each sample's mean over its completion tokens
@@ -98,6 +99,27 @@ def make_trainer(run: Any, **kwargs: Any) -> Any:
                     advantages = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
                 run.bridge.trained([float(a) for a in advantages.reshape(-1).tolist()], teacher_rows)
             return output
+
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            weight = run.options.opd_top_k_weight
+            if weight > 0 and inputs.get("teacher_top_k_ids") is not None:
+                import torch
+
+                completion = inputs["completion_ids"]
+                ids = torch.cat([inputs["prompt_ids"], completion], dim=1)
+                attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+                # only the completion positions' logits (a full (B, T, V) float tensor per forward is large)
+                logits = model(input_ids=ids, attention_mask=attention,
+                               logits_to_keep=completion.size(1) + 1).logits[:, :-1, :]
+                mask = inputs["completion_mask"]
+                if inputs.get("tool_mask") is not None:
+                    mask = mask * inputs["tool_mask"]
+                term = top_k_loss(logits, inputs["teacher_top_k_ids"], inputs["teacher_top_k_logps"], mask)
+                self._metrics["train"]["opd_top_k_loss"].append(float(term.detach()))
+                loss = loss + weight * term / self.current_gradient_accumulation_steps
+            return loss
 
         def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
             if getattr(self.model, "training", False) and "loss" in logs:

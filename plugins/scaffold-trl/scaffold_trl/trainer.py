@@ -96,7 +96,9 @@ class TRLTrainer(Trainer):
                  eval_samples: Annotated[int, Ge(1), Help("samples per held-out prompt")] = 4,
                  grpo: dict[str, Any] | None = None, algorithm: Literal["grpo", "opd"] = "grpo",
                  teacher: dict[str, Any] | None = None, opd_kl_weight: float = 1.0, opd_reward_weight: float = 0.0,
-                 opd_clip: Annotated[float, Gt(0)] | None = None):
+                 opd_clip: Annotated[float, Gt(0)] | None = None,
+                 opd_top_k_weight: Annotated[float, Ge(0), Help("weight of the loss over the teacher's top-k "
+                                                                "(needs teacher.top_k)")] = 0.0):
         batch = prompts_per_step * num_generations
         if micro_batch_size is not None and batch % micro_batch_size:
             raise ValueError(f"micro_batch_size must divide prompts_per_step * num_generations ({batch}), "
@@ -129,6 +131,10 @@ class TRLTrainer(Trainer):
         if algorithm == "opd" and filter_groups == "zero_variance":
             raise ValueError("filter_groups: zero_variance drops groups whose rewards are equal, but on-policy "
                              "distillation learns from every sample (the teacher scores each token); use none")
+        if opd_top_k_weight > 0 and (algorithm != "opd" or not int((teacher or {}).get("top_k") or 0)):
+            raise ValueError("opd_top_k_weight needs algorithm: opd and a teacher that returns its top-k "
+                             "alternatives: teacher: {top_k: 8, ...}")
+        self.opd_top_k_weight = opd_top_k_weight
         self.algorithm = algorithm
         self.teacher = dict(teacher or {})
         self.mix = DistillMix(opd_kl_weight, opd_reward_weight, opd_clip)

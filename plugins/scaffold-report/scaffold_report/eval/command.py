@@ -29,7 +29,7 @@ from scaffold_core.output.reader import EVAL_FILE, EpisodeReader, read_config
 from scaffold_core.run.provenance import versions
 
 from .answers import Problems, read_problems
-from .figures import METRICS, Bootstrap, eval_figures
+from .figures import METRICS, Bootstrap, eval_figures, figure
 
 #: How best-of-N picks among k answers: ``reward`` (the run's verifier), ``logprob`` (the model's mean
 #: token logprob), or the name of another installed verifier (a reward model) scoring each answer.
@@ -79,9 +79,13 @@ def repeat_config(config: Config, n: int, registry: Any) -> Config:
 
 
 def run_answers(config: Config, *, output_dir: str | Path | None, resume: bool, progress: bool | None,
-                force_config: bool, plugins: Any = None) -> tuple[dict[str, Any], Path, Any]:
-    """Run the (wrapped) config as ``scaffold run`` would: (metrics, output directory, engine tokenizer)."""
+                force_config: bool, plugins: Any = None, teacher: Any = None) -> tuple[dict[str, Any], Path, Any]:
+    """Run the (wrapped) config as ``scaffold run`` would: (metrics, output directory, engine tokenizer).
+    ``teacher``: a :class:`~scaffold_core.teacher.Teacher` scoring every answer's tokens."""
     if config.rollout.workers > 1 or config.rollout.launcher != "local":
+        if teacher is not None:
+            raise ConfigError("--teacher scores the answers in this process: run the eval with rollout.workers: 1 "
+                              "and the local launcher (or score a finished eval again with --resume and --teacher)")
         from scaffold_core.launch import run_workers
 
         metrics = run_workers(config, output_dir=output_dir, resume=resume, progress=progress,
@@ -92,7 +96,8 @@ def run_answers(config: Config, *, output_dir: str | Path | None, resume: bool, 
     from scaffold_core.run.rollout import Rollout
 
     rollout = Rollout(config, output_dir=output_dir, resume=resume, progress=progress, force_config=force_config,
-                      plugins=plugins, answers_per_episode=int(config.controller.options.get("n") or 1))
+                      plugins=plugins, answers_per_episode=int(config.controller.options.get("n") or 1),
+                      teacher=teacher)
     print(f"scaffold: writing to {rollout.dir}", file=sys.stderr)
     metrics = rollout.run()
     return metrics, rollout.dir, getattr(rollout.components.engine, "tokenizer", None)
@@ -137,12 +142,60 @@ def compute_eval(directory: Path, ks: list[int], *, select: str = "reward", regi
     """The figures of the run in ``directory`` for ``ks`` (what ``eval.json`` holds, less config and versions)."""
     with EpisodeReader(directory) as reader:
         problems = read_problems(reader.heads())
+        kl = teacher_kl_figures(reader, bootstrap or Bootstrap())
     score_answers(problems, select, registry)
     bootstrap = bootstrap or Bootstrap()
     figures = eval_figures(problems, ks, bootstrap=bootstrap)
     return {"format": FORMAT, "k": ks, "metrics": list(METRICS), "select": select, "ties": TIES,
             "bootstrap": {"resamples": bootstrap.resamples, "confidence": bootstrap.confidence,
-                          "seed": bootstrap.seed, "over": "problems"}, **figures}
+                          "seed": bootstrap.seed, "over": "problems"}, **figures,
+            **({"teacher_kl": kl} if kl else {})}
+
+
+def sample_teacher_kl(sequence: dict[str, Any]) -> tuple[float, int] | None:
+    """(sum, count) over one stored training sequence's generated tokens (loss mask 1) of the student's
+    logprob minus the teacher's; None when no teacher scored it."""
+    teacher = sequence.get("teacher_logprobs")
+    if not isinstance(teacher, list):
+        return None
+    pairs = [(s, t) for m, s, t in zip(sequence.get("loss_mask") or [], sequence.get("logprobs") or [], teacher)
+             if m]
+    return (sum(s - t for s, t in pairs), len(pairs)) if pairs else None
+
+
+def teacher_kl_figures(reader: EpisodeReader, bootstrap: Bootstrap) -> dict[str, Any] | None:
+    """The teacher-student KL of the answers a teacher scored (``scaffold eval --teacher``): per answer, the
+    mean over its generated tokens of ``logprob - teacher_logprob`` (the per-token reverse-KL estimate,
+    against the distribution the answers were sampled from); the mean over answers with its interval (bootstrap
+    over problems), the mean per token, the largest answer's, and each answer's. None when no answer was
+    scored."""
+    per_problem: list[float] = []
+    samples: list[dict[str, Any]] = []
+    total, tokens = 0.0, 0
+    checked = False
+    for position in range(len(reader)):
+        record = reader.record(position)
+        if not checked and record.get("trajectories"):  # the first episode with sequences tells: scored or not
+            if not any(isinstance(t.get("teacher_logprobs"), list) for t in record["trajectories"]):
+                return None
+            checked = True
+        values = []
+        for sequence in record.get("trajectories") or []:
+            got = sample_teacher_kl(sequence)
+            if got is None:
+                continue
+            values.append(got[0] / got[1])
+            total, tokens = total + got[0], tokens + got[1]
+            samples.append({"episode_id": record["episode_id"], "sample_index": sequence.get("sample_index"),
+                            "teacher_kl": round(got[0] / got[1], 6), "tokens": got[1]})
+        if values:
+            per_problem.append(sum(values) / len(values))
+    if not samples:
+        return None
+    mean = figure([s["teacher_kl"] for s in samples], bootstrap)
+    return {"answers": len(samples), "value": mean["value"], "ci": bootstrap.interval(per_problem),
+            "per_token": round(total / tokens, 6), "max_answer": max(s["teacher_kl"] for s in samples),
+            "by_answer": samples}
 
 
 def greedy_warning(config: Config, n: int) -> str | None:
@@ -157,8 +210,12 @@ def greedy_warning(config: Config, n: int) -> str | None:
 
 def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = None, resume: bool = False,
              progress: bool | None = None, force_config: bool = False, select: str = "reward",
-             bootstrap: Bootstrap | None = None, plugins: Any = None) -> EvalResult:
-    """Run ``config`` with ``max(ks)`` answers per problem, compute the figures, write ``eval.json``."""
+             bootstrap: Bootstrap | None = None, plugins: Any = None,
+             teacher: dict[str, Any] | Any = None) -> EvalResult:
+    """Run ``config`` with ``max(ks)`` answers per problem, compute the figures, write ``eval.json``.
+    ``teacher``: a teacher's options (as a trainer's ``teacher:``, see :func:`~scaffold_core.teacher.make_teacher`):
+    or a :class:`~scaffold_core.teacher.Teacher` (not started): it scores every answer's tokens, and the figures
+    gain the teacher-student KL (``teacher_kl``)."""
     if plugins is None:
         from scaffold_core.plugins import get_plugins
 
@@ -173,14 +230,23 @@ def run_eval(config: Config, ks: list[int], *, output_dir: str | Path | None = N
 
         print(warning, file=sys.stderr)
     config = repeat_config(config, n, registry)
+    scorer = None
+    if teacher is not None:
+        from scaffold_core.teacher import Teacher, make_teacher
+
+        # bad options fail here, before any model loads
+        scorer = teacher if isinstance(teacher, Teacher) else make_teacher(teacher)
     changed = verifier_changes(config, Path(output_dir)) if resume and force_config and output_dir else {}
     rescored = rescore_saved(config, Path(output_dir), changed, registry) if changed and output_dir else None
     metrics, directory, tokenizer = run_answers(config, output_dir=output_dir, resume=resume, progress=progress,
-                                                force_config=force_config, plugins=plugins)
+                                                force_config=force_config, plugins=plugins, teacher=scorer)
     figures = compute_eval(directory, ks, select=select, registry=registry, bootstrap=bootstrap)
     figures.update(answers_per_problem=n, run={k: metrics.get(k) for k in (
         "episodes", "completed", "failed", "accuracy", "reward_mean", "generated_tokens", "truncated_fraction",
         "wall_s", "tokens_per_s")}, config=config.to_dict(), versions=versions(config.to_dict(), registry))
+    if scorer is not None:
+        described = dict(teacher) if isinstance(teacher, dict) else {"engine": type(teacher).__name__}
+        figures["teacher"] = {"options": described, **scorer.stats.to_dict()}
     if rescored is not None:
         import sys
 
@@ -255,4 +321,10 @@ def format_table(figures: dict[str, Any]) -> str:
             cells.append(text)
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+    text = "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+    kl = figures.get("teacher_kl")
+    if kl:
+        ci = f" [{kl['ci'][0]:.3f}, {kl['ci'][1]:.3f}]" if kl.get("ci") else ""
+        text += (f"\nteacher-student KL (nats per token, mean over {kl['answers']} answers): {kl['value']:.3f}{ci}; "
+                 f"per token {kl['per_token']:.3f}; largest answer {kl['max_answer']:.3f}")
+    return text
