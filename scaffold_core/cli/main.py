@@ -65,14 +65,6 @@ def _parser() -> argparse.ArgumentParser:
                                                        "scripts) instead of the short summary")
     p.set_defaults(handler=cmd_train)
 
-    p = sub.add_parser("score", help="re-score saved responses with a verifier")
-    p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
-    p.add_argument("--input", required=True, help="JSONL file; each line has 'response' and 'answer'")
-    p.add_argument("--output", help="write each line with 'reward' and 'extracted' added")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="verifier option, e.g. --option mode=flexible (repeatable)")
-    p.set_defaults(handler=cmd_score)
-
     p = sub.add_parser("new-plugin", help="create a ready-to-install plugin package (scaffold-NAME)")
     p.add_argument("name", help="the plugin's short name: 'arith' makes scaffold-arith, module scaffold_arith")
     p.add_argument("--kind", default="task",
@@ -276,24 +268,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     reporter = None if args.no_report else run_reporter()
     if reporter is not None:
         reporter.write(output_dir)
-    return ExitCode.OK
-
-
-def cmd_score(args: argparse.Namespace) -> int:
-    from ..run.score import score_file
-
-    summary = score_file(args.verifier, args.input, args.output, args.option)
-    print(json.dumps(summary, indent=2))
-    bad = summary.get("unscored") or []
-    if summary.get("no_reward"):
-        print(f"scaffold score: {len(summary['no_reward'])} line(s) got no reward from the verifier (listed under "
-              "no_reward; written with reward null) and are left out of accuracy and reward_mean", file=sys.stderr)
-    for line in bad:
-        print(f"error: {args.input}:{line['line']}: not scored: {line['error']}", file=sys.stderr)
-    if bad:
-        print(f"scaffold score: {len(bad)} line(s) could not be scored (listed above); every other line was "
-              "scored" + (f" and written to {args.output}" if args.output else ""), file=sys.stderr)
-        return ExitCode.ERROR
     return ExitCode.OK
 
 

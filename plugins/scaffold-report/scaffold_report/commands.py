@@ -14,9 +14,20 @@ from scaffold_core.run.summary import ExitCode, exit_code_for, exit_reason
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """``scaffold eval`` and ``scaffold report``."""
+    """``scaffold eval``, ``scaffold report`` and ``scaffold score``."""
     _eval_parser(sub)
     _report_parser(sub)
+    _score_parser(sub)
+
+
+def _score_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score", help="re-score saved responses with a verifier")
+    p.add_argument("--verifier", required=True, help="verifier name (see `scaffold list-plugins --all`)")
+    p.add_argument("--input", required=True, help="JSONL file; each line has 'response' and 'answer'")
+    p.add_argument("--output", help="write each line with 'reward' and 'extracted' added")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="verifier option, e.g. --option mode=flexible (repeatable)")
+    p.set_defaults(handler=cmd_score)
 
 
 class Reporter:
@@ -163,4 +174,24 @@ def _compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} applies to the report of one directory; a comparison carries no "
                               "trajectories: leave it out")
     print(build_comparison(args.run_dir, output=args.output))
+    return ExitCode.OK
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    import json
+
+    from .score import score_file
+
+    summary = score_file(args.verifier, args.input, args.output, args.option)
+    print(json.dumps(summary, indent=2))
+    bad = summary.get("unscored") or []
+    if summary.get("no_reward"):
+        print(f"scaffold score: {len(summary['no_reward'])} line(s) got no reward from the verifier (listed under "
+              "no_reward; written with reward null) and are left out of accuracy and reward_mean", file=sys.stderr)
+    for line in bad:
+        print(f"error: {args.input}:{line['line']}: not scored: {line['error']}", file=sys.stderr)
+    if bad:
+        print(f"scaffold score: {len(bad)} line(s) could not be scored (listed above); every other line was "
+              "scored" + (f" and written to {args.output}" if args.output else ""), file=sys.stderr)
+        return ExitCode.ERROR
     return ExitCode.OK

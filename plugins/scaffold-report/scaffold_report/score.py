@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import parse_override
-from ..errors import ConfigError, VerifierError
-from ..output.codec import one_line
-from ..plugins import get_registry
-from ..textfiles import utf8_lines
-from ..verifier import Verdict
-from .verifier_pool import VerifierPool
+from scaffold_core.config import parse_override
+from scaffold_core.errors import ConfigError, VerifierError
+from scaffold_core.output.codec import one_line
+from scaffold_core.plugins import get_registry
+from scaffold_core.run.verifier_pool import VerifierPool
+from scaffold_core.textfiles import utf8_lines
+from scaffold_core.verifier import Verdict
 
 CHUNK = 512
 
