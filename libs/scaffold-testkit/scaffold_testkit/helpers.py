@@ -44,7 +44,9 @@ def default_plugins() -> dict[str, Any]:
 def plugin_set(*plugins: Any, entry_points: bool = False, defaults: bool = True, **named: Any) -> PluginSet:
     """A fresh PluginSet with the built-ins, the installed default plugins (``defaults``; with ``entry_points`` they
     come from there), ``plugins`` (auto-named) and ``named`` plugins registered."""
-    extra = default_plugins() if defaults and not entry_points else {}
+    given = [*plugins, *named.values()]
+    extra = {name: module for name, module in (default_plugins() if defaults and not entry_points else {}).items()
+             if not any(module is p for p in given)}  # a default plugin under test is registered once, as given
     extra.update({f"test-plugin-{i}": p for i, p in enumerate(plugins)})
     extra.update(named)
     return PluginSet().load(entry_points=entry_points, extra=extra)
