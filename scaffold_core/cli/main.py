@@ -14,7 +14,7 @@ from typing import Any
 
 from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
 from ..errors import ConfigError, ScaffoldError
-from ..run.arguments import add_override_arguments, add_run_arguments
+from ..run.arguments import add_override_arguments, add_run_arguments, run_overrides
 from ..run.summary import ExitCode, exit_code_for, exit_reason, format_train_summary, print_summary
 from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
 
@@ -212,12 +212,7 @@ def run_reporter() -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     from ..config import load_config
 
-    overrides = list(args.overrides)
-    if args.workers is not None:
-        overrides.append(f"rollout.workers={args.workers}")
-    if args.overwrite:
-        overrides.append("output.overwrite=true")
-    config = load_config(args.config, overrides)  # validates everything before any model loads
+    config = load_config(args.config, run_overrides(args))  # validates everything before any model loads
     progress = False if args.no_progress else None
     reporter = None if args.no_report else run_reporter()
     tokenizer = None

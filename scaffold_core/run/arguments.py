@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def add_override_arguments(parser: argparse.ArgumentParser, example: str) -> None:
@@ -39,3 +40,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force-config", action="store_true",
                         help="with --resume: continue even though the config differs from the saved one (recorded "
                              "in config-history.jsonl)")
+
+
+def run_overrides(args: argparse.Namespace) -> list[Any]:
+    """The overrides a run's command line gives: ``--set``/``--unset`` (text, or a ``config.Unset``), then
+    ``--workers`` and ``--overwrite``."""
+    overrides = list(args.overrides)
+    if getattr(args, "workers", None) is not None:
+        overrides.append(f"rollout.workers={args.workers}")
+    if getattr(args, "overwrite", False):
+        overrides.append("output.overwrite=true")
+    return overrides

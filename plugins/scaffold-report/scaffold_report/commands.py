@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from scaffold_core.errors import ConfigError
-from scaffold_core.run.arguments import add_run_arguments
+from scaffold_core.run.arguments import add_run_arguments, run_overrides
 from scaffold_core.run.summary import ExitCode, exit_code_for, exit_reason
 
 
@@ -101,12 +101,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bootstrap = Bootstrap(resamples=args.bootstrap)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    overrides = list(args.overrides)
-    if args.workers is not None:
-        overrides.append(f"rollout.workers={args.workers}")
-    if args.overwrite:
-        overrides.append("output.overwrite=true")
-    config = load_config(args.config, overrides)  # validates everything before any model loads
+    config = load_config(args.config, run_overrides(args))  # validates everything before any model loads
     result = run_eval(config, ks, output_dir=args.output, resume=args.resume,
                       progress=False if args.no_progress else None, force_config=args.force_config,
                       select=args.select, bootstrap=bootstrap, teacher=_teacher_option(args.teacher))
