@@ -46,6 +46,10 @@ def command(tree: Path | None, config: Path, out: Path, sets: list[str]) -> tupl
     if tree is not None:
         paths = [str(tree)] + [str(p) for p in sorted((tree / "plugins").iterdir()) if p.is_dir()]
         env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        # A tree from before the default plugins had them built into its core: the installed default plugins would
+        # register the same names again (their entry points stay in this venv), so the baseline leaves them out.
+        if (tree / "scaffold_core" / "engines" / "transformers_engine.py").exists():
+            env["SCAFFOLD_DISABLE_PLUGINS"] = "transformers,datasets,report"
     args = [sys.executable, "-c", "import sys; from scaffold_core.cli import main; sys.exit(main())",
             "run", str(config), "-o", str(out), "--no-report", "--no-progress", "--overwrite"]
     for item in sets:
