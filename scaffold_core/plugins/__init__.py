@@ -4,9 +4,11 @@
 defined), ``kinds`` (the table of component kinds), ``options`` (YAML options
 validated against a factory's signature), ``registry`` (components by kind
 and name), ``manager`` (loading built-ins and entry points, the process-wide
-plugin set) and ``lifecycle`` (calling the lifecycle hooks safely).
+plugin set), ``lifecycle`` (calling the lifecycle hooks safely) and ``exports`` (a plugin root's public names,
+loaded on first use).
 """
 
+from .exports import lazy_exports
 from .kinds import KINDS, SECTION_KINDS, Kind
 from .manager import (
     BUILTIN,
@@ -34,5 +36,5 @@ __all__ = [
     "SECTION_KINDS", "BrokenPlugin", "ComponentInfo", "ComponentRegistry", "Help", "Kind", "OptionInfo", "PluginInfo",
     "PluginSet", "option_table",
     "Registry", "build_tool_format", "current_path", "current_registry", "extra_plugin_specs", "get_plugins",
-    "get_registry", "hookimpl", "hookspec", "import_spec", "set_plugins",
+    "get_registry", "hookimpl", "hookspec", "import_spec", "lazy_exports", "set_plugins",
 ]

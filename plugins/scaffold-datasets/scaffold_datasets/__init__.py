@@ -8,19 +8,14 @@ Tasks that read a dataset their own way build on it: ``from scaffold_datasets im
 from __future__ import annotations
 
 from scaffold_core import hookimpl
+from scaffold_core.plugins import lazy_exports
 
 __version__ = "0.1.0"
 
 #: The public API other plugins build on, loaded on first use. Everything else in this package is private.
 PUBLIC = {"DatasetTask": "task", "json_value": "task"}
 
-
-def __getattr__(name):
-    if name in PUBLIC:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, PUBLIC)
 
 
 @hookimpl

@@ -14,19 +14,14 @@ imports a heavy library at import time.
 from __future__ import annotations
 
 from scaffold_core import hookimpl
+from scaffold_core.plugins import lazy_exports
 
 __version__ = "0.1.0"
 
 #: The public API (loaded on first use; everything else in this package is private).
 PUBLIC = {"build_report": "build", "read_report": "build", "build_comparison": "compare", "run_eval": "eval.command"}
 
-
-def __getattr__(name):
-    if name in PUBLIC:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, PUBLIC)
 
 
 @hookimpl

@@ -18,6 +18,7 @@ that runs agent code). Heavy imports
 from __future__ import annotations
 
 from scaffold_core import hookimpl
+from scaffold_core.plugins import lazy_exports
 
 # The options every agent-running controller shares, declared once (other plugins' controllers take them too).
 from .options import AgentSampling as AgentSampling
@@ -31,13 +32,7 @@ __version__ = "0.1.0"
 #: first use so that listing plugins stays fast. Everything else in this package is private.
 PUBLIC = {"AgentEndpoint": "episodes", "EpisodeSessions": "episodes", "ServeOptions": "service"}
 
-
-def __getattr__(name):
-    if name in PUBLIC:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, PUBLIC)
 
 
 @hookimpl

@@ -13,18 +13,14 @@ and environments that execute model-written code; :mod:`scaffold_tools.untrusted
 from __future__ import annotations
 
 from scaffold_core import hookimpl
+from scaffold_core.plugins import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["UntrustedResult", "run_untrusted"]
 
 
-def __getattr__(name: str):
-    """``run_untrusted`` and ``UntrustedResult``, imported on first use (``list-plugins`` loads this module)."""
-    if name in __all__:
-        from . import untrusted
-
-        return getattr(untrusted, name)
-    raise AttributeError(f"module 'scaffold_tools' has no attribute {name!r}")
+# ``run_untrusted`` and ``UntrustedResult``, imported on first use (``list-plugins`` loads this module).
+__getattr__ = lazy_exports(__name__, dict.fromkeys(__all__, "untrusted"))
 
 
 @hookimpl

@@ -14,6 +14,7 @@ are imported when an engine starts, never at import time.
 from __future__ import annotations
 
 from scaffold_core import hookimpl
+from scaffold_core.plugins import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -21,13 +22,7 @@ __version__ = "0.1.0"
 #: first use. Everything else in this package is private.
 PUBLIC = {"TransformersEngine": "transformers_engine", "TransformersTeacher": "teacher"}
 
-
-def __getattr__(name):
-    if name in PUBLIC:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, PUBLIC)
 
 
 @hookimpl
