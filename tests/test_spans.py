@@ -7,6 +7,8 @@ import asyncio
 import json
 
 import pytest
+from scaffold_testkit.helpers import SPAN_EPS as EPS
+from scaffold_testkit.helpers import check_spans
 
 from scaffold_core.controller import Controller
 from scaffold_core.episode import EpisodeContext, Outcome
@@ -17,21 +19,6 @@ from scaffold_core.run.runtime import Runtime
 from scaffold_core.sampling import SamplingParams
 from scaffold_core.spans import PHASES, add_span, clock, exclusive
 from scaffold_report.build import build_report
-
-EPS = 2e-4  # spans are kept to 0.1 ms
-
-
-def check_spans(record: dict) -> None:
-    """Every span of the episode lies within its time: from its first span to the end of its wall time."""
-    spans = record["spans"]
-    assert spans, record["episode_id"]
-    start, end = record["started_s"], record["started_s"] + record["wall_s"]
-    for phase, a, b, *_ in spans:
-        assert a <= b, (phase, a, b)
-        assert b <= end + EPS, (record["episode_id"], phase, b, end)
-        assert a >= start - EPS or phase == "queued", (record["episode_id"], phase, a, start)
-    parts = exclusive(spans, min(start, spans[0][1]), end)
-    assert sum(parts.values()) == pytest.approx(end - min(start, spans[0][1]), abs=1e-6)
 
 
 def test_time_divides_among_phases_by_precedence_and_sums_to_the_episode():

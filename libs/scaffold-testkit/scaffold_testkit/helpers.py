@@ -177,3 +177,25 @@ class _OneRowTask(Task):
 
     def build_prompt(self, row: dict[str, Any], tokenizer: Any) -> Any:
         return self.task.build_prompt(row, tokenizer)
+
+
+#: How far a recorded span may stray past its episode's times: spans are kept to 0.1 ms.
+SPAN_EPS = 2e-4
+
+
+def check_spans(record: dict[str, Any]) -> None:
+    """Assert that every span of an episode's record lies within its time (from its first span, a wait for its turn,
+    to the end of its wall time) and that its phases' shares sum to that time."""
+    from pytest import approx
+
+    from scaffold_core.spans import exclusive
+
+    spans = record["spans"]
+    assert spans, record["episode_id"]
+    start, end = record["started_s"], record["started_s"] + record["wall_s"]
+    for phase, a, b, *_ in spans:
+        assert a <= b, (phase, a, b)
+        assert b <= end + SPAN_EPS, (record["episode_id"], phase, b, end)
+        assert a >= start - SPAN_EPS or phase == "queued", (record["episode_id"], phase, a, start)
+    parts = exclusive(spans, min(start, spans[0][1]), end)
+    assert sum(parts.values()) == approx(end - min(start, spans[0][1]), abs=1e-6)

@@ -9,14 +9,12 @@ import shutil
 
 import pytest
 from scaffold_testkit.engines import ScriptedEngine
+from scaffold_testkit.helpers import check_spans
 
 from scaffold_core.cli import main
 from scaffold_core.output.store import read_records
 from scaffold_core.run.rollout import Rollout
-from scaffold_core.spans import exclusive
 from scaffold_report.build import build_report
-
-EPS = 2e-4  # spans are kept to 0.1 ms
 
 
 def section(html: str, anchor: str) -> str:
@@ -25,17 +23,6 @@ def section(html: str, anchor: str) -> str:
     return found.group(0)
 
 
-def check_spans(record: dict) -> None:
-    """Every span of the episode lies within its time: from its first span to the end of its wall time."""
-    spans = record["spans"]
-    assert spans, record["episode_id"]
-    start, end = record["started_s"], record["started_s"] + record["wall_s"]
-    for phase, a, b, *_ in spans:
-        assert a <= b, (phase, a, b)
-        assert b <= end + EPS, (record["episode_id"], phase, b, end)
-        assert a >= start - EPS or phase == "queued", (record["episode_id"], phase, a, start)
-    parts = exclusive(spans, min(start, spans[0][1]), end)
-    assert sum(parts.values()) == pytest.approx(end - min(start, spans[0][1]), abs=1e-6)
 
 
 def _timeline_checks(directory, html: str) -> None:

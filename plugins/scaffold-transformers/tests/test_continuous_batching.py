@@ -6,26 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from scaffold_testkit.models import NoEosTokenizer, tiny_llama
 
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.tokenizers import ByteTokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-class NoEosTokenizer(ByteTokenizer):
-    eos_token_id = None  # a random model must not stop early: every row runs to its own max_tokens
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=ByteTokenizer().vocab_size, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=512, tie_word_embeddings=False)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def prompt(i: int) -> list[int]:
@@ -39,7 +29,7 @@ def engine(model, **options):
 
 
 def test_rows_joining_and_leaving_get_what_they_get_alone_and_next_turns_reuse_their_keys():
-    model = tiny_model()
+    model = tiny_llama()
     sampling = [SamplingParams(max_tokens=m, temperature=t) for m, t in ((30, 1.0), (3, 0.8), (5, 0.0), (9, 1.0),
                                                                          (2, 1.0), (14, 0.7))]
     first = [GenerationRequest(f"a{i}", prompt(i), sampling[i], seed=i) for i in range(3)]
@@ -88,7 +78,7 @@ def test_rows_joining_and_leaving_get_what_they_get_alone_and_next_turns_reuse_t
 
 def test_closing_the_engine_fails_the_requests_it_was_decoding():
     async def main():
-        eng = engine(tiny_model())
+        eng = engine(tiny_llama())
         await eng.start()
         started = asyncio.Event()
         request = GenerationRequest("long", prompt(0), SamplingParams(max_tokens=480, temperature=1.0), seed=1,

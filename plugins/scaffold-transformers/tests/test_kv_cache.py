@@ -7,25 +7,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from scaffold_testkit.models import NoEosTokenizer, tiny_llama
 
 from scaffold_core.generation import GenerationRequest
 from scaffold_core.sampling import SamplingParams
-from scaffold_core.tokenizers import ByteTokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-class NoEosTokenizer(ByteTokenizer):
-    eos_token_id = None  # a random model must not stop early: every row runs to its own max_tokens
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=ByteTokenizer().vocab_size, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=512, tie_word_embeddings=False)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def test_reserved_layers_hold_what_concatenation_holds_through_growth_selection_and_crop():
@@ -63,7 +53,7 @@ def test_reserved_layers_hold_what_concatenation_holds_through_growth_selection_
 def test_engine_tokens_and_logprobs_are_identical_with_and_without_the_reserved_cache():
     from scaffold_transformers.transformers_engine import TransformersEngine
 
-    engine = TransformersEngine.wrap(tiny_model(), NoEosTokenizer(), max_batch_size=16, batch_wait_ms=50)
+    engine = TransformersEngine.wrap(tiny_llama(), NoEosTokenizer(), max_batch_size=16, batch_wait_ms=50)
     prompts = [[10, 11, 12, 13], [20, 21], [10, 11, 12, 13], [30, 31, 32, 33, 34, 35]]
     plans = [(3, 1.0, 1.0), (90, 1.0, 1.0), (12, 0.0, 1.0), (40, 0.8, 0.9)]  # max_tokens, temperature, top_p
     requests = [GenerationRequest(f"r{i}", prompts[i], SamplingParams(max_tokens=m, temperature=t, top_p=p), seed=i)
