@@ -196,7 +196,8 @@ class EpisodeResult:
     ``status`` is ``"ok"`` or ``"failed"``; a failed episode carries
     ``error`` (the reason) and ``error_component`` (engine, verifier,
     controller, trajectory, timeout, ...). ``spans``: where its time went
-    (see :mod:`scaffold_core.spans`), seconds since the session's start, and
+    (see :mod:`scaffold_core.spans`), seconds since the session's start, all
+    finite (as :func:`scaffold_core.spans.relative` gives them), and
     ``started_s`` when it started on that clock; ``None`` when not recorded.
     """
 

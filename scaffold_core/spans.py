@@ -86,24 +86,47 @@ def recording(spans: list[tuple[Any, ...]] | None) -> Iterator[None]:
 
 
 def relative(spans: list[tuple[Any, ...]], zero: float, digits: int = 4) -> list[list[Any]]:
-    """``spans`` as seconds since ``zero``, rounded (what a record holds), in order of their start."""
+    """``spans`` as seconds since ``zero``, rounded to ``digits`` decimals (what a record holds), in order of
+    their start. A span whose times are not finite numbers is left out, so a record's spans are always finite."""
+    scale = 10.0 ** digits
     out: list[list[Any]] = []
     last = -math.inf
     ordered = True
-    for item in spans:
-        start, end = round(item[1] - zero, digits), round(item[2] - zero, digits)
-        if end < start:
-            end = start
-        if start < last:
-            ordered = False
-        last = start
-        if len(item) > 3 and item[3] is not None:
-            out.append([item[0], start, end, str(item[3])])
-        else:
-            out.append([item[0], start, end])
+    try:
+        for item in spans:
+            # round() of a float to an integer is fast; with ndigits it formats the number in decimal. It raises
+            # on NaN and infinities, and on a time that is no number: the careful loop below takes those.
+            start, end = round((item[1] - zero) * scale) / scale, round((item[2] - zero) * scale) / scale
+            if end < start:
+                end = start
+            if start < last:
+                ordered = False
+            last = start
+            if len(item) > 3 and item[3] is not None:
+                out.append([item[0], start, end, str(item[3])])
+            else:
+                out.append([item[0], start, end])
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return sorted(_checked(spans, zero, scale), key=_start)
     if not ordered:
         out.sort(key=_start)
     return out
+
+
+def _checked(spans: list[Any], zero: float, scale: float) -> Iterator[list[Any]]:
+    """The spans of ``spans`` that are (phase, start, end[, name]) with finite times, as :func:`relative` gives
+    them (unsorted)."""
+    for item in spans:
+        try:
+            a, b = float(item[1]) - zero, float(item[2]) - zero
+        except (TypeError, ValueError, IndexError):
+            continue
+        if not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        start, end = round(a * scale) / scale, round(b * scale) / scale
+        end = max(end, start)
+        name = item[3] if len(item) > 3 else None
+        yield [item[0], start, end] if name is None else [item[0], start, end, str(name)]
 
 
 def _start(item: Any) -> float:

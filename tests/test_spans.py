@@ -100,6 +100,39 @@ def test_engine_reported_spans_tool_calls_and_plugin_spans_are_recorded():
     assert add_span("decode", 0.0, 1.0) is None  # outside an episode: nothing, no error
 
 
+class _BadSpans(Controller):
+    """A plugin's spans with times that are no finite numbers, beside a good one."""
+
+    def process(self, ctx: EpisodeContext):
+        task = ctx.generation_task()
+        yield [task]
+        now = clock()
+        add_span("await", float("nan"), now, "nan start")
+        add_span("await", now, float("inf"), "infinite end")
+        add_span("await", "soon", now, "a string")  # type: ignore[arg-type]
+        add_span("await", now - 0.001, now, "good")
+        return Outcome([task])
+
+
+def test_a_plugins_span_with_a_time_that_is_no_finite_number_is_left_out_and_the_episode_kept(tmp_path):
+    from scaffold_core.output.store import STORE, EpisodeStore
+
+    runtime = Runtime(engine=_ReportingEngine(), controller=_BadSpans(), verifier=None)
+    ctx = EpisodeContext(episode_id="e", index=0, row={}, prompt_ids=[1], sampling=SamplingParams(max_tokens=4),
+                         seed=1)
+    result = asyncio.run(runtime.run_episode(ctx))
+    assert result.ok and result.attempts == 1
+    assert [s[3] for s in result.spans if s[0] == "await"] == ["good"]
+    assert [s[0] for s in result.spans][:3] == ["queued", "prefill", "decode"]  # in order of their start
+    check_spans({"episode_id": "e", "spans": result.spans, "started_s": result.started_s, "wall_s": result.wall_s})
+    (tmp_path / "run").mkdir()
+    store = EpisodeStore(tmp_path / "run" / STORE)  # stored as strict JSON: the spans read back as recorded
+    store.put([result])
+    store.close()
+    (record,) = read_records(tmp_path / "run")
+    assert record["spans"] == result.spans
+
+
 # -- runs side by side ----------------------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,37 @@ class Timeline:
         wall = head.get("wall_s")
         ended = started + (float(wall) if isinstance(wall, (int, float)) else 0.0)
         began = started
+        starts: Sequence[Any]
+        ends: Sequence[Any]
+        try:  # the usual case: every span (phase, start, end), its phase seen before
+            phases, starts, ends = zip(*spans) if spans else ((), (), ())
+            kinds = [self._codes[phase] for phase in phases]
+            labels: Any = bytes(self.name.itemsize * len(kinds))  # every name code 0
+        except (ValueError, TypeError, KeyError):
+            kinds, labels, starts, ends = self._columns(spans)
+        first = len(self.kind)
+        try:
+            self.start.extend(starts)
+            self.end.extend(ends)
+        except TypeError:  # a span that is no (phase, start, end): the episode is left out
+            del self.start[first:], self.end[first:]
+            return
+        self.kind.extend(kinds)
+        if isinstance(labels, bytes):
+            self.name.frombytes(labels)
+        else:
+            self.name.extend(labels)
+        self.first.append(first)
+        if starts:
+            began = min(began, min(starts))
+            ended = max(ended, max(ends))
+        self.position.append(position)
+        self.began.append(began)
+        self.ended.append(ended)
+        self.ids.append(str(head.get("episode_id", "")))
+
+    def _columns(self, spans: list[Any]) -> tuple[list[int], list[int], list[Any], list[Any]]:
+        """(phase codes, name codes, starts, ends) of ``spans``, new phases and names given codes."""
         codes, names = self._codes, self._name_codes
         kinds, labels, starts, ends = [], [], [], []
         for item in spans:
@@ -101,23 +132,7 @@ class Timeline:
                 labels.append(name)
             else:
                 labels.append(0)
-        first = len(self.kind)
-        try:
-            self.start.extend(starts)
-            self.end.extend(ends)
-        except TypeError:  # a span that is no (phase, start, end): the episode is left out
-            del self.start[first:], self.end[first:]
-            return
-        self.kind.extend(kinds)
-        self.name.extend(labels)
-        self.first.append(first)
-        if starts:
-            began = min(began, min(starts))
-            ended = max(ended, max(ends))
-        self.position.append(position)
-        self.began.append(began)
-        self.ended.append(ended)
-        self.ids.append(str(head.get("episode_id", "")))
+        return kinds, labels, starts, ends
 
     def spans_of(self, episode: int) -> list[tuple[str, float, float, str]]:
         """(phase, start, end, name) of the ``episode``-th episode added."""
@@ -344,9 +359,9 @@ def timeline_section(timeline: Timeline | None, metrics: dict[str, Any] | None, 
 
 def trace_json(timeline: Timeline, limit: int = TRACE_EPISODES) -> str:
     """The spans of the first ``limit`` episodes to start, as a Chrome trace: complete events (``"ph": "X"``) in
-    microseconds, an episode's slice and its spans' on the first row free when it starts (rows are slots of
-    concurrency), each with the episode's id in its args. Written as text directly: a run's trace has some
-    hundred thousand events."""
+    whole microseconds (spans are recorded to 0.1 ms), an episode's slice and its spans' on the first row free
+    when it starts (rows are slots of concurrency), each with the episode's id in its args. Written as text
+    directly: a run's trace has some hundred thousand events."""
     import orjson
 
     n = len(timeline)
@@ -370,13 +385,13 @@ def trace_json(timeline: Timeline, limit: int = TRACE_EPISODES) -> str:
         heapq.heappush(free, (b, row))
         eid = orjson.dumps(timeline.ids[episode]).decode()
         args = f'"args":{{"episode_id":{eid}}}}}'
-        events.append(f'{{"name":{eid},"cat":"episode","ph":"X","pid":1,"tid":{row},"ts":{a * 1e6:.1f},'
-                      f'"dur":{max(0.0, b - a) * 1e6:.1f},{args}')
+        events.append(f'{{"name":{eid},"cat":"episode","ph":"X","pid":1,"tid":{row},"ts":{round(a * 1e6)},'
+                      f'"dur":{round(b * 1e6) - round(a * 1e6) if b > a else 0},{args}')
         stop = first[episode + 1] if episode + 1 < n else total
         for i in range(first[episode], stop):
             phase = phases[kind[i]]
             events.append(f'{{"name":{names[label[i]] if label[i] else phase},"cat":{phase},"ph":"X","pid":1,'
-                          f'"tid":{row},"ts":{start[i] * 1e6:.1f},"dur":{max(0.0, end[i] - start[i]) * 1e6:.1f},'
+                          f'"tid":{row},"ts":{round(start[i] * 1e6)},"dur":{round(max(0.0, end[i] - start[i]) * 1e6)},'
                           f"{args}")
     other = orjson.dumps({"episodes": len(order), "of": n}).decode()
     return '{"traceEvents":[' + ",\n".join(events) + f'],"displayTimeUnit":"ms","otherData":{other}}}'

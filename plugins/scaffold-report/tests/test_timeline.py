@@ -37,6 +37,29 @@ def _timeline_checks(directory, html: str) -> None:
     assert {e["cat"] for e in slices} >= {"episode"}
 
 
+def test_the_timeline_keeps_every_span_named_or_not_and_leaves_out_a_malformed_episode():
+    from scaffold_report.timeline import Timeline
+
+    heads = [
+        {"episode_id": "a", "started_s": 1.0, "wall_s": 2.0, "spans": [["generate", 1.0, 2.0], ["verify", 2.0, 2.5]]},
+        {"episode_id": "b", "started_s": 0.5, "wall_s": 1.0,  # a phase not seen before, a named span, one before
+         "spans": [["queued", 0.2, 0.5], ["tool", 0.6, 0.9, "search"], ["generate", 0.9, 1.2]]},
+        {"episode_id": "c", "started_s": 3.0, "wall_s": 1.0, "spans": [["generate", 3.0, None]]},  # malformed
+        {"episode_id": "d", "started_s": 4.0, "wall_s": 1.0, "spans": []},
+        {"episode_id": "e", "started_s": 5.0, "wall_s": 1.0, "spans": [["tool", 5.0, 5.5, "search"]]},
+    ]
+    timeline = Timeline()
+    for position, head in enumerate(heads):
+        timeline.add(position, head)
+    assert timeline.ids == ["a", "b", "d", "e"]
+    assert timeline.spans_of(0) == [("generate", 1.0, 2.0, ""), ("verify", 2.0, 2.5, "")]
+    assert timeline.spans_of(1) == [("queued", 0.2, 0.5, ""), ("tool", 0.6, 0.9, "search"),
+                                    ("generate", 0.9, 1.2, "")]
+    assert timeline.spans_of(2) == [] and timeline.spans_of(3) == [("tool", 5.0, 5.5, "search")]
+    assert list(timeline.began) == [1.0, 0.2, 4.0, 5.0] and list(timeline.ended) == [3.0, 1.5, 5.0, 6.0]
+    assert len(timeline.kind) == len(timeline.name) == len(timeline.start) == len(timeline.end) == 6
+
+
 def test_the_run_report_draws_the_timeline_and_writes_a_trace(dice_plugins, dice_config, tmp_path):
     config = dice_config(task={"name": "sums", "count": 6}, controller={"name": "native", "samples": 2})
     Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
