@@ -142,15 +142,30 @@ def uptime() -> str:
 
 
 def train(name: str, cfg: dict[str, Any], work: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
-    out = Path(cfg["output"]["dir"])
+    return finish(start(name, cfg, work, env), timeout)
+
+
+def start(name: str, cfg: dict[str, Any], work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Start ``scaffold train`` for one run (``finish`` waits for it): runs started together share the CPU."""
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    started = time.perf_counter()
     print(f"== {name}: scaffold train {path}  ({uptime()})", flush=True)
-    with open(work / f"{name}.log", "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "scaffold_core.cli", "train", str(path), "--overwrite",
-                               "--no-progress"], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    wall = time.perf_counter() - started
+    log = open(work / f"{name}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "scaffold_core.cli", "train", str(path), "--overwrite",
+                             "--no-progress"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    return {"proc": proc, "log": log, "started": time.perf_counter(), "out": Path(cfg["output"]["dir"])}
+
+
+def finish(run: dict[str, Any], timeout: float) -> dict[str, Any]:
+    proc, out = run["proc"], run["out"]
+    try:
+        proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - run["started"])))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        run["log"].close()
+    wall = time.perf_counter() - run["started"]
     return {"rc": proc.returncode, "wall_s": round(wall, 1), "out": str(out), "uptime_after": uptime(),
             "steps": _jsonl(out / "train_metrics.jsonl"), "timings": _jsonl(out / "train_timings.jsonl")}
 
@@ -190,7 +205,7 @@ def table(results: dict[str, Any], names: list[str], target: float) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="/tmp/distill-bench")
     parser.add_argument("--task", choices=("colour", "untuned"), default="colour")
@@ -214,25 +229,29 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase")
     parser.add_argument("--reuse-grpo", action="store_true", help="keep the GRPO run (and teacher) already in --work")
+    parser.add_argument("--teacher", default=None,
+                        help="a teacher trained before (a scaffold train run's final/ folder): the GRPO run is then "
+                             "only the baseline, and may use another batch than the teacher's run")
+    parser.add_argument("--parallel", action="store_true",
+                        help="with --teacher: start the GRPO baseline and the OPD runs together (--threads each), "
+                             "so they share the machine alike and their wall-clock times compare")
     parser.add_argument("--suffix", default="",
                         help="appended to the OPD runs' folder names (--suffix=-lr2e-4: with = for a leading dash)")
     args = parser.parse_args()
+    if args.parallel and not args.teacher:
+        parser.error("--parallel needs --teacher: without one, the OPD runs wait for the GRPO run's checkpoint")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     task, env = make_task(work, args.task, args.rows)
     save = work / "results.json"
     grpo_dir = work / "grpo"
-    if not (args.reuse_grpo and (grpo_dir / "final").exists()):
-        shutil.rmtree(grpo_dir, ignore_errors=True)
-        r = train("grpo", config(args, task, grpo_dir, args.steps, {}), work, env, args.timeout)
-        record(save, "grpo", reach(r, args.target), vars(args))
-        if not (grpo_dir / "final").exists():
-            sys.exit(f"the GRPO run left no checkpoint in {grpo_dir / 'final'}: see {work / 'grpo.log'}")
-    elif "grpo" not in _load(save).get("runs", {}):  # a GRPO run whose bench process was stopped: read its folder
-        found = {"rc": 0, "wall_s": None, "out": str(grpo_dir), "uptime_after": None,
-                 "steps": _jsonl(grpo_dir / "train_metrics.jsonl"), "timings": _jsonl(grpo_dir / "train_timings.jsonl")}
-        record(save, "grpo", reach(found, args.target), vars(args))
-    teacher: dict[str, Any] = {"model": str(grpo_dir / "final"), "threads": args.threads}
+    teacher_model = args.teacher or str(grpo_dir / "final")
+    teacher: dict[str, Any] = {"model": teacher_model, "threads": args.threads}
     opd: dict[str, Any] = {"algorithm": "opd", "teacher": teacher}
     if args.opd_lr is not None:
         opd["learning_rate"] = args.opd_lr
@@ -240,12 +259,40 @@ def main() -> None:
         teacher["top_k"] = args.top_k
         opd["opd_top_k_weight"] = args.top_k_weight
     variants = {"opd": opd, "opd_mix": {**opd, "opd_reward_weight": args.mix}}
-    for variant in filter(None, args.variants.split(",")):
-        name = variant + args.suffix
-        r = train(name, config(args, task, work / name, args.opd_steps or args.steps, variants[variant]), work,
-                  env, args.timeout)
-        record(save, name, reach(r, args.target), vars(args))
+    runs_to_start = [(variant + args.suffix, variants[variant]) for variant in filter(None, args.variants.split(","))]
+    if args.teacher and not (Path(args.teacher) / "config.json").exists():
+        sys.exit(f"--teacher {args.teacher}: no checkpoint there (config.json missing); give a scaffold train "
+                 "run's final/ folder")
+    baseline = not (args.reuse_grpo and (grpo_dir / "final").exists())
+    if baseline:
+        shutil.rmtree(grpo_dir, ignore_errors=True)
+        if args.parallel:  # the GRPO baseline beside the OPD runs (only with a --teacher trained before)
+            runs_to_start.insert(0, ("grpo", {}))
+        else:
+            r = train("grpo", config(args, task, grpo_dir, args.steps, {}), work, env, args.timeout)
+            record(save, "grpo", reach(r, args.target), vars(args))
+            if not args.teacher and not (grpo_dir / "final").exists():
+                sys.exit(f"the GRPO run left no checkpoint in {grpo_dir / 'final'}: see {work / 'grpo.log'}")
+    elif "grpo" not in _load(save).get("runs", {}):  # a GRPO run whose bench process was stopped: read its folder
+        found = {"rc": 0, "wall_s": None, "out": str(grpo_dir), "uptime_after": None,
+                 "steps": _jsonl(grpo_dir / "train_metrics.jsonl"), "timings": _jsonl(grpo_dir / "train_timings.jsonl")}
+        record(save, "grpo", reach(found, args.target), vars(args))
+    if args.parallel:
+        started = [(name, start(name, config(args, task, work / name,
+                                             args.steps if name == "grpo" else args.opd_steps or args.steps, extra),
+                                work, env)) for name, extra in runs_to_start]
+        for name, run in started:
+            record(save, name, reach(finish(run, args.timeout), args.target), vars(args))
+    else:
+        for name, extra in runs_to_start:
+            r = train(name, config(args, task, work / name, args.opd_steps or args.steps, extra), work, env,
+                      args.timeout)
+            record(save, name, reach(r, args.target), vars(args))
 
+    summarize(args, work, save)
+
+
+def summarize(args: argparse.Namespace, work: Path, save: Path) -> None:
     # every run of this folder (OPD runs of other invocations too, and runs whose bench process was stopped:
     # read from their folders), side by side
     results = _load(save)
