@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -81,31 +81,32 @@ class Timeline:
         started = float(started) if isinstance(started, (int, float)) else 0.0
         wall = head.get("wall_s")
         ended = started + (float(wall) if isinstance(wall, (int, float)) else 0.0)
-        began = started
-        starts: Sequence[Any]
-        ends: Sequence[Any]
-        try:  # the usual case: every span (phase, start, end), its phase seen before
-            phases, starts, ends = zip(*spans) if spans else ((), (), ())
-            kinds = [self._codes[phase] for phase in phases]
-            labels: Any = bytes(self.name.itemsize * len(kinds))  # every name code 0
-        except (ValueError, TypeError, KeyError):
+        codes, kind, start, end = self._codes, self.kind, self.start, self.end
+        first = len(kind)
+        try:  # the usual case: every span (phase, start, end) with no name, its phase seen before
+            for item in spans:
+                if len(item) != 3:
+                    raise KeyError(item)
+                kind.append(codes[item[0]])
+                start.append(item[1])
+                end.append(item[2])
+            self.name.frombytes(bytes(self.name.itemsize * len(spans)))  # every name code 0
+        except (KeyError, TypeError, IndexError):
+            del kind[first:], start[first:], end[first:]
             kinds, labels, starts, ends = self._columns(spans)
-        first = len(self.kind)
-        try:
-            self.start.extend(starts)
-            self.end.extend(ends)
-        except TypeError:  # a span that is no (phase, start, end): the episode is left out
-            del self.start[first:], self.end[first:]
-            return
-        self.kind.extend(kinds)
-        if isinstance(labels, bytes):
-            self.name.frombytes(labels)
-        else:
+            try:
+                start.extend(starts)
+                end.extend(ends)
+            except TypeError:  # a span that is no (phase, start, end): the episode is left out
+                del start[first:], end[first:]
+                return
+            kind.extend(kinds)
             self.name.extend(labels)
         self.first.append(first)
-        if starts:
-            began = min(began, min(starts))
-            ended = max(ended, max(ends))
+        began = started
+        if spans:
+            began = min(began, min(start[first:]))
+            ended = max(ended, max(end[first:]))
         self.position.append(position)
         self.began.append(began)
         self.ended.append(ended)
