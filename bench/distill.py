@@ -6,7 +6,8 @@
    rows or ``--rows``), exact match. Either is written into ``<work>/plugin`` and loaded through
    ``$SCAFFOLD_EXTRA_PLUGINS``, never installed.
 2. GRPO from the base model for ``--steps`` steps (``scaffold train``): the GRPO curve, and its
-   ``final/`` checkpoint is the teacher.
+   ``final/`` checkpoint is the teacher (``--teacher``: a checkpoint trained before, e.g. by a GRPO run with
+   a larger batch; the GRPO run is then the baseline only).
 3. OPD (``algorithm: opd``) from the base model with that teacher, same seed, batch and learning rate
    (``--opd-lr`` to change it), for ``--opd-steps`` steps; ``--variants opd,opd_mix`` adds OPD mixed with
    the verifier's reward (``opd_reward_weight: --mix``).
@@ -21,6 +22,9 @@ stay, and ``scaffold report`` overlays them in ``<work>/compare.html``.
     # OPD again (another learning rate) from the GRPO run already in --work
     nice python bench/distill.py --work /tmp/distill-bench --reuse-grpo --opd-lr 2e-4 --suffix=-lr2e-4
     python bench/distill.py --task untuned --rows learnable --steps 15
+    # GRPO against OPD with a sparse signal (2 samples per prompt), from a teacher trained before, side by side
+    nice python bench/distill.py --work /tmp/opd-bench/run3 --teacher /tmp/opd-bench/run1/grpo/final \
+        --prompts 8 --generations 2 --steps 30 --variants opd --parallel
 """
 
 from __future__ import annotations
