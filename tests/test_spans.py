@@ -30,6 +30,29 @@ def test_time_divides_among_phases_by_precedence_and_sums_to_the_episode():
     assert PHASES[0] == "weight_wait"  # a wait for new weights inside a request counts as that wait
 
 
+def test_the_runs_time_shares_divide_each_episode_as_exclusive_does_sequential_or_overlapping():
+    from scaffold_core.episode import EpisodeResult
+    from scaffold_core.run.metrics import RunMetrics
+
+    episodes = [  # (started_s, wall_s, spans): one after another; overlapping; a queued wait before the start;
+        (1.0, 2.0, [["generate", 1.0, 2.0], ["verify", 2.0, 2.5]]),  # a span past the end, none at all
+        (0.0, 4.0, [["decode", 0.0, 3.0], ["weight_wait", 1.0, 2.0], ["tool", 2.5, 3.5, "search"]]),
+        (5.0, 1.0, [["queued", 4.0, 5.0], ["generate", 5.0, 5.5], ["verify", 5.5, 9.0]]),
+        (7.0, 1.0, []),
+    ]
+    metrics, expected, total = RunMetrics(), {}, 0.0
+    for i, (started, wall, spans) in enumerate(episodes):
+        metrics.add(EpisodeResult(episode_id=str(i), index=i, status="ok", reference=None, prompt_text="",
+                                  wall_s=wall, spans=spans, started_s=started))
+        begin = min([started, *(s[1] for s in spans)])
+        total += started + wall - begin
+        for phase, seconds in exclusive(spans, begin, started + wall).items():
+            expected[phase] = expected.get(phase, 0.0) + seconds
+    assert metrics.spanned_s == pytest.approx(total)
+    assert dict(metrics.phase_s) == pytest.approx(expected)
+    assert expected["weight_wait"] == pytest.approx(1.0) and expected["other"] == pytest.approx(0.5 + 0.5 + 1.0)
+
+
 def test_a_run_records_spans_within_each_episode_and_metrics_give_the_shares(dice_plugins, dice_config, tmp_path):
     config = dice_config(task={"name": "sums", "count": 8}, controller={"name": "native", "samples": 2})
     metrics = Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()

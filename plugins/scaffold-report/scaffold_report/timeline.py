@@ -83,15 +83,14 @@ class Timeline:
         ended = started + (float(wall) if isinstance(wall, (int, float)) else 0.0)
         codes, kind, start, end = self._codes, self.kind, self.start, self.end
         first = len(kind)
+        add_kind, add_start, add_end = kind.append, start.append, end.append
         try:  # the usual case: every span (phase, start, end) with no name, its phase seen before
-            for item in spans:
-                if len(item) != 3:
-                    raise KeyError(item)
-                kind.append(codes[item[0]])
-                start.append(item[1])
-                end.append(item[2])
+            for phase, a, b in spans:
+                add_kind(codes[phase])
+                add_start(a)
+                add_end(b)
             self.name.frombytes(bytes(self.name.itemsize * len(spans)))  # every name code 0
-        except (KeyError, TypeError, IndexError):
+        except (KeyError, TypeError, ValueError):
             del kind[first:], start[first:], end[first:]
             kinds, labels, starts, ends = self._columns(spans)
             try:
