@@ -5,6 +5,7 @@
     python bench/run_end_to_end.py --sizes 1000000 --no-dataset
     python bench/run_end_to_end.py --sizes 10000 --repeat 3 --workers 1 2
     python bench/run_end_to_end.py --spans --sizes 20000 --repeat 5   # the cost of recording spans (goal <= 5%)
+    python bench/run_end_to_end.py --spans --instructions --sizes 1000 4000   # the same, counted (valgrind)
 
 Runs the real command line (``scaffold run CONFIG -o DIR``) in a child
 process (after a small first run, which writes Python's bytecode cache as a
@@ -38,6 +39,16 @@ at most 5%, i.e. on/off >= 0.95). The command's figure includes what the spans
 add at its end (the report's Time section and ``trace.json``); the runtime
 alone with and without recording (same episodes, nothing persisted) gives the
 cost of the recording itself.
+
+``--spans --instructions`` counts instead of timing: each run of the command
+under valgrind's callgrind, which counts the instructions the process
+executes (about 50 times slower, so smaller sizes), spans on and off side
+by side (two at once). A count does not drift with the machine's speed as
+seconds do (on a shared 2-core machine a run's time varies by 10-20%
+from minute to minute, more than the cost measured): it gives each size's
+whole-command ratio and, between the two sizes, the instructions each further
+episode costs with and without spans (their ratio: the cost without the
+start-up and the report's fixed part). Cache misses are not counted.
 """
 
 from __future__ import annotations
@@ -233,6 +244,54 @@ def spans_cost(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def instructions(episodes: int, root: Path, spans: bool, timeout: float) -> subprocess.Popen:
+    """Start one `scaffold run` under callgrind (its count goes to the process's stderr)."""
+    import yaml
+
+    tag = f"{episodes}-{int(spans)}"
+    config = root / f"count-{tag}.yaml"
+    config.write_text(yaml.safe_dump(config_data(episodes, 1, True, spans)), encoding="utf-8")
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *scaffold_command(), "run",
+           str(config), "-o", str(root / f"count-out-{tag}")]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env_with_test_plugin())
+
+
+def counted(proc: subprocess.Popen, timeout: float) -> int:
+    _, err = proc.communicate(timeout=timeout)
+    found = [line for line in err.splitlines() if "Collected :" in line]
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"a counted run failed ({proc.returncode}):\n{err[-3000:]}")
+    return int(found[-1].split(":")[-1].replace(",", "").strip())
+
+
+def spans_instructions(args: argparse.Namespace) -> int:
+    """``--spans --instructions``: instructions of the command, spans on and off, at each size."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    print(f"the cost of recording spans, counted: scaffold run under valgrind's callgrind, spans on and off side "
+          f"by side; sizes {', '.join(f'{n:,}' for n in args.sizes)}")
+    print(machine_line())
+    counts: dict[int, dict[bool, int]] = {}
+    with tempfile.TemporaryDirectory(prefix="scaffold-e2e-", dir=args.dir) as tmp:
+        run_cli(200, 1, Path(tmp), args.timeout)  # the bytecode cache
+        for n in args.sizes:
+            procs = {spans: instructions(n, Path(tmp), spans, args.timeout) for spans in (True, False)}
+            counts[n] = {spans: counted(proc, args.timeout) for spans, proc in procs.items()}
+            on, off = counts[n][True], counts[n][False]
+            print(f"  {n:,} episodes: instructions spans on {on / 1e9:.3f} G, off {off / 1e9:.3f} G: off/on "
+                  f"{off / on:.3f} (goal >= {GOAL_SPANS:g})", flush=True)
+    sizes = sorted(counts)
+    ok = all(counts[n][False] / counts[n][True] >= GOAL_SPANS for n in sizes)
+    if len(sizes) >= 2:
+        low, high = sizes[0], sizes[-1]
+        per = {spans: (counts[high][spans] - counts[low][spans]) / (high - low) for spans in (True, False)}
+        print(f"each further episode ({low:,} to {high:,}): spans on {per[True] / 1e3:,.0f} k instructions, off "
+              f"{per[False] / 1e3:,.0f} k: off/on {per[False] / per[True]:.3f}")
+    print(machine_line() + " (at the end)")
+    return 0 if ok else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000],
@@ -245,11 +304,13 @@ def main() -> int:
                    help="output.save_dataset: false (the dataset of 1M 1,000-token episodes needs ~17 GB of disk)")
     p.add_argument("--spans", action="store_true",
                    help="measure the cost of recording spans (output.spans on and off, alternately) instead")
+    p.add_argument("--instructions", action="store_true",
+                   help="with --spans: count instructions under valgrind's callgrind instead of timing")
     p.add_argument("--runtime-only", type=int, help=argparse.SUPPRESS)  # the child of runtime_child
     p.add_argument("--runtime-no-spans", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.spans:
-        return spans_cost(args)
+        return spans_instructions(args) if args.instructions else spans_cost(args)
     if args.runtime_only:
         print(json.dumps(runtime_only(args.runtime_only, not args.runtime_no_spans)))
         return 0

@@ -55,6 +55,7 @@ class Timeline:
         self.names.append("")
         self.kind = array("h")  # per span: its phase's code
         self.name = array("i")  # per span: its name's code
+        self._name_size = self.name.itemsize
         self.start = array("d")
         self.end = array("d")
         self.first = array("q")  # per episode: its first span's place in the span arrays
@@ -75,22 +76,27 @@ class Timeline:
     def add(self, position: int, head: dict[str, Any]) -> None:
         """An episode's head (no-op when it recorded no spans)."""
         spans = head.get("spans")
-        if not isinstance(spans, list):
+        if type(spans) is not list:
             return
-        started = head.get("started_s")
-        started = float(started) if isinstance(started, (int, float)) else 0.0
-        wall = head.get("wall_s")
-        ended = started + (float(wall) if isinstance(wall, (int, float)) else 0.0)
+        started, wall = head.get("started_s"), head.get("wall_s")
+        if type(started) is not float:
+            started = float(started) if isinstance(started, (int, float)) else 0.0
+        if type(wall) is not float:
+            wall = float(wall) if isinstance(wall, (int, float)) else 0.0
         codes, kind, start, end = self._codes, self.kind, self.start, self.end
         first = len(kind)
-        add_kind, add_start, add_end = kind.append, start.append, end.append
-        try:  # the usual case: every span (phase, start, end) with no name, its phase seen before
+        began, ended = started, started + wall  # widened to the spans (a queued one starts before the episode)
+        try:  # the usual case (per episode, so kept lean): every span (phase, start, end), its phase seen before
             for phase, a, b in spans:
-                add_kind(codes[phase])
-                add_start(a)
-                add_end(b)
-            self.name.frombytes(bytes(self.name.itemsize * len(spans)))  # every name code 0
-        except (KeyError, TypeError, ValueError):
+                kind.append(codes[phase])
+                start.append(a)
+                end.append(b)
+                if a < began:
+                    began = a
+                if b > ended:
+                    ended = b
+            self.name.frombytes(bytes(self._name_size * len(spans)))  # every name code 0
+        except (KeyError, TypeError, ValueError):  # a named span, a new phase, or one that is no span
             del kind[first:], start[first:], end[first:]
             kinds, labels, starts, ends = self._columns(spans)
             try:
@@ -101,15 +107,14 @@ class Timeline:
                 return
             kind.extend(kinds)
             self.name.extend(labels)
+            if starts:
+                began, ended = min(began, min(starts)), max(ended, max(ends))
         self.first.append(first)
-        began = started
-        if spans:
-            began = min(began, min(start[first:]))
-            ended = max(ended, max(end[first:]))
         self.position.append(position)
         self.began.append(began)
         self.ended.append(ended)
-        self.ids.append(str(head.get("episode_id", "")))
+        episode_id = head.get("episode_id", "")
+        self.ids.append(episode_id if type(episode_id) is str else str(episode_id))
 
     def _columns(self, spans: list[Any]) -> tuple[list[int], list[int], list[Any], list[Any]]:
         """(phase codes, name codes, starts, ends) of ``spans``, new phases and names given codes."""
