@@ -31,7 +31,7 @@ from scaffold_core.output.store import store_paths
 from .contents import Report
 from .episodes import DETAIL_BYTES, MAX_EPISODES, Stats, Vocab, choose, episode_detail, scan
 from .page import render
-from .timeline import write_trace
+from .timeline import TRACE_EPISODES, write_trace
 from .tokens import token_texts, tokenizer_for_run
 
 _NO_TOKENIZER = object()
@@ -87,12 +87,14 @@ def _read_episodes(report: Report, tokenizer: Any, registry: Any, max_episodes: 
 
 def build_report(directory: str | Path, *, output: str | Path | None = None, tokenizer: Any = _NO_TOKENIZER,
                  registry: Any = None, max_episodes: int = MAX_EPISODES, budget: int = DETAIL_BYTES,
-                 private: bool | None = None, stats: Stats | None = None) -> Path:
+                 private: bool | None = None, stats: Stats | None = None,
+                 trace_episodes: int = TRACE_EPISODES) -> Path:
     """Write ``report.html`` (or ``output``) for the run in ``directory``; returns its path.
 
     ``tokenizer``: the engine's tokenizer when the caller has it (the end of a run); otherwise one is found
     from the saved config (see :mod:`.tokens`). ``private``: the file's mode (default: the run's
-    ``output.private``, else true). ``stats``: see :func:`read_report`.
+    ``output.private``, else true). ``stats``: see :func:`read_report`. ``trace_episodes``: the episodes
+    ``trace.json`` holds at most (the first to start; 0: no ``trace.json``).
     """
     if registry is None:
         from scaffold_core.plugins import get_registry
@@ -104,8 +106,9 @@ def build_report(directory: str | Path, *, output: str | Path | None = None, tok
     if private is None:
         private = bool((report.config.get("output") or {}).get("private", True))
     timeline = report.stats.timeline if report.stats is not None else None
-    if timeline is not None and len(timeline):  # beside the page: Perfetto opens it
-        report.trace = write_trace(timeline, target.with_name(TRACE_FILE), private=private).name
+    if timeline is not None and len(timeline) and trace_episodes > 0:  # beside the page: Perfetto opens it
+        report.trace = write_trace(timeline, target.with_name(TRACE_FILE), private=private,
+                                   limit=trace_episodes).name
     html = render(report)
     atomic_write_text(target, html, private=private)
     return target

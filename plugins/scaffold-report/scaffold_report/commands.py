@@ -81,6 +81,8 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
                                           "compare.html here)")
     p.add_argument("--max-episodes", type=int, default=None, metavar="N",
                    help="episodes the trajectory browser carries in full (default 300; past it, a stratified sample)")
+    p.add_argument("--trace-episodes", type=int, default=None, metavar="N",
+                   help="episodes trace.json holds, the first to start (default 2,000; 0: no trace.json)")
     p.add_argument("--tokenizer", help="a local tokenizer or model folder for the token texts (default: the run's "
                                        "engine's)")
     p.set_defaults(handler=cmd_report)
@@ -156,6 +158,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-episodes: {args.max_episodes} is not >= 0")
     if args.max_episodes is not None:  # asked for: carried whatever their size
         options.update(max_episodes=args.max_episodes, budget=sys.maxsize)
+    if args.trace_episodes is not None:
+        if args.trace_episodes < 0:
+            raise ConfigError(f"--trace-episodes: {args.trace_episodes} is not >= 0 (0: no trace.json)")
+        options["trace_episodes"] = args.trace_episodes
     path = build_report(args.run_dir[0], output=args.output, **options)
     print(path)
     return ExitCode.OK
@@ -164,7 +170,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from .compare import build_comparison
 
-    for flag, value in (("--max-episodes", args.max_episodes), ("--tokenizer", args.tokenizer)):
+    for flag, value in (("--max-episodes", args.max_episodes), ("--tokenizer", args.tokenizer),
+                        ("--trace-episodes", args.trace_episodes)):
         if value is not None:
             raise ConfigError(f"{flag} applies to the report of one directory; a comparison carries no "
                               "trajectories: leave it out")

@@ -36,8 +36,10 @@ GANTT_EPISODES = 40
 GANTT_SLOWEST = 10
 #: Intervals of the "in flight" chart.
 BINS = 120
-#: Episodes ``trace.json`` holds at most (the first to start): about 130 bytes a span.
-TRACE_EPISODES = 10_000
+#: Episodes ``trace.json`` holds at most by default (the first to start; ``scaffold report --trace-episodes``
+#: for more): about 130 bytes a span. Writing it is per-episode work at the end of every run, so the default
+#: is a few thousand.
+TRACE_EPISODES = 2_000
 
 
 def phase_color(phase: str) -> str:

@@ -79,6 +79,30 @@ def test_the_run_report_draws_the_timeline_and_writes_a_trace(dice_plugins, dice
                    for e in inner)
 
 
+def test_the_trace_holds_the_first_episodes_to_start_as_many_as_asked(dice_plugins, dice_config, tmp_path,
+                                                                       monkeypatch, capsys):
+    config = dice_config(task={"name": "sums", "count": 6})
+    Rollout(config, output_dir=tmp_path / "run", plugins=dice_plugins, progress=False).run()
+    monkeypatch.setattr("scaffold_core.plugins.get_registry", lambda: dice_plugins.registry)
+
+    def traced(*flags: str) -> list[dict]:
+        (tmp_path / "run" / "trace.json").unlink(missing_ok=True)
+        assert main(["report", str(tmp_path / "run"), *flags]) == 0
+        if not (tmp_path / "run" / "trace.json").exists():
+            return []
+        trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+        return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "episode"]
+
+    assert len(traced()) == 6  # the default holds a few thousand: all of these
+    first = traced("--trace-episodes", "2")
+    starts = sorted(r["started_s"] for r in read_records(tmp_path / "run"))
+    assert [e["ts"] for e in first] == pytest.approx([s * 1e6 for s in starts[:2]], abs=2e3)
+    assert traced("--trace-episodes", "0") == []
+    assert "<code>trace.json</code>" not in (tmp_path / "run" / "report.html").read_text()  # not linked
+    assert main(["report", str(tmp_path / "run"), "--trace-episodes", "-1"]) != 0
+    assert "--trace-episodes: -1 is not >= 0" in capsys.readouterr().err
+
+
 def test_the_eval_report_draws_the_timeline(eval_dir, dice_plugins, tmp_path):
     out = tmp_path / "r"
     shutil.copytree(eval_dir, out)
