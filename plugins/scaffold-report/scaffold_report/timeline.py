@@ -188,15 +188,27 @@ class Timeline:
             out[phase] = (np.diff(integral) / width).tolist()
         return edges.tolist(), out
 
+    def by_start(self) -> list[int]:
+        """Every episode, in order of its start (ties: in the order added)."""
+        import numpy as np
+
+        return np.argsort(np.frombuffer(self.began, dtype=np.float64), kind="stable").tolist()
+
+    def slowest(self, count: int = GANTT_SLOWEST) -> list[int]:
+        """The ``count`` longest episodes, longest first (ties: in the order added)."""
+        import numpy as np
+
+        took = np.frombuffer(self.ended, dtype=np.float64) - np.frombuffer(self.began, dtype=np.float64)
+        return np.argsort(-took, kind="stable")[:count].tolist()
+
     def chosen(self, count: int = GANTT_EPISODES, slowest: int = GANTT_SLOWEST) -> list[int]:
         """The episodes the Gantt chart draws: the ``slowest`` longest and others spread evenly over the run,
         in order of their start."""
         n = len(self)
+        by_start = self.by_start()
         if n <= count:
-            return sorted(range(n), key=lambda i: self.began[i])
-        longest = heapq.nlargest(slowest, range(n), key=lambda i: self.ended[i] - self.began[i])
-        by_start = sorted(range(n), key=lambda i: self.began[i])
-        picked = set(longest)
+            return by_start
+        picked = set(self.slowest(slowest))
         step = n / max(1, count - len(picked))
         at = 0.0
         while len(picked) < count and at < n:
@@ -206,7 +218,7 @@ class Timeline:
             if len(picked) >= count:
                 break
             picked.add(episode)
-        return sorted(picked, key=lambda i: self.began[i])
+        return sorted(picked, key=self.began.__getitem__)
 
 
 def _ordered_phases(names: Iterable[str]) -> list[str]:
@@ -343,7 +355,7 @@ def timeline_section(timeline: Timeline | None, metrics: dict[str, Any] | None, 
         return ""
     chosen = timeline.chosen()
     n = len(timeline)
-    slowest = set(heapq.nlargest(min(GANTT_SLOWEST, n), range(n), key=lambda i: timeline.ended[i] - timeline.began[i]))
+    slowest = set(timeline.slowest(min(GANTT_SLOWEST, n)))
     edges, series = timeline.in_flight()
     charts = [_in_flight_chart(edges, series)] if series else []
     charts.append(_gantt(timeline, chosen, slowest & set(chosen)))
