@@ -95,7 +95,7 @@ def relative(spans: list[tuple[Any, ...]], zero: float, digits: int = 4) -> list
     try:
         for item in spans:
             # round() of a float to an integer is fast; with ndigits it formats the number in decimal. It raises
-            # on NaN and infinities, and on a time that is no number: the careful loop below takes those.
+            # on NaN and infinities, and on a time that is no number: those spans are left out (_finite).
             start, end = round((item[1] - zero) * scale) / scale, round((item[2] - zero) * scale) / scale
             if end < start:
                 end = start
@@ -107,26 +107,22 @@ def relative(spans: list[tuple[Any, ...]], zero: float, digits: int = 4) -> list
             else:
                 out.append([item[0], start, end])
     except (TypeError, ValueError, OverflowError, IndexError):
-        return sorted(_checked(spans, zero, scale), key=_start)
+        return relative(list(_finite(spans, zero, scale)), zero, digits)
     if not ordered:
         out.sort(key=_start)
     return out
 
 
-def _checked(spans: list[Any], zero: float, scale: float) -> Iterator[list[Any]]:
-    """The spans of ``spans`` that are (phase, start, end[, name]) with finite times, as :func:`relative` gives
-    them (unsorted)."""
+def _finite(spans: list[Any], zero: float, scale: float) -> Iterator[tuple[Any, ...]]:
+    """The spans of ``spans`` that are (phase, start, end[, name]) whose times, as :func:`relative` scales them, are
+    finite; the times as floats."""
     for item in spans:
         try:
-            a, b = float(item[1]) - zero, float(item[2]) - zero
+            a, b = float(item[1]), float(item[2])
         except (TypeError, ValueError, IndexError):
             continue
-        if not (math.isfinite(a) and math.isfinite(b)):
-            continue
-        start, end = round(a * scale) / scale, round(b * scale) / scale
-        end = max(end, start)
-        name = item[3] if len(item) > 3 else None
-        yield [item[0], start, end] if name is None else [item[0], start, end, str(name)]
+        if math.isfinite((a - zero) * scale) and math.isfinite((b - zero) * scale):
+            yield (item[0], a, b, *item[3:4])
 
 
 def _start(item: Any) -> float:

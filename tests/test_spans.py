@@ -132,6 +132,7 @@ class _BadSpans(Controller):
         now = clock()
         add_span("await", float("nan"), now, "nan start")
         add_span("await", now, float("inf"), "infinite end")
+        add_span("await", now, 1e308, "an end too far to scale")  # finite, but not once scaled to 0.1 ms
         add_span("await", "soon", now, "a string")  # type: ignore[arg-type]
         add_span("await", now - 0.001, now, "good")
         return Outcome([task])

@@ -163,8 +163,7 @@ class RunMetrics:
             self.extra_n[name] += 1
 
     def _add_spans(self, result: EpisodeResult) -> None:
-        """The episode's time, from its first span (a wait for its turn) to its end, divided among phases
-        (:func:`~scaffold_core.spans.exclusive`, whose usual case, spans one after another, is done here)."""
+        """The episode's time, from its first span (a wait for its turn) to its end, divided among phases."""
         spans = result.spans or []
         started = result.started_s or 0.0
         begin = spans[0][1] if spans and spans[0][1] < started else started  # spans are in order of their start
@@ -173,23 +172,8 @@ class RunMetrics:
             return
         self.spanned_s += end - begin
         phase_s = self.phase_s
-        last, covered, parts = begin, 0.0, []
-        for item in spans:
-            a, b = item[1], item[2]
-            if a < last:  # overlapping spans: which phase takes the time is decided by precedence
-                for phase, seconds in exclusive(spans, begin, end).items():
-                    phase_s[phase] += seconds
-                return
-            if b > end:
-                b = end
-            if b > a:
-                parts.append((item[0], b - a))
-                covered += b - a
-                last = b
-        for phase, seconds in parts:
+        for phase, seconds in exclusive(spans, begin, end).items():
             phase_s[phase] += seconds
-        if end - begin > covered:
-            phase_s["other"] += end - begin - covered
 
     def time_shares(self) -> dict[str, float]:
         """Each phase's share of the episodes' time (those that recorded spans), largest first."""

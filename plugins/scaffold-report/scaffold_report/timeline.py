@@ -57,7 +57,6 @@ class Timeline:
         self.names.append("")
         self.kind = array("h")  # per span: its phase's code
         self.name = array("i")  # per span: its name's code
-        self._name_size = self.name.itemsize
         self.start = array("d")
         self.end = array("d")
         self.first = array("q")  # per episode: its first span's place in the span arrays
@@ -97,7 +96,7 @@ class Timeline:
                     began = a
                 if b > ended:
                     ended = b
-            self.name.frombytes(bytes(self._name_size * len(spans)))  # every name code 0
+            self.name.frombytes(bytes(self.name.itemsize * len(spans)))  # every name code 0
         except (KeyError, TypeError, ValueError):  # a named span, a new phase, or one that is no span
             del kind[first:], start[first:], end[first:]
             kinds, labels, starts, ends = self._columns(spans)
@@ -385,7 +384,7 @@ def trace_json(timeline: Timeline, limit: int = TRACE_EPISODES) -> str:
 
     n = len(timeline)
     began, ended, first = timeline.began, timeline.ended, timeline.first
-    order = sorted(range(n), key=began.__getitem__)[:limit]
+    order = timeline.by_start()[:limit]
     free: list[tuple[float, int]] = []  # (when the row frees, row)
     rows = 0
     phases = [orjson.dumps(p).decode() for p in timeline.phases]
