@@ -270,8 +270,9 @@ class TransformersEngine(Engine):
         (its device and dtype) and sees every change the owner makes to its
         weights. ``start()`` loads nothing; ``close()`` leaves the model alone.
         Its mode is left as the owner set it: the lean forward has no dropout,
-        and transformers' forward (other architectures) runs each pass in eval
-        mode and restores the mode before any request is answered. The owner
+        and transformers' forward (other architectures) runs each pass with
+        the model's submodules in eval mode, the model's own flag untouched
+        (see :meth:`_forward`). The owner
         should not step its optimizer while requests run. ``options`` are the engine's other
         options (``max_batch_size``, ``batch_wait_ms``, ``logprobs``,
         ``threads``).
@@ -329,23 +330,26 @@ class TransformersEngine(Engine):
             done.set_result(version)
 
     def _forward(self, batch: Any, method: str, *args: Any) -> Any:
-        """``batch.start()`` or ``batch.step(tokens)``, in eval mode where the forward pass depends on the mode.
+        """``batch.start()`` or ``batch.step(tokens)``, without dropout whatever the model's mode.
 
         The lean forward has no dropout and reads no mode: a wrapped model (a trainer's policy, in train mode)
         keeps the mode its owner gave it all along, even while other requests decode. transformers' forward
-        drops out in train mode, so such a model is put in eval mode for that one pass and back in train mode
-        before any row is answered: an owner resuming when its requests are answered (a trainer whose
-        rollouts are in, which reads the mode to tell a training step from an evaluation) finds its mode as
-        it left it.
+        drops out where a module is in train mode, so for that one pass the model's submodules in train mode
+        are put in eval mode and back after it. The model itself is never touched: an owner that reads its
+        ``training`` flag while other requests decode on the worker thread (a trainer whose rollouts are in,
+        telling a training step from an evaluation) always finds the mode it set.
         """
         call = getattr(batch, method)
-        if isinstance(batch, LeanBatch) or not getattr(self.model, "training", False):
+        if isinstance(batch, LeanBatch):
             return call(*args)
-        self.model.eval()
+        training = [m for m in self.model.modules() if m.training and m is not self.model]
+        for module in training:
+            module.training = False
         try:
             return call(*args)
         finally:
-            self.model.train()
+            for module in training:
+                module.training = True
 
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self._stats)
