@@ -107,6 +107,37 @@ def test_cli_run_workers_2(test_plugins, tmp_path, capsys):
     assert len(samples(out)) == 7
 
 
+def test_the_end_of_a_two_worker_run_hands_each_record_over_once_in_order(test_plugins, tmp_path):
+    """A reporter counts a multi-worker run's episodes as its end exports them (no second pass over the store),
+    as in one process: each record once, in (index, episode_id) order, while the stores are merged."""
+    heads: list[dict] = []
+    metrics = run_workers(load_config(data=canned(tmp_path, workers=2)), on_head=heads.append)
+    assert [h["episode_id"] for h in heads] == [f"q{i}" for i in range(7)]
+    assert [h["status"] for h in heads] == ["ok"] * 7 and metrics["episodes"] == 7
+    assert not list((tmp_path / "out").glob("episodes.rank-*")) and stored_count(tmp_path / "out" / "episodes.db") == 7
+
+
+def test_a_merge_that_fails_keeps_the_workers_stores_for_the_next_resume(test_plugins, tmp_path, monkeypatch):
+    """The merge runs beside the export: when it fails, the run says so, every worker's store stays as it was
+    (the export had read them: samples.jsonl is whole), and a resume merges them."""
+    import scaffold_core.run.finalize as finalize
+
+    def broken(directory, **options):
+        raise RunDirError("disk full while merging")
+
+    monkeypatch.setattr(finalize, "merge_stores", broken)
+    data = canned(tmp_path, workers=2)
+    with pytest.raises(RunDirError, match="disk full while merging"):
+        run_workers(load_config(data=data))
+    out = tmp_path / "out"
+    assert sum(stored_count(p) for p in out.glob("episodes.rank-*.db")) == 7
+    assert sorted(s["episode_id"] for s in samples(out)) == [f"q{i}" for i in range(7)]
+    monkeypatch.undo()
+    resumed = run_workers(load_config(data=data), resume=True)
+    assert resumed["episodes"] == 7 and resumed.get("resumed_episodes") == 7
+    assert not list(out.glob("episodes.rank-*")) and stored_count(out / "episodes.db") == 7
+
+
 def test_a_failed_worker_is_reported_by_rank_and_shard_and_resume_finishes(test_plugins, tmp_path, capsys):
     data = canned(tmp_path, workers=2)
     data["task"] = {"name": "flaky_list", "rows": ROWS, "crash_rank": 1, "crash": "exit"}

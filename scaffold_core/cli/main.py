@@ -220,7 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from ..launch import run_workers
 
         metrics = run_workers(config, output_dir=args.output, resume=args.resume, progress=progress,
-                              force_config=args.force_config)
+                              force_config=args.force_config, on_head=getattr(reporter, "count", None))
     else:
         from ..run.rollout import Rollout
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,13 +245,14 @@ class LocalLauncher:
             out.append(WorkerResult(rank, self.workers, live, code, error, str(log), tail(log)))
         return out
 
-    def run(self) -> dict[str, Any]:
+    def run(self, on_head: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Start the workers, wait for them, merge and export the run (``on_head``: see ``run_workers``)."""
         try:
-            return self._run()
+            return self._run(on_head)
         finally:
             self.output.release()  # the directory's lock, held since __init__
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self, on_head: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         print(f"scaffold: writing to {self.dir} with {self.workers} worker processes "
               f"(logs: {self.dir / WORKERS_DIR}/rank-*.log)", file=sys.stderr)
         began = time.perf_counter()
@@ -267,7 +269,7 @@ class LocalLauncher:
         results = self.results()
         extra = {"interrupted": self.interrupted} if self.interrupted else {}
         metrics = finalize_run(self.config, self.dir, results, extra_live=extra,
-                               launcher_wall_s=time.perf_counter() - began)
+                               launcher_wall_s=time.perf_counter() - began, on_head=on_head)
         report_failures(metrics)
         return metrics
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,8 @@ def local_ranks(nodes: list[str]) -> list[tuple[int, int]]:
 
 
 def run_ray(config: Config, *, output_dir: str | Path | None = None, resume: bool = False,
-            progress: bool | None = None, force_config: bool = False) -> dict[str, Any]:
+            progress: bool | None = None, force_config: bool = False,
+            on_head: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run ``config`` on ``rollout.workers`` Ray actors; returns the merged metrics."""
     ray = require_ray()
     began = time.perf_counter()
@@ -109,12 +111,13 @@ def run_ray(config: Config, *, output_dir: str | Path | None = None, resume: boo
     output = RunOutput(Path(output_dir) if output_dir is not None else expand_output_dir(config),
                        resume=resume, overwrite=config.output.overwrite, config=config, force_config=force_config)
     try:  # the output directory's lock is held until the run's files are written
-        return _run_ray(ray, config, output, began, progress)
+        return _run_ray(ray, config, output, began, progress, on_head)
     finally:
         output.release()
 
 
-def _run_ray(ray: Any, config: Config, output: RunOutput, began: float, progress: bool | None) -> dict[str, Any]:
+def _run_ray(ray: Any, config: Config, output: RunOutput, began: float, progress: bool | None,
+             on_head: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     rcfg = config.rollout
     resume = output.resume
     directory = output.dir.resolve()
@@ -163,7 +166,7 @@ def _run_ray(ray: Any, config: Config, output: RunOutput, began: float, progress
         if started_ray:
             ray.shutdown()
     metrics = finalize_run(config, directory, results, extra_live={"interrupted": interrupted} if interrupted else None,
-                           launcher="ray", launcher_wall_s=time.perf_counter() - began)
+                           launcher="ray", launcher_wall_s=time.perf_counter() - began, on_head=on_head)
     report_failures(metrics)
     return metrics
 

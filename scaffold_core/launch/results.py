@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,8 @@ def merged_skipped_rows(results: list[WorkerResult]) -> dict[str, int]:
 
 def finalize_run(config: Any, output_dir: Path, results: list[WorkerResult], *,
                  extra_live: dict[str, Any] | None = None, launcher: str = "local",
-                 launcher_wall_s: float | None = None) -> dict[str, Any]:
+                 launcher_wall_s: float | None = None,
+                 on_head: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Merge the workers' stores of ``output_dir``, export the run's files and metrics.json; returns the metrics."""
     live = merge_live(results)
     live.update(extra_live or {})
@@ -166,5 +168,5 @@ def finalize_run(config: Any, output_dir: Path, results: list[WorkerResult], *,
     return finalize_run_dir(Path(output_dir), live, hooks=Hooks(get_plugins().pm),
                             save_dataset=config.output.save_dataset, save_parquet=config.output.save_parquet,
                             skipped_rows=merged_skipped_rows(results),
-                            private=config.output.private, sessions=sessions)
+                            private=config.output.private, sessions=sessions, on_head=on_head)
 

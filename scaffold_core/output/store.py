@@ -431,10 +431,10 @@ def count_episodes(path: Path) -> int:
             db.close()
 
 
-def merge_stores(directory: Path, *, private: bool = True) -> Path:
+def merge_stores(directory: Path, *, private: bool = True, remove: bool = True) -> Path:
     """Fold the workers' stores into ``episodes.db`` (each in one transaction, by the rule of :data:`UPSERT`,
-    in rank order), removing each once it is in; the run's store. Safe to repeat after a kill: a store
-    merged again changes nothing."""
+    in rank order), removing each once it is in (``remove=False``: left for the caller); the run's store.
+    Safe to repeat after a kill: a store merged again changes nothing."""
     target = Path(directory) / STORE
     sources = sorted(Path(directory).glob(RANK_STORE_GLOB))
     db = connect(target, create=True, private=private)
@@ -452,7 +452,8 @@ def merge_stores(directory: Path, *, private: bool = True) -> Path:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
                     db.execute("DETACH DATABASE source")
-            remove_store(source)
+            if remove:
+                remove_store(source)
     finally:
         db.close()
     return target

@@ -7,6 +7,7 @@ ended; needs no components, only the output directory and the stores in it.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 from ..distributed.env import usable_cores
 from ..output import export_run, merge_stores, result_of, store_paths
 from ..output.rundir import write_metrics
-from ..output.store import RANK_STORE_GLOB, count_episodes
+from ..output.store import RANK_STORE_GLOB, count_episodes, remove_store
 from ..plugins.lifecycle import Hooks
 from .metrics import RunMetrics
 
@@ -41,18 +42,24 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     ``on_head``: given every episode's record without its training sequences, in that order.
     """
     directory = Path(directory)
-    if any(directory.glob(RANK_STORE_GLOB)):
-        merge_stores(directory, private=private)
     paths = store_paths(directory)
-    stored = sum(map(count_episodes, paths))
-    totals = sessions if sessions is not None and sessions.episodes == stored else None
-    if totals is None:
-        totals = RunMetrics()
-        count = totals.add
-        on_head = (lambda head: count(result_of(head))) if on_head is None else _both(on_head, count)
-    apart = save_dataset and usable_cores() >= 2 and stored >= DATASET_PROCESS_EPISODES
-    export_run(directory, paths, save_dataset=save_dataset, save_parquet=save_parquet, private=private,
-               on_head=on_head, dataset_process=apart)
+    merge = _Merge(directory, private) if any(directory.glob(RANK_STORE_GLOB)) else None
+    exported = False
+    try:  # the export reads the workers' stores while they are merged
+        # An episode in several stores (resumed, not merged yet) makes the sum larger than any session's count.
+        stored = sum(map(count_episodes, paths))
+        totals = sessions if sessions is not None and sessions.episodes == stored else None
+        if totals is None:
+            totals = RunMetrics()
+            count = totals.add
+            on_head = (lambda head: count(result_of(head))) if on_head is None else _both(on_head, count)
+        apart = save_dataset and usable_cores() >= 2 and stored >= DATASET_PROCESS_EPISODES
+        export_run(directory, paths, save_dataset=save_dataset, save_parquet=save_parquet, private=private,
+                   on_head=on_head, dataset_process=apart)
+        exported = True
+    finally:
+        if merge is not None:
+            merge.finish(raise_error=exported)  # after a failed export, its error is the one to see
     totals.skipped_rows = Counter(skipped_rows or {})
     metrics = totals.summary()
     for key in SESSION_KEYS:
@@ -81,3 +88,29 @@ def _both(on_head: Callable[[dict[str, Any]], None], count: Callable[[Any], None
         count(result_of(head))
 
     return both
+
+
+class _Merge(threading.Thread):
+    """The workers' stores merged into ``episodes.db`` beside the export (SQLite copies rows without the GIL:
+    on a second core the merge costs next to nothing); they are removed once both are done."""
+
+    def __init__(self, directory: Path, private: bool):
+        super().__init__(name="scaffold-store-merge", daemon=True)
+        self.directory, self.private, self.error = directory, private, None
+        self.sources = sorted(directory.glob(RANK_STORE_GLOB))
+        self.start()
+
+    def run(self) -> None:
+        try:
+            merge_stores(self.directory, private=self.private, remove=False)
+        except BaseException as exc:  # raised by finish(), in the caller's thread
+            self.error = exc
+
+    def finish(self, raise_error: bool) -> None:
+        """Wait for the merge; remove the stores it merged, or raise its error (they stay for ``--resume``)."""
+        self.join()
+        if self.error is None:
+            for source in self.sources:
+                remove_store(source)
+        elif raise_error:
+            raise self.error
