@@ -125,14 +125,13 @@ def test_a_merge_that_fails_keeps_the_workers_stores_for_the_next_resume(test_pl
     def broken(directory, **options):
         raise RunDirError("disk full while merging")
 
-    monkeypatch.setattr(finalize, "merge_stores", broken)
     data = canned(tmp_path, workers=2)
-    with pytest.raises(RunDirError, match="disk full while merging"):
+    with monkeypatch.context() as patched, pytest.raises(RunDirError, match="disk full while merging"):
+        patched.setattr(finalize, "merge_stores", broken)
         run_workers(load_config(data=data))
     out = tmp_path / "out"
     assert sum(stored_count(p) for p in out.glob("episodes.rank-*.db")) == 7
     assert sorted(s["episode_id"] for s in samples(out)) == [f"q{i}" for i in range(7)]
-    monkeypatch.undo()
     resumed = run_workers(load_config(data=data), resume=True)
     assert resumed["episodes"] == 7 and resumed.get("resumed_episodes") == 7
     assert not list(out.glob("episodes.rank-*")) and stored_count(out / "episodes.db") == 7
