@@ -96,7 +96,8 @@ class _Merge(threading.Thread):
 
     def __init__(self, directory: Path, private: bool):
         super().__init__(name="scaffold-store-merge", daemon=True)
-        self.directory, self.private, self.error = directory, private, None
+        self.directory, self.private = directory, private
+        self.error: BaseException | None = None
         self.sources = sorted(directory.glob(RANK_STORE_GLOB))
         self.start()
 
