@@ -40,6 +40,9 @@ class LlamaCppEngine(Engine):
                  n_ctx: Annotated[int, Ge(16), Help("the context's tokens, shared by the batch")] = 16384,
                  max_batch_size: Annotated[int, Ge(1), Help("sequences decoded together")] = 32,
                  n_batch: Annotated[int, Ge(1), Help("tokens per llama.cpp decode call")] = 512,
+                 batch_invariant: Annotated[bool, Help(
+                     "each sequence in KV cells of its own (n_ctx split evenly among max_batch_size + 1 "
+                     "sequences): a request gives the same tokens and logprobs alone or batched")] = False,
                  threads: Annotated[int, Ge(1)] | None = None,
                  logprobs: Annotated[Literal["temperature", "processed"],
                                      Help("logprobs after temperature only, or after top-k/top-p too")]
@@ -50,6 +53,9 @@ class LlamaCppEngine(Engine):
         if not self.source.gguf_file:
             raise ValueError(f"engine.model: the llamacpp engine needs a .gguf file, got {model!r}")
         self.n_ctx, self.max_batch_size, self.n_batch = n_ctx, max_batch_size, n_batch
+        self.batch_invariant = batch_invariant
+        # KV cells one sequence may fill: the whole context (shared), or its even share (see _load)
+        self.room = n_ctx // (max_batch_size + 1) if batch_invariant else n_ctx
         self.threads, self.processed = threads, logprobs == "processed"
         self._requests: queue.Queue[tuple[GenerationRequest, asyncio.Future, asyncio.AbstractEventLoop]] = (
             queue.Queue())
@@ -92,9 +98,15 @@ class LlamaCppEngine(Engine):
         if not model:
             raise EngineError(f"llama.cpp could not load {path}", retryable=False)
         cparams = llama.llama_context_default_params()
-        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.n_ctx, self.n_batch, self.n_batch
-        cparams.n_seq_max = self.max_batch_size
-        cparams.kv_unified = True  # the sequences share the context's cells: n_ctx is the batch's total
+        room = max(2, self.n_batch)  # a lone token is decoded with a padding token (see _decode)
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.n_ctx, room, room
+        cparams.n_seq_max = self.max_batch_size + 1  # and the padding's sequence (see _decode)
+        # Shared cells (the default): n_ctx is the batch's total. A sequence's cells then lie among the others',
+        # where they fall, and the attention's sums over them round differently than alone: with quantized
+        # activations a logprob drifts by a few hundredths of a nat over a few tokens, sometimes a greedy token
+        # changes (measured). batch_invariant gives each sequence cells of its own, laid out as when alone:
+        # then equal bit for bit (measured), for n_ctx split evenly.
+        cparams.kv_unified = not self.batch_invariant
         cparams.no_perf = True
         if self.threads:
             cparams.n_threads = cparams.n_threads_batch = self.threads
@@ -105,7 +117,7 @@ class LlamaCppEngine(Engine):
         self._llama, self._torch, self._model, self._ctx = llama, torch, model, ctx
         self._memory = llama.llama_get_memory(ctx)
         self._vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
-        self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = llama.llama_batch_init(room, 0, 1)
         self.context_length = int(llama.llama_model_n_ctx_train(model)) or None
         self.eos_ids = eos_token_ids(self.tokenizer)
 
@@ -179,9 +191,19 @@ class LlamaCppEngine(Engine):
             if future.done():
                 continue
             n = len(request.prompt_ids)
-            room = min(self.n_ctx, self.context_length or self.n_ctx)
+            room = min(self.room, self.context_length or self.room)
+            if n >= room:
+                share = ("the model's context length" if room < self.room else
+                         f"its share of n_ctx ({self.n_ctx} / {self.max_batch_size + 1} with batch_invariant)"
+                         if self.batch_invariant else f"n_ctx ({self.n_ctx})")
+                loop.call_soon_threadsafe(_fail, future, EngineError(
+                    f"a prompt of {n} tokens does not fit a sequence's {room} KV cells, {share}: raise "
+                    "engine.n_ctx" + (" or lower engine.max_batch_size" if self.batch_invariant else ""),
+                    retryable=False))
+                continue
             row = new_row(self._torch, request, future, eos_ids=self.eos_ids, context_length=room)
-            if used + n + row.max_new > self.n_ctx and rows:  # wait for running sequences to free cells
+            if not self.batch_invariant and used + n + row.max_new > self.n_ctx and rows:
+                # wait for running sequences to free cells
                 self._requests.put((request, future, loop))
                 break
             seq = next(s for s in range(self.max_batch_size) if s not in rows)
@@ -232,11 +254,18 @@ class LlamaCppEngine(Engine):
         order: list[int] = []
         for start in range(0, len(entries), self.n_batch):
             chunk = entries[start:start + self.n_batch]
-            for i, (token, pos, seq, logits) in enumerate(chunk):
+            # llama.cpp multiplies one token by another kernel than several (a lone sequence's logprobs moved
+            # 0.12 nats in a batch, measured): batch_invariant gives a lone token a padding token beside it, in a
+            # sequence of its own cleared at once (it costs: one sequence decodes at about half the speed).
+            padded = (chunk + [(chunk[0][0], 0, self.max_batch_size, False)]
+                      if len(chunk) == 1 and self.batch_invariant else chunk)
+            for i, (token, pos, seq, logits) in enumerate(padded):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
                 batch.seq_id[i][0], batch.logits[i] = seq, logits
-            batch.n_tokens = len(chunk)
+            batch.n_tokens = len(padded)
             code = llama.llama_decode(self._ctx, batch)
+            if padded is not chunk:
+                llama.llama_memory_seq_rm(self._memory, self.max_batch_size, -1, -1)
             if code != 0:
                 raise EngineError(f"llama.cpp decode failed (code {code}): the context is full or the batch "
                                   "too large; raise n_ctx or lower max_batch_size")
