@@ -446,13 +446,15 @@ def test_requests_a_pause_aborts_are_continued_by_the_engine_and_each_episode_ru
     from scaffold_core.run.assembly import Limits
     from scaffold_core.run.runtime import Runtime
 
-    server = byte_server(backend_options={"token_delay_s": 0.01, "mean_tokens": 30})
+    # Greedy, with a natural length far above max_tokens: each request runs its 40 tokens (0.8 s), so every
+    # one is still decoding when the pause comes (a sampled request could end after a few tokens, before it).
+    server = byte_server(backend_options={"token_delay_s": 0.02, "mean_tokens": 1000})
 
     async def main():
         async with ts.running(server) as url:
             async with engine(url) as eng:
                 task = ListTask([{"id": f"q{i}", "question": f"{i}?", "answer": "1"} for i in range(4)])
-                contexts = make_contexts(task, eng.tokenizer, SamplingParams(max_tokens=40))
+                contexts = make_contexts(task, eng.tokenizer, SamplingParams(max_tokens=40, temperature=0.0))
                 results = []
                 runtime = Runtime(engine=eng, controller=NativeController(), verifier=None,
                                   limits=Limits(retries=1, concurrency=4))
