@@ -200,14 +200,14 @@ class Timeline:
         took = np.frombuffer(self.ended, dtype=np.float64) - np.frombuffer(self.began, dtype=np.float64)
         return np.argsort(-took, kind="stable")[:count].tolist()
 
-    def chosen(self, count: int = GANTT_EPISODES, slowest: int = GANTT_SLOWEST) -> list[int]:
-        """The episodes the Gantt chart draws: the ``slowest`` longest and others spread evenly over the run,
-        in order of their start."""
+    def chosen(self, count: int = GANTT_EPISODES, longest: Iterable[int] | None = None) -> list[int]:
+        """The episodes the Gantt chart draws: the ``longest`` (default: the :meth:`slowest`) and others spread
+        evenly over the run, in order of their start."""
         n = len(self)
         by_start = self.by_start()
         if n <= count:
             return by_start
-        picked = set(self.slowest(slowest))
+        picked = set(self.slowest() if longest is None else longest)
         step = n / max(1, count - len(picked))
         at = 0.0
         while len(picked) < count and at < n:
@@ -352,9 +352,9 @@ def timeline_section(timeline: Timeline | None, metrics: dict[str, Any] | None, 
         parts, total = timeline.shares()
     if total <= 0:
         return ""
-    chosen = timeline.chosen()
+    slowest = set(timeline.slowest())
+    chosen = timeline.chosen(longest=slowest)
     n = len(timeline)
-    slowest = set(timeline.slowest(min(GANTT_SLOWEST, n)))
     edges, series = timeline.in_flight()
     charts = [_in_flight_chart(edges, series)] if series else []
     charts.append(_gantt(timeline, chosen, slowest & set(chosen)))
