@@ -98,8 +98,8 @@ class LlamaCppEngine(Engine):
         if not model:
             raise EngineError(f"llama.cpp could not load {path}", retryable=False)
         cparams = llama.llama_context_default_params()
-        room = max(2, self.n_batch)  # a lone token is decoded with a padding token (see _decode)
-        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.n_ctx, room, room
+        n_batch = max(2, self.n_batch)  # a lone token may be decoded with a padding token (see _decode)
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.n_ctx, n_batch, n_batch
         cparams.n_seq_max = self.max_batch_size + 1  # and the padding's sequence (see _decode)
         # Shared cells (the default): n_ctx is the batch's total. A sequence's cells then lie among the others',
         # where they fall, and the attention's sums over them round differently than alone: with quantized
@@ -117,7 +117,7 @@ class LlamaCppEngine(Engine):
         self._llama, self._torch, self._model, self._ctx = llama, torch, model, ctx
         self._memory = llama.llama_get_memory(ctx)
         self._vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
-        self._batch = llama.llama_batch_init(room, 0, 1)
+        self._batch = llama.llama_batch_init(n_batch, 0, 1)
         self.context_length = int(llama.llama_model_n_ctx_train(model)) or None
         self.eos_ids = eos_token_ids(self.tokenizer)
 
