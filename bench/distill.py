@@ -213,6 +213,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="/tmp/distill-bench")
     parser.add_argument("--task", choices=("colour", "untuned"), default="colour")
+    parser.add_argument("--word", default="blue",
+                        help="--task colour: the colour an answer must contain (blue: a few %% of the base model's "
+                             "answers; green or yellow: rarer, so GRPO waits longer for a rewarded sample)")
     parser.add_argument("--rows", choices=("generated", *ROWS), default="generated",
                         help="--task untuned: the rows new-plugin generates, or one of ROWS")
     parser.add_argument("--steps", type=int, default=15, help="steps of the GRPO run (the baseline and the teacher)")
@@ -251,7 +254,7 @@ def main() -> None:
     args = parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    task, env = make_task(work, args.task, args.rows)
+    task, env = make_task(work, args.task, args.rows, args.word)
     save = work / "results.json"
     grpo_dir = work / "grpo"
     teacher_model = args.teacher or str(grpo_dir / "final")
