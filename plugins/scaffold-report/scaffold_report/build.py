@@ -38,10 +38,12 @@ _NO_TOKENIZER = object()
 
 
 def read_report(directory: str | Path, *, tokenizer: Any = _NO_TOKENIZER, registry: Any = None,
-                max_episodes: int = MAX_EPISODES, budget: int = DETAIL_BYTES, stats: Stats | None = None) -> Report:
+                max_episodes: int = MAX_EPISODES, budget: int = DETAIL_BYTES, stats: Stats | None = None,
+                trace_episodes: int = TRACE_EPISODES) -> Report:
     """Read what the report shows from ``directory`` (``tokenizer``: the run's, when the caller has it;
     ``stats``: every episode's head counted already, in order, by the run that wrote the directory as it
-    exported its files; used when it counted as many episodes as the store holds)."""
+    exported its files; used when it counted as many episodes as the store holds and kept as many whole for
+    the trace as ``trace_episodes``)."""
     root = Path(directory)
     report = Report(directory=root, kind=run_kind(root))
     saved = read_config(root)
@@ -53,7 +55,9 @@ def read_report(directory: str | Path, *, tokenizer: Any = _NO_TOKENIZER, regist
     report.steps = read_train_steps(root)
     _versions(report, registry)
     if store_paths(root):
-        _read_episodes(report, tokenizer, registry, max_episodes, budget, stats)
+        if stats is not None and stats.timeline.keep < trace_episodes:
+            stats = None
+        _read_episodes(report, tokenizer, registry, max_episodes, budget, stats, trace_episodes)
     return report
 
 
@@ -69,9 +73,10 @@ def _versions(report: Report, registry: Any) -> None:
 
 
 def _read_episodes(report: Report, tokenizer: Any, registry: Any, max_episodes: int, budget: int,
-                   stats: Stats | None = None) -> None:
+                   stats: Stats | None = None, trace_episodes: int = TRACE_EPISODES) -> None:
     with EpisodeReader(report.directory) as reader:
-        report.stats = stats if stats is not None and stats.episodes == len(reader) else scan(reader.heads())
+        report.stats = stats if stats is not None and stats.episodes == len(reader) \
+            else scan(reader.heads(), trace_episodes)
         chosen = choose(report.stats.strata, max_episodes, budget)
         vocab = Vocab()
         report.episodes = [episode_detail(reader.record(position), vocab) for position in chosen]
@@ -101,7 +106,7 @@ def build_report(directory: str | Path, *, output: str | Path | None = None, tok
 
         registry = get_registry()
     report = read_report(directory, tokenizer=tokenizer, registry=registry, max_episodes=max_episodes,
-                         budget=budget, stats=stats)
+                         budget=budget, stats=stats, trace_episodes=trace_episodes)
     target = Path(output) if output is not None else report.directory / REPORT_FILE
     if private is None:
         private = bool((report.config.get("output") or {}).get("private", True))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .eval.answers import answers_of, usable_number
-from .timeline import Timeline
+from .timeline import TRACE_EPISODES, Timeline
 
 #: Episodes the browser carries in full at most, and the page bytes their tokens may take (estimated).
 MAX_EPISODES = 300
@@ -89,7 +89,7 @@ class Stats:
     solved: Counter[tuple[int, int]] = field(default_factory=Counter)  # (correct answers, answers) per episode
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
     strata: Strata = field(default_factory=Strata)  # (position, stratum, estimated bytes)
-    timeline: Timeline = field(default_factory=Timeline)  # every episode's spans (where its time went)
+    timeline: Timeline = field(default_factory=Timeline)  # where the episodes' time went (bounded)
 
     def add(self, position: int, head: dict[str, Any]) -> None:
         """Count one episode's head (``position``: its place in the order the browser numbers episodes)."""
@@ -133,9 +133,10 @@ class Stats:
         self.strata.add(position, kind, size)
 
 
-def scan(heads: Any) -> Stats:
-    """Counts and distributions over every episode head (in the order the browser numbers them)."""
-    stats = Stats()
+def scan(heads: Any, trace_episodes: int = TRACE_EPISODES) -> Stats:
+    """Counts and distributions over every episode head (in the order the browser numbers them);
+    ``trace_episodes``: the episodes the timeline keeps whole for ``trace.json``."""
+    stats = Stats(timeline=Timeline(keep=trace_episodes))
     for position, head in enumerate(heads):
         stats.add(position, head)
     return stats

@@ -1,8 +1,12 @@
 """Where the time went: every episode's spans, as the report's timeline and a Chrome trace.
 
-:class:`Timeline` keeps every span of every episode in a few arrays while the
-report scans the heads (about 20 bytes a span: a run of 200,000 episodes
-keeps a few million spans in some tens of megabytes). From them:
+:class:`Timeline` takes each episode's spans as the report scans the heads,
+a chunk of a few thousand episodes at a time in arrays, and folds each chunk
+into figures whose size does not grow with the run: each phase's seconds,
+the starts and ends of spans counted and summed per cell of time (4,096
+cells, twice as wide whenever the run outgrows them), and a few episodes
+kept whole (the slowest, the first to start, the earliest to start in each
+of a few hundred cells of the run). From them:
 
 * :func:`timeline_section`: the report's "Time" section: each phase's share
   of the episodes' time, the spans in flight by phase over the run (every
@@ -17,11 +21,12 @@ keeps a few million spans in some tens of megabytes). From them:
 from __future__ import annotations
 
 import heapq
+import math
 from array import array
 from collections.abc import Iterable
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from scaffold_core.spans import PHASES, exclusive
 
@@ -40,42 +45,133 @@ BINS = 120
 #: for more): about 130 bytes a span. Writing it is per-episode work at the end of every run, so the default
 #: is a few thousand.
 TRACE_EPISODES = 2_000
+#: A timeline folds the episodes it took in once a chunk holds this many of them, or this many spans.
+CHUNK_EPISODES = 8_192
+CHUNK_SPANS = 262_144
+#: Cells of time the starts and ends of spans are counted in (the in-flight chart's intervals are made of them),
+#: and cells of the run the Gantt chart's spread episodes come from (the earliest to start in each).
+FLIGHT_CELLS = 4_096
+SPREAD_CELLS = 256
 
 
 def phase_color(phase: str) -> str:
     return PHASE_COLORS.get(phase, PALETTE[6])
 
 
-class Timeline:
-    """Every span of every episode that recorded them, in arrays (see the module's docstring)."""
+class Episode(NamedTuple):
+    """One episode the timeline keeps whole (for the Gantt chart and ``trace.json``)."""
 
-    def __init__(self) -> None:
+    began: float  # its start (its first span's, when that is earlier)
+    ended: float
+    order: int  # its place among the episodes added
+    id: str
+    spans: list[tuple[str, float, float, str]]  # (phase, start, end, name; "" when none)
+
+    @property
+    def took(self) -> float:
+        return self.ended - self.began
+
+
+class _Grid:
+    """``cells`` cells of equal width over a growing extent ``[origin, origin + cells * width)``: :meth:`cover`
+    doubles the width (two neighbouring cells become one, the old extent one half of the new) until an
+    interval fits, and returns how to map the old cells (so every sum kept per cell stays exact)."""
+
+    def __init__(self, cells: int) -> None:
+        self.cells = cells
+        self.origin = 0.0
+        self.width = 0.0  # 0: no extent yet
+
+    def cover(self, low: float, high: float) -> list[bool]:
+        """Grow until ``[low, high]`` fits; one entry per doubling: True when the old extent became the upper
+        half (the extent grew downwards)."""
+        if not self.width:
+            self.origin = low
+            self.width = max((high - low) / (self.cells // 2), 1e-6)  # the first values fill half the cells
+            return []
+        steps = []
+        while low < self.origin or high >= self.origin + self.cells * self.width:
+            down = low < self.origin
+            if down:
+                self.origin -= self.cells * self.width
+            self.width *= 2
+            steps.append(down)
+        return steps
+
+    def index(self, values: Any) -> Any:
+        """The cell of each value (a numpy array), clipped to the extent."""
+        import numpy as np
+
+        return np.clip(((values - self.origin) / self.width).astype(np.int64), 0, self.cells - 1)
+
+    @staticmethod
+    def halve(array: Any, down: bool) -> Any:
+        """``array`` (cells last) after one doubling of the width."""
+        import numpy as np
+
+        n = array.shape[-1]
+        merged = array.reshape(*array.shape[:-1], n // 2, 2).sum(axis=-1)
+        out = np.zeros_like(array)
+        if down:
+            out[..., n // 2:] = merged
+        else:
+            out[..., :n // 2] = merged
+        return out
+
+
+class Timeline:
+    """Where the episodes' time went, in bounded memory (see the module's docstring): episodes are taken in
+    a chunk at a time and folded into running sums and a few kept episodes."""
+
+    def __init__(self, keep: int = TRACE_EPISODES) -> None:
+        """``keep``: the episodes kept whole for ``trace.json`` (the first to start; see :data:`TRACE_EPISODES`)."""
+        self.keep = keep
         self.phases: list[str] = []  # the phase of each code
         self._codes: dict[str, int] = {}
-        self.names: list[str] = []  # the names spans carry (a tool's), by code; 0: none
+        self.names: list[str] = [""]  # the names spans carry (a tool's), by code; 0: none
         self._name_codes: dict[str, int] = {"": 0}
-        self.names.append("")
+        self.episodes = 0  # added so far (folded or not)
+        self._chunk()
+        self._parts: dict[str, float] = {}  # {phase: seconds} and the total, as metrics.json's time_shares
+        self._total = 0.0
+        self._low, self._high = math.inf, -math.inf  # the first span's start, the last one's end
+        self._flight = _Grid(FLIGHT_CELLS)  # per phase: starts and ends per cell, counted and summed
+        self._flows: Any = None  # numpy array (phases, 4, cells)
+        self._spread = _Grid(SPREAD_CELLS)  # the earliest episode to start in each cell (the Gantt's picks)
+        self._cells: list[Episode | None] = [None] * SPREAD_CELLS
+        self._slowest: list[Episode] = []
+        self._first: list[Episode] = []  # the first ``keep`` to start
+
+    def _chunk(self) -> None:
         self.kind = array("h")  # per span: its phase's code
         self.name = array("i")  # per span: its name's code
         self.start = array("d")
         self.end = array("d")
         self.first = array("q")  # per episode: its first span's place in the span arrays
-        self.position = array("q")  # per episode: its position in the browser's order
-        self.began = array("d")  # per episode: its start (its first span's, when that is earlier)
+        self.began = array("d")
         self.ended = array("d")
         self.ids: list[str] = []
 
     def __len__(self) -> int:
-        return len(self.first)
+        return self.episodes
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Timeline):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in (
-            "phases", "names", "kind", "name", "start", "end", "first", "position", "began", "ended", "ids"))
+        return self._state() == other._state()
+
+    def _state(self) -> tuple[Any, ...]:
+        """Everything the figures come from (every chunk folded)."""
+        self._fold()
+        flows = None if self._flows is None else self._flows.tolist()
+        grids = [(g.origin, g.width) for g in (self._flight, self._spread)]
+        return (self.keep, self.phases, self.names, self.episodes, self._parts, self._total, self._low, self._high,
+                flows, grids, self._slowest, self._first, self._cells)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def add(self, position: int, head: dict[str, Any]) -> None:
-        """An episode's head (no-op when it recorded no spans)."""
+        """An episode's head (no-op when it recorded no spans). ``position`` is unused (kept for callers)."""
         spans = head.get("spans")
         if type(spans) is not list:
             return
@@ -111,11 +207,13 @@ class Timeline:
             if starts:
                 began, ended = min(began, min(starts)), max(ended, max(ends))
         self.first.append(first)
-        self.position.append(position)
         self.began.append(began)
         self.ended.append(ended)
         episode_id = head.get("episode_id", "")
         self.ids.append(episode_id if type(episode_id) is str else str(episode_id))
+        self.episodes += 1
+        if len(self.first) >= CHUNK_EPISODES or len(kind) >= CHUNK_SPANS:
+            self._fold()
 
     def _columns(self, spans: list[Any]) -> tuple[list[int], list[int], list[Any], list[Any]]:
         """(phase codes, name codes, starts, ends) of ``spans``, new phases and names given codes."""
@@ -140,84 +238,200 @@ class Timeline:
                 labels.append(0)
         return kinds, labels, starts, ends
 
-    def spans_of(self, episode: int) -> list[tuple[str, float, float, str]]:
-        """(phase, start, end, name) of the ``episode``-th episode added."""
+    # -- folding a chunk into the running figures ---------------------------------------------------------
+
+    def _fold(self) -> None:
+        """Fold the chunk of episodes taken in since the last fold into the running figures, and start a new one."""
+        import numpy as np
+
+        n = len(self.first)
+        if not n:
+            return
+        kind = np.frombuffer(self.kind, dtype=np.int16)
+        start = np.frombuffer(self.start, dtype=np.float64)
+        end = np.frombuffer(self.end, dtype=np.float64)
+        first = np.frombuffer(self.first, dtype=np.int64)
+        began = np.frombuffer(self.began, dtype=np.float64)
+        ended = np.frombuffer(self.ended, dtype=np.float64)
+        counts = np.diff(np.append(first, len(kind)))
+        self._fold_shares(kind, start, end, first, counts, began, ended)
+        if len(kind):
+            self._fold_flight(kind, start, end)
+        order = np.arange(self.episodes - n, self.episodes)
+        self._fold_kept(first, counts, began, ended, order)
+        self._chunk()
+
+    def _fold_shares(self, kind: Any, start: Any, end: Any, first: Any, counts: Any, began: Any,
+                     ended: Any) -> None:
+        """Each phase's seconds as :func:`scaffold_core.spans.exclusive` divides an episode's time: in bulk for
+        the usual episode (its spans one after another), one by one for the others."""
+        import numpy as np
+
+        n = len(first)
+        owner = np.repeat(np.arange(n), counts)
+        took = end - start
+        # an episode is usual when no span ends before it starts and each starts at or after the one before ends
+        bad = took < 0
+        follows = np.ones(len(kind), dtype=bool)
+        if len(kind) > 1:
+            follows[1:] = start[1:] >= end[:-1]
+        follows[first[counts > 0]] = True  # an episode's first span follows nothing
+        irregular = np.bincount(owner, weights=bad | ~follows, minlength=n) > 0
+        timed = ended > began
+        usual = timed & ~irregular
+        spans = usual[owner]
+        if spans.any():
+            seconds = np.bincount(kind[spans], weights=took[spans], minlength=len(self.phases))
+            covered = np.bincount(owner[spans], weights=took[spans], minlength=n)
+            rest = np.where(usual, ended - began - covered, 0.0)
+            for code, value in enumerate(seconds.tolist()):
+                if value:
+                    phase = self.phases[code]
+                    self._parts[phase] = self._parts.get(phase, 0.0) + value
+            other = float(rest[rest > 0].sum())
+            if other:
+                self._parts["other"] = self._parts.get("other", 0.0) + other
+            self._total += float((ended - began)[usual].sum())
+        for episode in np.flatnonzero(timed & irregular).tolist():
+            b, e = float(began[episode]), float(ended[episode])
+            self._total += e - b
+            for phase, value in exclusive(self._spans(episode), b, e).items():
+                self._parts[phase] = self._parts.get(phase, 0.0) + value
+
+    def _fold_flight(self, kind: Any, start: Any, end: Any) -> None:
+        """Starts and ends of spans per cell of time and phase: count and sum (what :meth:`in_flight` integrates)."""
+        import numpy as np
+
+        grid = self._flight
+        low, high = float(start.min()), float(max(end.max(), start.max()))
+        self._low, self._high = min(self._low, low), max(self._high, high)
+        phases, cells = len(self.phases), grid.cells
+        flows = self._flows
+        for down in grid.cover(self._low, self._high):
+            flows = _Grid.halve(flows, down) if flows is not None else None
+        if flows is None:
+            flows = np.zeros((phases, 4, cells))
+        elif flows.shape[0] < phases:
+            flows = np.concatenate([flows, np.zeros((phases - flows.shape[0], 4, cells))])
+        at_start, at_end = grid.index(start), grid.index(end)
+        key_start, key_end = kind.astype(np.int64) * cells + at_start, kind.astype(np.int64) * cells + at_end
+        size = phases * cells
+        flows[:, 0] += np.bincount(key_start, minlength=size).reshape(phases, cells)
+        flows[:, 1] += np.bincount(key_start, weights=start, minlength=size).reshape(phases, cells)
+        flows[:, 2] += np.bincount(key_end, minlength=size).reshape(phases, cells)
+        flows[:, 3] += np.bincount(key_end, weights=end, minlength=size).reshape(phases, cells)
+        self._flows = flows
+
+    def _fold_kept(self, first: Any, counts: Any, began: Any, ended: Any, order: Any) -> None:
+        """The slowest episodes, the first to start and the earliest to start in each cell of the run: kept whole."""
+        import numpy as np
+
+        took = ended - began
+        slowest = np.lexsort((order, -took))[:GANTT_SLOWEST]
+        if len(self._slowest) >= GANTT_SLOWEST:  # only those that beat the slowest kept
+            least = self._slowest[-1].took
+            slowest = slowest[took[slowest] > least]
+        if len(slowest):
+            self._slowest = sorted(self._slowest + [self._episode(i) for i in slowest.tolist()],
+                                   key=lambda e: (-e.took, e.order))[:GANTT_SLOWEST]
+        if self.keep > 0:
+            earliest = np.lexsort((order, began))[:self.keep]
+            if len(self._first) >= self.keep:
+                earliest = earliest[began[earliest] < self._first[-1].began]
+            if len(earliest):
+                self._first = sorted(self._first + [self._episode(i) for i in earliest.tolist()],
+                                     key=lambda e: (e.began, e.order))[:self.keep]
+        grid = self._spread
+        for down in grid.cover(float(began.min()), float(began.max())):
+            held, self._cells = self._cells, [None] * grid.cells
+            half = grid.cells // 2
+            for i in range(0, grid.cells, 2):
+                pair = [e for e in held[i:i + 2] if e is not None]
+                self._cells[half * down + i // 2] = min(pair, key=lambda e: (e.began, e.order)) if pair else None
+        cell = grid.index(began)
+        ranked = np.lexsort((order, began, cell))
+        firsts = ranked[np.flatnonzero(np.diff(np.append(-1, cell[ranked])))]  # the earliest in each cell
+        for i in firsts.tolist():
+            held_one = self._cells[int(cell[i])]
+            if held_one is None or (float(began[i]), int(order[i])) < (held_one.began, held_one.order):
+                self._cells[int(cell[i])] = self._episode(i)
+
+    def _spans(self, episode: int) -> list[tuple[str, float, float, str]]:
+        """(phase, start, end, name) of the ``episode``-th episode of the chunk."""
         stop = self.first[episode + 1] if episode + 1 < len(self.first) else len(self.kind)
         return [(self.phases[self.kind[i]], self.start[i], self.end[i], self.names[self.name[i]])
                 for i in range(self.first[episode], stop)]
 
+    def _episode(self, episode: int) -> Episode:
+        return Episode(self.began[episode], self.ended[episode], self.episodes - len(self.first) + episode,
+                       self.ids[episode], self._spans(episode))
+
+    # -- the figures --------------------------------------------------------------------------------------
+
     def shares(self) -> tuple[dict[str, float], float]:
         """({phase: seconds}, total seconds) of the episodes' time, divided as ``metrics.json``'s ``time_shares``
         (:func:`scaffold_core.spans.exclusive`)."""
-        parts: dict[str, float] = {}
-        total = 0.0
-        for episode in range(len(self)):
-            begin, end = self.began[episode], self.ended[episode]
-            if end <= begin:
-                continue
-            total += end - begin
-            for phase, seconds in exclusive(self.spans_of(episode), begin, end).items():
-                parts[phase] = parts.get(phase, 0.0) + seconds
-        return parts, total
+        self._fold()
+        return dict(self._parts), self._total
 
     def in_flight(self, bins: int = BINS) -> tuple[list[float], dict[str, list[float]]]:
-        """(interval edges, {phase: mean number of its spans in flight in each interval}) over the run."""
+        """(interval edges, {phase: mean number of its spans in flight in each interval}) over the run: at most
+        ``bins`` intervals, their edges on the cells the spans were counted in (so each mean is exact)."""
         import numpy as np
 
-        if not len(self.kind):
+        self._fold()
+        flows, grid = self._flows, self._flight
+        if flows is None:
             return [], {}
-        start = np.frombuffer(self.start, dtype=np.float64)
-        end = np.frombuffer(self.end, dtype=np.float64)
-        kind = np.frombuffer(self.kind, dtype=np.int16)
-        low, high = float(start.min()), float(end.max())
-        if high <= low:
-            high = low + 1e-3
-        edges = np.linspace(low, high, bins + 1)
-        width = edges[1] - edges[0]
+        low = int(grid.index(np.array([self._low]))[0])
+        high = int(grid.index(np.array([self._high]))[0]) + 1
+        group = -(-(high - low) // bins)
+        stop = low + group * -(-(high - low) // group)
+        edges_at = np.arange(low, stop + 1, group)
+        edges = grid.origin + grid.width * edges_at
         out: dict[str, list[float]] = {}
         for code, phase in enumerate(self.phases):
-            mask = kind == code
-            if not mask.any():
+            if code >= flows.shape[0] or not flows[code, 0].any():
                 continue
-            # the integral over [low, t] of the spans in flight: sum of clip(t - s, 0, e - s), by sorted sums
-            s, e = np.sort(start[mask]), np.sort(end[mask])
-            cs, ce = np.concatenate(([0.0], np.cumsum(s))), np.concatenate(([0.0], np.cumsum(e)))
-            ns, ne = np.searchsorted(s, edges, "right"), np.searchsorted(e, edges, "right")
-            integral = (ns * edges - cs[ns]) - (ne * edges - ce[ne])
-            out[phase] = (np.diff(integral) / width).tolist()
+            # the integral over time of the spans in flight, at each cell's lower edge: the starts before it, each
+            # (edge - start), less the ends before it, each (edge - end)
+            counted = np.concatenate([[0.0], np.cumsum(flows[code, 0] - flows[code, 2])])
+            summed = np.concatenate([[0.0], np.cumsum(flows[code, 1] - flows[code, 3])])
+            if len(counted) <= stop:
+                counted = np.concatenate([counted, np.full(stop + 1 - len(counted), counted[-1])])
+                summed = np.concatenate([summed, np.full(stop + 1 - len(summed), summed[-1])])
+            integral = counted[edges_at] * edges - summed[edges_at]
+            out[phase] = (np.diff(integral) / (grid.width * group)).tolist()
         return edges.tolist(), out
 
-    def by_start(self) -> list[int]:
-        """Every episode, in order of its start (ties: in the order added)."""
-        import numpy as np
+    def slowest(self) -> list[Episode]:
+        """The :data:`GANTT_SLOWEST` longest episodes, longest first (ties: in the order added)."""
+        self._fold()
+        return list(self._slowest)
 
-        return np.argsort(np.frombuffer(self.began, dtype=np.float64), kind="stable").tolist()
+    def first_to_start(self, limit: int | None = None) -> list[Episode]:
+        """The first ``limit`` (at most :attr:`keep`) episodes to start, in order of their start."""
+        self._fold()
+        return self._first[:limit]
 
-    def slowest(self, count: int = GANTT_SLOWEST) -> list[int]:
-        """The ``count`` longest episodes, longest first (ties: in the order added)."""
-        import numpy as np
-
-        took = np.frombuffer(self.ended, dtype=np.float64) - np.frombuffer(self.began, dtype=np.float64)
-        return np.argsort(-took, kind="stable")[:count].tolist()
-
-    def chosen(self, count: int = GANTT_EPISODES, longest: Iterable[int] | None = None) -> list[int]:
-        """The episodes the Gantt chart draws: the ``longest`` (default: the :meth:`slowest`) and others spread
-        evenly over the run, in order of their start."""
-        n = len(self)
-        by_start = self.by_start()
-        if n <= count:
-            return by_start
-        picked = set(self.slowest() if longest is None else longest)
-        step = n / max(1, count - len(picked))
-        at = 0.0
-        while len(picked) < count and at < n:
-            picked.add(by_start[int(at)])
-            at += step
-        for episode in by_start:  # spread picks that met a slowest one: the next to start instead
+    def chosen(self, count: int = GANTT_EPISODES) -> list[Episode]:
+        """The episodes the Gantt chart draws: the :meth:`slowest` and others spread over the run (the earliest
+        to start in cells of equal time), in order of their start."""
+        self._fold()
+        picked = {e.order: e for e in self._slowest[:count]}
+        spread = [e for e in self._cells if e is not None and e.order not in picked]
+        room = count - len(picked)
+        if room > 0 and spread:
+            step = len(spread) / room
+            at = 0.0
+            while len(picked) < count and at < len(spread):
+                picked[spread[int(at)].order] = spread[int(at)]
+                at += step
+        for episode in self._first:  # too few cells held one (episodes that start together): the first to start
             if len(picked) >= count:
                 break
-            picked.add(episode)
-        return sorted(picked, key=self.began.__getitem__)
+            picked.setdefault(episode.order, episode)
+        return sorted(picked.values(), key=lambda e: (e.began, e.order))
 
 
 def _ordered_phases(names: Iterable[str]) -> list[str]:
@@ -296,12 +510,13 @@ def _phase_legend(phases: list[str], left: float, top: float) -> list[str]:
     return out
 
 
-def _gantt(timeline: Timeline, chosen: list[int], slowest: set[int], width: int = WIDTH * 2) -> str:
-    """One row per chosen episode: its extent, and each of its spans (a tooltip each)."""
+def _gantt(chosen: list[Episode], slowest: set[int], width: int = WIDTH * 2) -> str:
+    """One row per chosen episode: its extent, and each of its spans (a tooltip each); ``slowest``: the
+    slowest episodes' places in the order added."""
     row_h, left, right, top = 16, 150, width - 124, MARGIN["top"]
     height = top + row_h * len(chosen) + 44
-    low = min(timeline.began[i] for i in chosen)
-    high = max(timeline.ended[i] for i in chosen)
+    low = min(e.began for e in chosen)
+    high = max(e.ended for e in chosen)
     x_ticks = nice_ticks(low, max(high, low + 1e-3), 8)
     x_low, x_high = x_ticks[0], x_ticks[-1]
 
@@ -319,14 +534,13 @@ def _gantt(timeline: Timeline, chosen: list[int], slowest: set[int], width: int 
     seen: set[str] = set()
     for row, episode in enumerate(chosen):
         y = top + row * row_h
-        began, ended = timeline.began[episode], timeline.ended[episode]
-        eid = timeline.ids[episode]
-        mark = " (slowest)" if episode in slowest else ""
+        began, ended, eid = episode.began, episode.ended, episode.id
+        mark = " (slowest)" if episode.order in slowest else ""
         out.append(f'<g class="lane" data-episode="{escape(eid)}"><text class="lane-label" x="{left - 6}" '
                    f'y="{y + 11}" text-anchor="end">{escape(eid[:22])}</text>'
                    f'<rect class="extent" x="{x(began):.1f}" y="{y + 2}" width="{max(0.5, x(ended) - x(began)):.1f}" '
                    f'height="{row_h - 4}"><title>{escape(eid)}{mark}: {_fmt(ended - began)} s</title></rect>')
-        for phase, a, b, name in timeline.spans_of(episode):
+        for phase, a, b, name in episode.spans:
             seen.add(phase)
             label = f"{phase}" + (f" {name}" if name else "")
             out.append(f'<rect class="span" data-phase="{escape(phase)}" x="{x(a):.1f}" y="{y + 3}" '
@@ -352,12 +566,12 @@ def timeline_section(timeline: Timeline | None, metrics: dict[str, Any] | None, 
         parts, total = timeline.shares()
     if total <= 0:
         return ""
-    slowest = set(timeline.slowest())
-    chosen = timeline.chosen(longest=slowest)
+    chosen = timeline.chosen()
+    slowest = {e.order for e in timeline.slowest()} & {e.order for e in chosen}
     n = len(timeline)
     edges, series = timeline.in_flight()
     charts = [_in_flight_chart(edges, series)] if series else []
-    charts.append(_gantt(timeline, chosen, slowest & set(chosen)))
+    charts.append(_gantt(chosen, slowest))
     note = (f"{n:,} episodes recorded spans, {_fmt(total)} s of episode time in all. At each instant an episode's "
             "time goes to one phase (the first of " + ", ".join(PHASES) + " that is active), "
             "<code>other</code> when no span covers it (the controller's own code, or the event loop busy with other "
@@ -376,24 +590,26 @@ def timeline_section(timeline: Timeline | None, metrics: dict[str, Any] | None, 
 
 
 def trace_json(timeline: Timeline, limit: int = TRACE_EPISODES) -> str:
-    """The spans of the first ``limit`` episodes to start, as a Chrome trace: complete events (``"ph": "X"``) in
-    whole microseconds (spans are recorded to 0.1 ms), an episode's slice and its spans' on the first row free
-    when it starts (rows are slots of concurrency), each with the episode's id in its args. Written as text
-    directly: a run's trace has some hundred thousand events."""
+    """The spans of the first ``limit`` episodes to start (at most the timeline's ``keep``), as a Chrome trace:
+    complete events (``"ph": "X"``) in whole microseconds (spans are recorded to 0.1 ms), an episode's slice and
+    its spans' on the first row free when it starts (rows are slots of concurrency), each with the episode's id
+    in its args. Written as text directly: a run's trace has some hundred thousand events."""
     import orjson
 
-    n = len(timeline)
-    began, ended, first = timeline.began, timeline.ended, timeline.first
-    order = timeline.by_start()[:limit]
+    order = timeline.first_to_start(limit)
     free: list[tuple[float, int]] = []  # (when the row frees, row)
     rows = 0
-    phases = [orjson.dumps(p).decode() for p in timeline.phases]
-    names = [orjson.dumps(name).decode() for name in timeline.names]
-    kind, label, start, end = timeline.kind, timeline.name, timeline.start, timeline.end
-    total = len(kind)
+    quoted: dict[str, str] = {}
+
+    def text(value: str) -> str:
+        found = quoted.get(value)
+        if found is None:
+            found = quoted[value] = orjson.dumps(value).decode()
+        return found
+
     events = ['{"name":"process_name","ph":"M","pid":1,"args":{"name":"episodes"}}']
     for episode in order:
-        a, b = began[episode], ended[episode]
+        a, b = episode.began, episode.ended
         if free and free[0][0] <= a:
             _, row = heapq.heappop(free)
         else:
@@ -401,17 +617,15 @@ def trace_json(timeline: Timeline, limit: int = TRACE_EPISODES) -> str:
             rows += 1
             events.append(f'{{"name":"thread_name","ph":"M","pid":1,"tid":{row},"args":{{"name":"slot {row}"}}}}')
         heapq.heappush(free, (b, row))
-        eid = orjson.dumps(timeline.ids[episode]).decode()
+        eid = orjson.dumps(episode.id).decode()
         args = f'"args":{{"episode_id":{eid}}}}}'
         events.append(f'{{"name":{eid},"cat":"episode","ph":"X","pid":1,"tid":{row},"ts":{round(a * 1e6)},'
                       f'"dur":{round(b * 1e6) - round(a * 1e6) if b > a else 0},{args}')
-        stop = first[episode + 1] if episode + 1 < n else total
-        for i in range(first[episode], stop):
-            phase = phases[kind[i]]
-            events.append(f'{{"name":{names[label[i]] if label[i] else phase},"cat":{phase},"ph":"X","pid":1,'
-                          f'"tid":{row},"ts":{round(start[i] * 1e6)},"dur":{round(max(0.0, end[i] - start[i]) * 1e6)},'
+        for phase, start, end, name in episode.spans:
+            events.append(f'{{"name":{text(name or phase)},"cat":{text(phase)},"ph":"X","pid":1,'
+                          f'"tid":{row},"ts":{round(start * 1e6)},"dur":{round(max(0.0, end - start) * 1e6)},'
                           f"{args}")
-    other = orjson.dumps({"episodes": len(order), "of": n}).decode()
+    other = orjson.dumps({"episodes": len(order), "of": len(timeline)}).decode()
     return '{"traceEvents":[' + ",\n".join(events) + f'],"displayTimeUnit":"ms","otherData":{other}}}'
 
 

@@ -51,13 +51,102 @@ def test_the_timeline_keeps_every_span_named_or_not_and_leaves_out_a_malformed_e
     timeline = Timeline()
     for position, head in enumerate(heads):
         timeline.add(position, head)
-    assert timeline.ids == ["a", "b", "d", "e"]
-    assert timeline.spans_of(0) == [("generate", 1.0, 2.0, ""), ("verify", 2.0, 2.5, "")]
-    assert timeline.spans_of(1) == [("queued", 0.2, 0.5, ""), ("tool", 0.6, 0.9, "search"),
-                                    ("generate", 0.9, 1.2, "")]
-    assert timeline.spans_of(2) == [] and timeline.spans_of(3) == [("tool", 5.0, 5.5, "search")]
-    assert list(timeline.began) == [1.0, 0.2, 4.0, 5.0] and list(timeline.ended) == [3.0, 1.5, 5.0, 6.0]
-    assert len(timeline.kind) == len(timeline.name) == len(timeline.start) == len(timeline.end) == 6
+    assert len(timeline) == 4
+    kept = timeline.first_to_start()
+    assert [(e.id, e.began, e.ended) for e in kept] == [("b", 0.2, 1.5), ("a", 1.0, 3.0), ("d", 4.0, 5.0),
+                                                        ("e", 5.0, 6.0)]
+    assert kept[1].spans == [("generate", 1.0, 2.0, ""), ("verify", 2.0, 2.5, "")]
+    assert kept[0].spans == [("queued", 0.2, 0.5, ""), ("tool", 0.6, 0.9, "search"), ("generate", 0.9, 1.2, "")]
+    assert kept[2].spans == [] and kept[3].spans == [("tool", 5.0, 5.5, "search")]
+    assert [e.id for e in timeline.chosen()] == ["b", "a", "d", "e"]  # a small run: every episode drawn
+
+
+def _random_heads(count: int, seed: int = 0) -> list[dict]:
+    """Episodes one after another, some queued first, some with a tool call overlapping their generation."""
+    import random
+
+    rng = random.Random(seed)
+    heads, t = [], 0.0
+    for i in range(count):
+        t += rng.random() * 0.01
+        at, spans = t, []
+        if rng.random() < 0.5:
+            spans.append(["queued", at, at + rng.random() * 0.01])
+            at = spans[-1][2]
+        spans.append(["generate", at, at + rng.random() * 0.05])
+        at = spans[-1][2]
+        if rng.random() < 0.1:
+            spans.append(["tool", at - 0.01, at + 0.02, "search"])
+        spans.append(["verify", at, at + 0.001])
+        heads.append({"episode_id": f"e{i}", "started_s": t, "wall_s": at + 0.002 - t, "spans": spans})
+    return heads
+
+
+def test_the_timeline_figures_are_those_of_every_span_though_it_keeps_few(monkeypatch):
+    """Folded a chunk at a time, the shares, the spans in flight, the slowest and the first to start are what
+    every episode's spans give, while the episodes kept whole stay few."""
+    import numpy as np
+
+    from scaffold_core.spans import exclusive
+    from scaffold_report import timeline as module
+
+    monkeypatch.setattr(module, "CHUNK_EPISODES", 500)  # many folds, the cells doubling as the run goes on
+    heads = _random_heads(6_000)
+    timeline = module.Timeline(keep=25)
+    for position, head in enumerate(heads):
+        timeline.add(position, head)
+
+    extent = [(min(h["started_s"], *(s[1] for s in h["spans"])),
+               max(h["started_s"] + h["wall_s"], *(s[2] for s in h["spans"]))) for h in heads]
+    parts: dict[str, float] = {}
+    for head, (began, ended) in zip(heads, extent):
+        for phase, seconds in exclusive([tuple(s) for s in head["spans"]], began, ended).items():
+            parts[phase] = parts.get(phase, 0.0) + seconds
+    shares, total = timeline.shares()
+    assert total == pytest.approx(sum(e - b for b, e in extent), rel=1e-9)
+    assert shares == pytest.approx(parts, rel=1e-9) and set(shares) == {"queued", "generate", "tool", "verify",
+                                                                          "other"}
+
+    edges, series = timeline.in_flight()
+    assert 60 <= len(edges) - 1 <= module.BINS and edges[0] <= extent[0][0] and edges[-1] >= max(e for _, e in extent)
+    for phase in ("generate", "tool"):
+        starts = np.array([s[1] for h in heads for s in h["spans"] if s[0] == phase])
+        ends = np.array([s[2] for h in heads for s in h["spans"] if s[0] == phase])
+
+        integral = [float(np.clip(t - starts, 0.0, ends - starts).sum()) for t in edges]
+        expected = [(i1 - i0) / (b - a) for a, b, i0, i1 in zip(edges, edges[1:], integral, integral[1:])]
+        assert series[phase] == pytest.approx(expected, abs=1e-6)
+
+    took = [e - b for b, e in extent]
+    assert [e.order for e in timeline.slowest()] == sorted(range(len(heads)), key=lambda i: -took[i])[:10]
+    first = timeline.first_to_start()
+    assert [e.order for e in first] == sorted(range(len(heads)), key=lambda i: extent[i][0])[:25]
+    assert first[3].id == heads[first[3].order]["episode_id"] and first[3].spans[0][1] == extent[first[3].order][0]
+    chosen = timeline.chosen()
+    assert len(chosen) == module.GANTT_EPISODES and {e.order for e in timeline.slowest()} <= {e.order for e in chosen}
+    assert chosen[-1].began > 0.8 * extent[-1][0]  # spread over the run, not only its start
+    assert len(timeline._first) == 25 and len(timeline._slowest) == 10 and len(timeline.first) == 0
+
+
+def test_the_timeline_memory_does_not_grow_with_the_run():
+    import tracemalloc
+
+    from scaffold_report.timeline import Timeline
+
+    def grown(count: int) -> int:
+        heads = _random_heads(count, seed=count)
+        timeline = Timeline()
+        tracemalloc.start()
+        try:
+            for position, head in enumerate(heads):
+                timeline.add(position, head)
+            timeline.shares()
+            return tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+
+    small, large = grown(20_000), grown(80_000)
+    assert large < small * 1.5 + 1_000_000, (small, large)  # it kept every span: about 4x
 
 
 def test_the_run_report_draws_the_timeline_and_writes_a_trace(dice_plugins, dice_config, tmp_path):
