@@ -95,7 +95,7 @@ class Stats:
         """Count one episode's head (``position``: its place in the order the browser numbers episodes)."""
         self.episodes += 1
         if "spans" in head:
-            self.timeline.add(position, head)
+            self.timeline.add(head)
         if head.get("status") != "ok":
             self.failed += 1
             first = (str(head.get("error") or "no reason given").strip().splitlines() or [""])[0][:200]

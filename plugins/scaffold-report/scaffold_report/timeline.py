@@ -140,7 +140,7 @@ class Timeline:
         self._spread = _Grid(SPREAD_CELLS)  # the earliest episode to start in each cell (the Gantt's picks)
         self._cells: list[Episode | None] = [None] * SPREAD_CELLS
         self._slowest: list[Episode] = []
-        self._first: list[Episode] = []  # the first ``keep`` to start
+        self._earliest: list[Episode] = []  # the first ``keep`` to start
 
     def _chunk(self) -> None:
         self.kind = array("h")  # per span: its phase's code
@@ -166,12 +166,12 @@ class Timeline:
         flows = None if self._flows is None else self._flows.tolist()
         grids = [(g.origin, g.width) for g in (self._flight, self._spread)]
         return (self.keep, self.phases, self.names, self.episodes, self._parts, self._total, self._low, self._high,
-                flows, grids, self._slowest, self._first, self._cells)
+                flows, grids, self._slowest, self._earliest, self._cells)
 
     __hash__ = None  # type: ignore[assignment]
 
-    def add(self, position: int, head: dict[str, Any]) -> None:
-        """An episode's head (no-op when it recorded no spans). ``position`` is unused (kept for callers)."""
+    def add(self, head: dict[str, Any]) -> None:
+        """An episode's head (no-op when it recorded no spans)."""
         spans = head.get("spans")
         if type(spans) is not list:
             return
@@ -336,10 +336,10 @@ class Timeline:
                                    key=lambda e: (-e.took, e.order))[:GANTT_SLOWEST]
         if self.keep > 0:
             earliest = np.lexsort((order, began))[:self.keep]
-            if len(self._first) >= self.keep:
-                earliest = earliest[began[earliest] < self._first[-1].began]
+            if len(self._earliest) >= self.keep:
+                earliest = earliest[began[earliest] < self._earliest[-1].began]
             if len(earliest):
-                self._first = sorted(self._first + [self._episode(i) for i in earliest.tolist()],
+                self._earliest = sorted(self._earliest + [self._episode(i) for i in earliest.tolist()],
                                      key=lambda e: (e.began, e.order))[:self.keep]
         grid = self._spread
         for down in grid.cover(float(began.min()), float(began.max())):
@@ -412,7 +412,7 @@ class Timeline:
     def first_to_start(self, limit: int | None = None) -> list[Episode]:
         """The first ``limit`` (at most :attr:`keep`) episodes to start, in order of their start."""
         self._fold()
-        return self._first[:limit]
+        return self._earliest[:limit]
 
     def chosen(self, count: int = GANTT_EPISODES) -> list[Episode]:
         """The episodes the Gantt chart draws: the :meth:`slowest` and others spread over the run (the earliest
@@ -427,7 +427,7 @@ class Timeline:
             while len(picked) < count and at < len(spread):
                 picked[spread[int(at)].order] = spread[int(at)]
                 at += step
-        for episode in self._first:  # too few cells held one (episodes that start together): the first to start
+        for episode in self._earliest:  # too few cells held one (episodes that start together): the first to start
             if len(picked) >= count:
                 break
             picked.setdefault(episode.order, episode)

@@ -49,8 +49,8 @@ def test_the_timeline_keeps_every_span_named_or_not_and_leaves_out_a_malformed_e
         {"episode_id": "e", "started_s": 5.0, "wall_s": 1.0, "spans": [["tool", 5.0, 5.5, "search"]]},
     ]
     timeline = Timeline()
-    for position, head in enumerate(heads):
-        timeline.add(position, head)
+    for head in heads:
+        timeline.add(head)
     assert len(timeline) == 4
     kept = timeline.first_to_start()
     assert [(e.id, e.began, e.ended) for e in kept] == [("b", 0.2, 1.5), ("a", 1.0, 3.0), ("d", 4.0, 5.0),
@@ -93,8 +93,8 @@ def test_the_timeline_figures_are_those_of_every_span_though_it_keeps_few(monkey
     monkeypatch.setattr(module, "CHUNK_EPISODES", 500)  # many folds, the cells doubling as the run goes on
     heads = _random_heads(6_000)
     timeline = module.Timeline(keep=25)
-    for position, head in enumerate(heads):
-        timeline.add(position, head)
+    for head in heads:
+        timeline.add(head)
 
     extent = [(min(h["started_s"], *(s[1] for s in h["spans"])),
                max(h["started_s"] + h["wall_s"], *(s[2] for s in h["spans"]))) for h in heads]
@@ -125,7 +125,7 @@ def test_the_timeline_figures_are_those_of_every_span_though_it_keeps_few(monkey
     chosen = timeline.chosen()
     assert len(chosen) == module.GANTT_EPISODES and {e.order for e in timeline.slowest()} <= {e.order for e in chosen}
     assert chosen[-1].began > 0.8 * extent[-1][0]  # spread over the run, not only its start
-    assert len(timeline._first) == 25 and len(timeline._slowest) == 10 and len(timeline.first) == 0
+    assert len(timeline._earliest) == 25 and len(timeline._slowest) == 10 and len(timeline.first) == 0
 
 
 def test_the_timeline_memory_does_not_grow_with_the_run():
@@ -138,8 +138,8 @@ def test_the_timeline_memory_does_not_grow_with_the_run():
         timeline = Timeline()
         tracemalloc.start()
         try:
-            for position, head in enumerate(heads):
-                timeline.add(position, head)
+            for head in heads:
+                timeline.add(head)
             timeline.shares()
             return tracemalloc.get_traced_memory()[0]
         finally:
