@@ -2,8 +2,9 @@
 
 1. A task the base model starts poor at but GRPO can learn. ``--task colour`` (default): prompts asking
    for a colour, reward 1 when the answer contains "blue" (a few % of the base model's answers; the task
-   of ``bench/train_trl.py``). ``--task untuned``: the arithmetic task ``scaffold new-plugin`` makes (its
-   rows or ``--rows``), exact match. Either is written into ``<work>/plugin`` and loaded through
+   of ``bench/train_trl.py``), or ``--word``'s colour (green: rarer, so GRPO needs more steps).
+   ``--task untuned``: the arithmetic task ``scaffold new-plugin`` makes (its rows or ``--rows``), exact
+   match. Either is written into ``<work>/plugin`` and loaded through
    ``$SCAFFOLD_EXTRA_PLUGINS``, never installed.
 2. GRPO from the base model for ``--steps`` steps (``scaffold train``): the GRPO curve, and its
    ``final/`` checkpoint is the teacher (``--teacher``: a checkpoint trained before, e.g. by a GRPO run with
@@ -22,6 +23,8 @@ stay, and ``scaffold report`` overlays them in ``<work>/compare.html``.
     # OPD again (another learning rate) from the GRPO run already in --work
     nice python bench/distill.py --work /tmp/distill-bench --reuse-grpo --opd-lr 2e-4 --suffix=-lr2e-4
     python bench/distill.py --task untuned --rows learnable --steps 15
+    # a rarer target: GRPO needs about 10 steps with this batch (the dense design of docs/training.md)
+    nice python bench/distill.py --work /tmp/distill/green --word green --steps 20 --variants "" --threads 2
     # GRPO against OPD with a sparse signal (2 samples per prompt), from a teacher trained before, side by side
     nice python bench/distill.py --work /tmp/opd-bench/run3 --teacher /tmp/opd-bench/run1/grpo/final \
         --prompts 8 --generations 2 --steps 30 --variants opd --parallel
