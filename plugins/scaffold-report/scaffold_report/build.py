@@ -55,8 +55,6 @@ def read_report(directory: str | Path, *, tokenizer: Any = _NO_TOKENIZER, regist
     report.steps = read_train_steps(root)
     _versions(report, registry)
     if store_paths(root):
-        if stats is not None and stats.timeline.keep < trace_episodes:
-            stats = None
         _read_episodes(report, tokenizer, registry, max_episodes, budget, stats, trace_episodes)
     return report
 
@@ -75,9 +73,10 @@ def _versions(report: Report, registry: Any) -> None:
 def _read_episodes(report: Report, tokenizer: Any, registry: Any, max_episodes: int, budget: int,
                    stats: Stats | None = None, trace_episodes: int = TRACE_EPISODES) -> None:
     with EpisodeReader(report.directory) as reader:
-        report.stats = stats if stats is not None and stats.episodes == len(reader) \
-            else scan(reader.heads(), trace_episodes)
-        chosen = choose(report.stats.strata, max_episodes, budget)
+        if stats is None or stats.episodes != len(reader) or stats.timeline.keep < trace_episodes:
+            stats = scan(reader.heads(), trace_episodes)  # not counted by the run, or too few kept for the trace
+        report.stats = stats
+        chosen = choose(stats.strata, max_episodes, budget)
         vocab = Vocab()
         report.episodes = [episode_detail(reader.record(position), vocab) for position in chosen]
     if tokenizer is _NO_TOKENIZER:

@@ -72,6 +72,11 @@ class Episode(NamedTuple):
         return self.ended - self.began
 
 
+def _by_start(episode: Episode) -> tuple[float, int]:
+    """The order of episodes by their start (ties: in the order added)."""
+    return episode.began, episode.order
+
+
 class _Grid:
     """``cells`` cells of equal width over a growing extent ``[origin, origin + cells * width)``: :meth:`cover`
     doubles the width (two neighbouring cells become one, the old extent one half of the new) until an
@@ -258,7 +263,7 @@ class Timeline:
         if len(kind):
             self._fold_flight(kind, start, end)
         order = np.arange(self.episodes - n, self.episodes)
-        self._fold_kept(first, counts, began, ended, order)
+        self._fold_kept(began, ended, order)
         self._chunk()
 
     def _fold_shares(self, kind: Any, start: Any, end: Any, first: Any, counts: Any, began: Any,
@@ -322,7 +327,7 @@ class Timeline:
         flows[:, 3] += np.bincount(key_end, weights=end, minlength=size).reshape(phases, cells)
         self._flows = flows
 
-    def _fold_kept(self, first: Any, counts: Any, began: Any, ended: Any, order: Any) -> None:
+    def _fold_kept(self, began: Any, ended: Any, order: Any) -> None:
         """The slowest episodes, the first to start and the earliest to start in each cell of the run: kept whole."""
         import numpy as np
 
@@ -340,20 +345,20 @@ class Timeline:
                 earliest = earliest[began[earliest] < self._earliest[-1].began]
             if len(earliest):
                 self._earliest = sorted(self._earliest + [self._episode(i) for i in earliest.tolist()],
-                                     key=lambda e: (e.began, e.order))[:self.keep]
+                                        key=_by_start)[:self.keep]
         grid = self._spread
         for down in grid.cover(float(began.min()), float(began.max())):
             held, self._cells = self._cells, [None] * grid.cells
             half = grid.cells // 2
             for i in range(0, grid.cells, 2):
                 pair = [e for e in held[i:i + 2] if e is not None]
-                self._cells[half * down + i // 2] = min(pair, key=lambda e: (e.began, e.order)) if pair else None
+                self._cells[half * down + i // 2] = min(pair, key=_by_start) if pair else None
         cell = grid.index(began)
         ranked = np.lexsort((order, began, cell))
         firsts = ranked[np.flatnonzero(np.diff(np.append(-1, cell[ranked])))]  # the earliest in each cell
         for i in firsts.tolist():
             held_one = self._cells[int(cell[i])]
-            if held_one is None or (float(began[i]), int(order[i])) < (held_one.began, held_one.order):
+            if held_one is None or (float(began[i]), int(order[i])) < _by_start(held_one):
                 self._cells[int(cell[i])] = self._episode(i)
 
     def _spans(self, episode: int) -> list[tuple[str, float, float, str]]:
@@ -431,7 +436,7 @@ class Timeline:
             if len(picked) >= count:
                 break
             picked.setdefault(episode.order, episode)
-        return sorted(picked.values(), key=lambda e: (e.began, e.order))
+        return sorted(picked.values(), key=_by_start)
 
 
 def _ordered_phases(names: Iterable[str]) -> list[str]:
