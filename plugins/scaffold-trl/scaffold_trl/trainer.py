@@ -272,8 +272,10 @@ class GRPORun:
             use_cache=options.get("cache_converted", True), trust_remote_code=options.get("trust_remote_code", False))
         _make_trainable(self.model)
         if self.wraps_model:
-            self.engine = TransformersEngine.wrap(self.model, self.tokenizer,
-                                                  **{k: v for k, v in options.items() if k not in LOAD_OPTIONS})
+            wrap_options = {k: v for k, v in options.items() if k not in LOAD_OPTIONS}
+            if wrap_options.get("pack_weights") is None:  # every optimizer step reaches the engine as an update
+                wrap_options["pack_weights"] = True  # (sync_weights), which drops the packed copies of old weights
+            self.engine = TransformersEngine.wrap(self.model, self.tokenizer, **wrap_options)
         else:
             self.engine = self.job.registry.create("engine", engine_cfg.name, engine_cfg.options, path="engine")
 

@@ -1,0 +1,85 @@
+"""Copies of a model's linear weights in oneDNN's blocked layout, for the lean forward on CPU.
+
+A decode step multiplies a few rows of activations by every weight matrix of the model, so reading the
+weights is most of the step. Reordered once into oneDNN's blocked layout, a weight is read close to the
+memory's bandwidth; the plain product reads it about half as fast. Measured here (one thread, 1,536 x 576,
+a fresh matrix each call): 114 against 220 us for one row in float32, 330 against 780 us for 32 rows,
+66 against 124 us for one row in bfloat16.
+
+The copies are packed for a batch of :data:`BATCH_HINT` rows. With that hint a row's result does not
+depend on the rows beside it (the same numbers alone as in a batch of 100), so batching stays invisible
+in the logprobs.
+
+A copy is made again when its parameter changes. torch counts every in-place change to a tensor
+(an optimizer's step, ``load_state_dict``, a ``copy_`` under ``no_grad``) in the tensor's version, and a
+parameter given new storage has a new data pointer; both are compared at every forward. A change made
+through ``param.data`` is not counted by torch, which is why a model the engine does not own (``wrap``)
+is not packed unless asked; the engine also drops every copy when its weights are updated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Rows the copies are packed for (see the module's docstring: rows are then independent of each other).
+BATCH_HINT = 32
+
+
+def packing_unsupported(torch: Any, dtype: Any, device: Any) -> str | None:
+    """Why weights of ``dtype`` on ``device`` are not packed (``None`` when they can be)."""
+    if getattr(device, "type", device) != "cpu":
+        return f"device {device} (packing is for CPU products)"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch build has no oneDNN"
+    if dtype == torch.float32:
+        return None
+    if dtype == torch.bfloat16:
+        supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        if supported is not None and supported():
+            return None
+        return "this CPU has no native bfloat16 arithmetic"
+    return f"dtype {dtype} (float32 and bfloat16 are packed)"
+
+
+class PackedWeights:
+    """Packed copies of weight tensors, each made on first use and again when its tensor changes."""
+
+    def __init__(self, torch: Any):
+        self.torch = torch
+        # ids of the weights -> (the weights, their and their biases' (version, data pointer), copy, bias)
+        self._copies: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[tuple[int, int], ...], Any, Any]] = {}
+        self.packs = 0  # copies made (the first ones and those made again after a change)
+
+    def get(self, weights: tuple[Any, ...], biases: tuple[Any, ...]) -> tuple[Any, Any]:
+        """The packed copy of ``weights`` stacked (one product for several layers that read the same input)
+        and their biases stacked (``None`` when none has one); made now if there is none or a tensor changed."""
+        key = tuple(id(w) for w in weights)
+        stamp = tuple((w._version, w.data_ptr()) for w in weights + biases if w is not None)
+        entry = self._copies.get(key)
+        if entry is not None and entry[1] == stamp and all(a is b for a, b in zip(entry[0], weights)):
+            return entry[2], entry[3]
+        torch = self.torch
+        with torch.no_grad():
+            stacked = weights[0] if len(weights) == 1 else torch.cat(weights, dim=0)
+            copy = torch.ops.mkldnn._reorder_linear_weight(stacked.detach(), BATCH_HINT)
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
+                                  for w, b in zip(weights, biases)])
+        self._copies[key] = (weights, stamp, copy, bias)
+        self.packs += 1
+        return copy, bias
+
+    def clear(self) -> None:
+        """Drop every copy (the weights were replaced)."""
+        self._copies.clear()
+
+    def keep_only(self, weights: set[int]) -> None:
+        """Drop the copies of tensors other than ``weights`` (ids): a module given a new parameter object."""
+        for key in [k for k in self._copies if not weights.issuperset(k)]:
+            del self._copies[key]
+
+    def linear(self, x: Any, weights: tuple[Any, ...], biases: tuple[Any, ...]) -> Any:
+        """``x`` times each of ``weights`` plus its bias, the results side by side in the last dimension."""
+        packed, bias = self.get(weights, biases)
+        return self.torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
