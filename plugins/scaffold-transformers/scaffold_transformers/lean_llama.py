@@ -119,7 +119,10 @@ class LeanLlama:
         self.eps = float(config.rms_norm_eps)
         self.layers = len(model.model.layers)
         weight = model.model.embed_tokens.weight
-        self.pack_unsupported = packing_unsupported(torch, weight.dtype, weight.device) if pack else "pack: false"
+        linear = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        nbytes = sum(w.numel() * w.element_size() for w in linear)
+        self.pack_unsupported = (packing_unsupported(torch, weight.dtype, weight.device, nbytes) if pack
+                                 else "pack: false")
         self.packed = PackedWeights(torch) if self.pack_unsupported is None else None
 
     def weights(self) -> tuple[Any, list[tuple[Any, ...]], Any, Any]:

@@ -25,8 +25,28 @@ from typing import Any
 BATCH_HINT = 32
 
 
-def packing_unsupported(torch: Any, dtype: Any, device: Any) -> str | None:
-    """Why weights of ``dtype`` on ``device`` are not packed (``None`` when they can be)."""
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux's MemAvailable), or ``None`` when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def packing_unsupported(torch: Any, dtype: Any, device: Any, nbytes: int = 0) -> str | None:
+    """Why ``nbytes`` of weights of ``dtype`` on ``device`` are not packed (``None`` when they can be).
+
+    The copies take the weights' memory once more: they are not made when that is more than half the
+    memory available now (a larger model on a laptop would otherwise start swapping, or be killed).
+    """
+    available = available_memory() if nbytes else None
+    if available is not None and nbytes > available // 2:
+        return (f"the packed copies ({nbytes / 2**30:.1f} GiB) would take more than half the memory "
+                f"available ({available / 2**30:.1f} GiB)")
     if getattr(device, "type", device) != "cpu":
         return f"device {device} (packing is for CPU products)"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):

@@ -366,6 +366,8 @@ class TransformersEngine(Engine):
         s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
         packed = self._lean.packed if self._lean is not None else None
         s["weight_packs"] = packed.packs if packed is not None else 0  # packed copies made (packed_weights.py)
+        if self._lean is not None and self._lean.pack_unsupported is not None:
+            s["pack_unsupported"] = self._lean.pack_unsupported  # why the weights are read as they are
         return s
 
     # -- requests ---------------------------------------------------------

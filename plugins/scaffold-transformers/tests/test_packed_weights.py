@@ -150,3 +150,23 @@ def test_copies_of_parameters_a_model_no_longer_has_are_dropped():
     before, after, result = asyncio.run(main())
     assert after == before
     assert worst_gap(model, result) <= 1e-4
+
+
+def test_weights_too_large_for_the_memory_left_are_not_packed(monkeypatch):
+    from scaffold_transformers import packed_weights
+
+    monkeypatch.setattr(packed_weights, "available_memory", lambda: 3 * 2**30)
+    assert packing_unsupported(torch, torch.float32, "cpu", nbytes=1 * 2**30) is None
+    why = packing_unsupported(torch, torch.float32, "cpu", nbytes=2 * 2**30)
+    assert "2.0 GiB" in why and "3.0 GiB" in why
+
+    monkeypatch.setattr(packed_weights, "available_memory", lambda: 2**10)  # any model is too large now
+
+    async def main():
+        async with TransformersEngine.wrap(tiny(), NoEosTokenizer(), pack_weights=True) as engine:
+            await generate(engine, "a", max_tokens=2)
+            return engine._lean, engine.stats()
+
+    lean, stats = asyncio.run(main())
+    assert lean.packed is None and stats["weight_packs"] == 0
+    assert "more than half the memory available" in stats["pack_unsupported"]
