@@ -43,22 +43,21 @@ def packing_unsupported(torch: Any, dtype: Any, device: Any, nbytes: int = 0) ->
     The copies take the weights' memory once more: they are not made when that is more than half the
     memory available now (a larger model on a laptop would otherwise start swapping, or be killed).
     """
-    available = available_memory() if nbytes else None
-    if available is not None and nbytes > available // 2:
-        return (f"the packed copies ({nbytes / 2**30:.1f} GiB) would take more than half the memory "
-                f"available ({available / 2**30:.1f} GiB)")
     if getattr(device, "type", device) != "cpu":
         return f"device {device} (packing is for CPU products)"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "this torch build has no oneDNN"
-    if dtype == torch.float32:
-        return None
     if dtype == torch.bfloat16:
         supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-        if supported is not None and supported():
-            return None
-        return "this CPU has no native bfloat16 arithmetic"
-    return f"dtype {dtype} (float32 and bfloat16 are packed)"
+        if supported is None or not supported():
+            return "this CPU has no native bfloat16 arithmetic"
+    elif dtype != torch.float32:
+        return f"dtype {dtype} (float32 and bfloat16 are packed)"
+    available = available_memory() if nbytes else None
+    if available is not None and nbytes > available // 2:
+        return (f"the packed copies ({nbytes / 2**30:.1f} GiB) would take more than half the memory "
+                f"available ({available / 2**30:.1f} GiB)")
+    return None
 
 
 class PackedWeights:
