@@ -76,46 +76,39 @@ def test_packed_products_give_what_the_models_own_forward_gives(kind):
     assert worst_gap(model, with_packing) <= 1e-4
 
 
-def test_weights_changed_in_place_without_telling_the_engine_are_seen_by_the_next_request():
+def copy_in_place(model, other):
+    with torch.no_grad():  # what an optimizer's step does: in place, counted in each tensor's version
+        for mine, theirs in zip(model.parameters(), other.parameters()):
+            mine.copy_(theirs)
+
+
+def give_new_storage(model, other):
+    for mine, theirs in zip(model.parameters(), other.parameters()):
+        mine.data = theirs.detach().clone()  # new storage; torch counts no change to the old
+
+
+def copy_through_data(model, other):
+    for mine, theirs in zip(model.parameters(), other.parameters()):
+        mine.data.copy_(theirs)  # through .data: no version counted, the same storage
+
+
+@pytest.mark.parametrize("change, tell", [(copy_in_place, False), (give_new_storage, False),
+                                          (copy_through_data, True)],
+                         ids=["in-place-untold", "new-storage-untold", "through-data-then-update"])
+def test_the_next_request_sees_the_weights_as_changed(change, tell):
+    """Copies are made again for changes torch counts (told or not), and dropped by an update (``tell``: the
+    owner calls ``update_weights(None)``) for a change it does not count."""
     model, other = tiny(seed=0), tiny(seed=1)
 
     async def main():
         async with TransformersEngine.wrap(model, NoEosTokenizer(), pack_weights=True) as engine:
             await generate(engine, "a")
-            with torch.no_grad():  # what an optimizer's step does: in place, counted in each tensor's version
-                for mine, theirs in zip(model.parameters(), other.parameters()):
-                    mine.copy_(theirs)
+            change(model, other)
+            if tell:
+                await engine.update_weights(None)
             return await generate(engine, "b")
 
-    after = asyncio.run(main())
-    assert worst_gap(other, after) <= 1e-4  # the new weights, not copies of the old ones
-
-
-def test_a_parameter_given_new_storage_is_packed_again():
-    model, other = tiny(seed=0), tiny(seed=2)
-
-    async def main():
-        async with TransformersEngine.wrap(model, NoEosTokenizer(), pack_weights=True) as engine:
-            await generate(engine, "a")
-            for mine, theirs in zip(model.parameters(), other.parameters()):
-                mine.data = theirs.detach().clone()  # new storage; torch counts no change to the old
-            return await generate(engine, "b")
-
-    assert worst_gap(other, asyncio.run(main())) <= 1e-4
-
-
-def test_an_update_drops_every_copy_even_for_changes_torch_does_not_count():
-    model, other = tiny(seed=0), tiny(seed=3)
-
-    async def main():
-        async with TransformersEngine.wrap(model, NoEosTokenizer(), pack_weights=True) as engine:
-            await generate(engine, "a")
-            for mine, theirs in zip(model.parameters(), other.parameters()):
-                mine.data.copy_(theirs)  # through .data: no version counted, the same storage
-            await engine.update_weights(None)  # the owner says the weights changed
-            return await generate(engine, "b")
-
-    assert worst_gap(other, asyncio.run(main())) <= 1e-4
+    assert worst_gap(other, asyncio.run(main())) <= 1e-4  # the new weights, not copies of the old ones
 
 
 def test_a_wrapped_model_is_read_as_it_is_unless_packing_is_asked_for():
