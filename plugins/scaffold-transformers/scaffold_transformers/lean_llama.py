@@ -118,11 +118,12 @@ class LeanLlama:
         self.group = self.heads // self.kv_heads
         self.eps = float(config.rms_norm_eps)
         self.layers = len(model.model.layers)
-        weight = model.model.embed_tokens.weight
-        linear = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        nbytes = sum(w.numel() * w.element_size() for w in linear)
-        self.pack_unsupported = (packing_unsupported(torch, weight.dtype, weight.device, nbytes) if pack
-                                 else "pack: false")
+        self.pack_unsupported: str | None = "pack: false"
+        if pack:
+            weight = model.model.embed_tokens.weight
+            nbytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                         if isinstance(m, torch.nn.Linear))  # what the copies take
+            self.pack_unsupported = packing_unsupported(torch, weight.dtype, weight.device, nbytes)
         self.packed = PackedWeights(torch) if self.pack_unsupported is None else None
 
     def weights(self) -> tuple[Any, list[tuple[Any, ...]], Any, Any]:
