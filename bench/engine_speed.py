@@ -108,9 +108,13 @@ class LlamaAlone:
 
         from scaffold_core.engines.model_loading import resolve_model
 
-        source = resolve_model(model)
-        path = os.path.join(source.location, source.gguf_file) if source.gguf_file else source.location
-        self.llm = Llama(model_path=path, n_ctx=n_ctx, verbose=False)
+        self.llm = Llama(model_path=resolve_model(model).label, n_ctx=n_ctx, verbose=False)
+
+    async def start(self) -> None:  # loaded when made; nothing to start or stop
+        pass
+
+    async def close(self) -> None:
+        pass
 
     def run(self, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
         import llama_cpp
@@ -191,8 +195,7 @@ async def main() -> None:
 
     engines = build_engines(args)
     for engine in engines.values():
-        if not isinstance(engine, LlamaAlone):
-            await engine.start()  # type: ignore[attr-defined]
+        await engine.start()  # type: ignore[attr-defined]
     first = next(e for e in engines.values() if not isinstance(e, LlamaAlone))
     tokenizer = first.tokenizer  # type: ignore[attr-defined]
     hf_model = next((e.model for e in engines.values() if isinstance(e, TransformersEngine)), None)
@@ -207,7 +210,7 @@ async def main() -> None:
         engine = engines[name]
         if isinstance(engine, LlamaAlone):
             return engine.run(prompts, max_tokens, seed)
-        return await run_engine(engines[name], prompts, max_tokens, seed)
+        return await run_engine(engine, prompts, max_tokens, seed)
 
     await measure(names[0], [story], 4, 0)  # warm up the first engine's threads
     table: dict[tuple[str, str, int], float] = {}
@@ -231,8 +234,7 @@ async def main() -> None:
             print(f"{kind:7s} n={n:<3d} tok/s: " + "  ".join(cells) + f"   ({load()})", flush=True)
     print_ratios(table, names, args)
     for engine in engines.values():
-        if not isinstance(engine, LlamaAlone):
-            await engine.close()  # type: ignore[attr-defined]
+        await engine.close()  # type: ignore[attr-defined]
 
 
 def print_ratios(table: dict[tuple[str, str, int], float], names: list[str], args: argparse.Namespace) -> None:
