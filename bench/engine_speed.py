@@ -5,7 +5,9 @@ engines measured, side by side, interleaved size by size (so a change of the mac
 them alike):
 
 * ``scaffold``: the embedded ``transformers`` engine as configured by default (float32, the lean forward, the
-  weights packed for oneDNN's products);
+  weights packed in float16 for fbgemm's products, computed in float32);
+* ``scaffold-fp32-copies``: the same with ``float16_weights: false`` (float32 copies for oneDNN's products; not run
+  unless named in ``--engines``);
 * ``scaffold-bf16``: the same with ``dtype: bfloat16``, where the CPU has native bfloat16 arithmetic (else
   left out): half the weights' bytes, logprobs a few hundredths of a nat from float32's;
 * ``scaffold-unpacked``: the default engine with ``pack_weights: false`` (not run unless named in ``--engines``);
@@ -153,6 +155,9 @@ def build_engines(args: argparse.Namespace) -> dict[str, object]:
                                                           batch_wait_ms=20, prefix_cache_mb=0)
         else:
             print(f"scaffold-bf16: left out ({why})")
+    if "scaffold-fp32-copies" in args.engines:
+        engines["scaffold-fp32-copies"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
+                                                             prefix_cache_mb=0, float16_weights=False)
     if "scaffold-unpacked" in args.engines:
         engines["scaffold-unpacked"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
                                                           prefix_cache_mb=0, pack_weights=False)

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .packed_weights import PackedWeights, packing_unsupported
+from .packed_weights import PackedWeights, linear_weights, model_half_unsupported, packing_unsupported
 from .prefix_store import Hit
 
 #: ``config.model_type`` values whose decoder layer is Llama's (Qwen2 adds q/k/v biases, read like any bias).
@@ -103,10 +103,10 @@ class LeanLlama:
 
     With ``pack`` (and a CPU model of float32 or native bfloat16) the linear layers multiply by packed
     copies of their weights (``packed_weights.py``), each made again when its parameter changes; else
-    nothing is copied.
+    nothing is copied. With ``half`` too (a float32 model) the copies hold the weights in float16.
     """
 
-    def __init__(self, torch: Any, model: Any, pack: bool = False):
+    def __init__(self, torch: Any, model: Any, pack: bool = False, half: bool = False):
         self.torch = torch
         self.F = torch.nn.functional
         self.model = model
@@ -119,12 +119,17 @@ class LeanLlama:
         self.eps = float(config.rms_norm_eps)
         self.layers = len(model.model.layers)
         self.pack_unsupported: str | None = "pack: false"
+        self.half_unsupported: str | None = None  # why float16 copies, asked for, are not made
         if pack:
             weight = model.model.embed_tokens.weight
-            nbytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
-                         if isinstance(m, torch.nn.Linear))  # what the copies take
+            self.half_unsupported = model_half_unsupported(torch, model) if half else None
+            size = 2 if half and self.half_unsupported is None else weight.element_size()
+            nbytes = sum(w.numel() for w in linear_weights(torch, model)) * size  # what the copies take
             self.pack_unsupported = packing_unsupported(torch, weight.dtype, weight.device, nbytes)
-        self.packed = PackedWeights(torch) if self.pack_unsupported is None else None
+        if self.pack_unsupported is not None and half:
+            self.half_unsupported = "the weights are not packed"
+        self.half = half and self.pack_unsupported is None and self.half_unsupported is None
+        self.packed = PackedWeights(torch, half=self.half) if self.pack_unsupported is None else None
 
     def weights(self) -> tuple[Any, list[tuple[Any, ...]], Any, Any]:
         """(embedding, per-layer tensors, final norm, output layer): the model's own parameters, read now."""

@@ -15,6 +15,12 @@ A copy is made again when its parameter changes. torch counts every in-place cha
 parameter given new storage has a new data pointer; both are compared at every forward. A change made
 through ``param.data`` is not counted by torch, which is why a model the engine does not own (``wrap``)
 is not packed unless asked; the engine also drops every copy when its weights are updated.
+
+With ``half`` the copies hold the weights in float16 and the products are fbgemm's: float16 weights
+widened to float32 in registers, float32 activations and sums. A step then reads half the bytes:
+66 against 114 us for one row of 1,536 x 576, 1.5 against 2.9 ms for SmolLM2's output layer, the same
+at 512 rows. Only the weights are rounded (to 11 significant bits); everything else stays float32, and a
+row's result is again bit for bit the same alone as in a batch.
 """
 
 from __future__ import annotations
@@ -60,11 +66,54 @@ def packing_unsupported(torch: Any, dtype: Any, device: Any, nbytes: int = 0) ->
     return None
 
 
+#: The largest finite float16.
+HALF_MAX = 65504.0
+
+
+def half_unsupported(torch: Any, largest: float) -> str | None:
+    """Why weights whose largest magnitude is ``largest`` are not kept in float16 (``None`` when they can be)."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines or not hasattr(
+            torch.ops.quantized, "linear_dynamic_fp16"):
+        return "this torch build has no fbgemm (its kernel multiplies float16 weights by float32 activations)"
+    if not largest <= HALF_MAX:  # also NaN
+        return f"a weight of magnitude {largest:g} is beyond float16's range"
+    return None
+
+
+def linear_weights(torch: Any, model: Any) -> list[Any]:
+    """The weights of ``model``'s linear layers (its output layer included), each once (a tied one is one)."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            found.setdefault(id(module.weight), module.weight)
+    return list(found.values())
+
+
+def model_half_unsupported(torch: Any, model: Any) -> str | None:
+    """Why ``model``'s linear weights are not kept in float16 on CPU (``None`` when they can be): a float32
+    model on CPU, fbgemm in this torch, every weight within float16's range."""
+    weights = linear_weights(torch, model)
+    if not weights:
+        return "the model has no linear layers"
+    if weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
+        return f"{weights[0].dtype} on {weights[0].device} (float16 copies are for float32 models on CPU)"
+    return half_unsupported(torch, max(float(w.detach().abs().max()) for w in weights))
+
+
+def round_to_half(torch: Any, model: Any) -> None:
+    """Round ``model``'s linear weights to float16 in place, in float32 still: its own forward is then the
+    one its float16 copies compute. Only for a model scaffold loaded (an engine's, a teacher's)."""
+    with torch.no_grad():
+        for w in linear_weights(torch, model):
+            w.copy_(w.to(torch.float16))
+
+
 class PackedWeights:
     """Packed copies of weight tensors, each made on first use and again when its tensor changes."""
 
-    def __init__(self, torch: Any):
+    def __init__(self, torch: Any, half: bool = False):
         self.torch = torch
+        self.half = half  # float16 copies multiplied by fbgemm's kernel (the module's docstring)
         # ids of the weights -> (the weights, their and their biases' (version, data pointer), copy, bias)
         self._copies: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[tuple[int, int], ...], Any, Any]] = {}
         self.packs = 0  # copies made (the first ones and those made again after a change)
@@ -80,11 +129,14 @@ class PackedWeights:
         torch = self.torch
         with torch.no_grad():
             stacked = weights[0] if len(weights) == 1 else torch.cat(weights, dim=0)
-            copy = torch.ops.mkldnn._reorder_linear_weight(stacked.detach(), BATCH_HINT)
             bias = None
             if any(b is not None for b in biases):
                 bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
                                   for w, b in zip(weights, biases)])
+            if self.half:  # fbgemm keeps the bias with the weights
+                copy, bias = torch.ops.quantized.linear_prepack_fp16(stacked.detach(), bias), None
+            else:
+                copy = torch.ops.mkldnn._reorder_linear_weight(stacked.detach(), BATCH_HINT)
         self._copies[key] = (weights, stamp, copy, bias)
         self.packs += 1
         return copy, bias
@@ -101,4 +153,6 @@ class PackedWeights:
     def linear(self, x: Any, weights: tuple[Any, ...], biases: tuple[Any, ...]) -> Any:
         """``x`` times each of ``weights`` plus its bias, the results side by side in the last dimension."""
         packed, bias = self.get(weights, biases)
+        if self.half:
+            return self.torch.ops.quantized.linear_dynamic_fp16(x, packed)
         return self.torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")

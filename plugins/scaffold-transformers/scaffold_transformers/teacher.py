@@ -5,6 +5,10 @@
 pair with one forward pass over ``prompt + completion`` (right-padded batches of ``max_batch_size``
 rows): the logprob of completion token ``j`` is ``log_softmax(logits[len(prompt) - 1 + j])`` at
 temperature 1, the same teacher-forced logprobs the engine's fidelity tests compare against.
+
+A float32 model loaded on CPU has its linear weights rounded to float16, as the embedded engine's are
+(``float16_weights``, ``packed_weights.py``), so a teacher of the student's own file scores exactly what
+the student sampled from (zero advantage); ``float16_weights: false`` keeps them as loaded.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from typing import Any
 from scaffold_core.engines.model_loading import load_model_and_tokenizer, require_torch, resolve_model
 from scaffold_core.teacher import Teacher, TeacherScores
 
+from .packed_weights import model_half_unsupported, round_to_half
+
 
 class TransformersTeacher(Teacher):
     """Teacher-forced logprobs of another checkpoint, in process (CPU or GPU)."""
 
     def __init__(self, model: str | None = None, dtype: str = "float32", device: str = "auto",
                  max_batch_size: int = 16, top_k: int = 0, threads: int | None = None,
-                 cache_converted: bool = True, trust_remote_code: bool = False):
+                 cache_converted: bool = True, trust_remote_code: bool = False,
+                 float16_weights: bool | None = None):
         super().__init__()
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -36,6 +43,8 @@ class TransformersTeacher(Teacher):
         self.threads = threads
         self.cache_converted = cache_converted
         self.trust_remote_code = trust_remote_code
+        self.float16_weights = float16_weights  # null: as the engine does (a float32 model on CPU, rounded)
+        self.float16_unsupported: str | None = None  # why a model asked to be rounded was not
         self.model: Any = None
 
     @classmethod
@@ -60,6 +69,10 @@ class TransformersTeacher(Teacher):
             resolve_model(self.model_name), dtype=self.dtype, device=device, use_cache=self.cache_converted,
             trust_remote_code=self.trust_remote_code)
         self.model.eval()
+        if self.float16_weights is not False:
+            self.float16_unsupported = model_half_unsupported(torch, self.model)
+            if self.float16_unsupported is None:
+                round_to_half(torch, self.model)
 
     async def close(self) -> None:
         self.model = None

@@ -73,6 +73,7 @@ from scaffold_core.tokenizers import eos_token_ids
 from .generic_batch import GenericBatch
 from .grammar import Grammars, RowGrammar, available_kinds, mask_logits
 from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
+from .packed_weights import round_to_half
 from .prefix_store import PrefixStore
 
 
@@ -142,6 +143,9 @@ class TransformersEngine(Engine):
         prefix_cache_mb: Annotated[float, Ge(0), Help("memory for reusable keys and values (0: off)")] = 512,
         pack_weights: Annotated[bool | None, Help("multiply by packed copies of the weights on CPU (null: yes, "
                                                   "except for a wrapped model)")] = None,
+        float16_weights: Annotated[bool | None, Help(
+            "packed copies in float16, products in float32: half the bytes read a token (null: yes for a float32 "
+            "model the engine loads, whose weights are then rounded to float16)")] = None,
     ):
         self.model_name = model
         self.source = resolve_model(model)
@@ -157,6 +161,7 @@ class TransformersEngine(Engine):
         self.lean_forward = lean_forward
         self.prefix_cache_mb = prefix_cache_mb
         self.pack_weights = pack_weights
+        self.float16_weights = float16_weights
         self._lean: LeanLlama | None = None  # the lean forward, when the model's architecture has one
         self._prefixes: PrefixStore | None = None
         self.lean_unsupported: str | None = None  # why transformers' forward serves the model instead
@@ -239,10 +244,20 @@ class TransformersEngine(Engine):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.lean_unsupported = lean_unsupported(self.model) if self.lean_forward else "lean_forward: false"
         if self.lean_unsupported is None:
-            pack = self.pack_weights if self.pack_weights is not None else self._lent is None
-            self._lean = LeanLlama(torch, self.model, pack=pack)
+            owned = self._lent is None
+            pack = self.pack_weights if self.pack_weights is not None else owned
+            half = self.float16_weights if self.float16_weights is not None else owned
+            self._lean = LeanLlama(torch, self.model, pack=pack, half=half)
+            self._round_owned_weights()
             if self.prefix_cache_mb > 0:
                 self._prefixes = PrefixStore(int(self.prefix_cache_mb * 2**20))
+
+    def _round_owned_weights(self) -> None:
+        """Round a model the engine owns to what its float16 copies hold, so that the model's own forward (a
+        teacher-forced pass) gives the logprobs the engine samples with. A wrapped model is its owner's: not
+        rounded (its logprobs are then within float16's rounding of the owner's forward)."""
+        if self._lent is None and self._lean is not None and self._lean.half:
+            round_to_half(self._torch, self.model)
 
     async def close(self) -> None:
         self._closing.set()
@@ -334,6 +349,7 @@ class TransformersEngine(Engine):
                 self._prefixes.clear()
             if self._lean is not None and self._lean.packed is not None:  # copies of the old weights
                 self._lean.packed.clear()
+            self._round_owned_weights()
             changed = True
             done.set_result(version)
 
@@ -368,6 +384,10 @@ class TransformersEngine(Engine):
         s["weight_packs"] = packed.packs if packed is not None else 0  # packed copies made (packed_weights.py)
         if self._lean is not None and self._lean.pack_unsupported is not None:
             s["pack_unsupported"] = self._lean.pack_unsupported  # why the weights are read as they are
+        elif self._lean is not None:
+            s["packed_dtype"] = "float16" if self._lean.half else str(self._lean.model.dtype).removeprefix("torch.")
+            if self._lean.half_unsupported is not None:
+                s["float16_unsupported"] = self._lean.half_unsupported  # why the copies keep the model's dtype
         return s
 
     # -- requests ---------------------------------------------------------

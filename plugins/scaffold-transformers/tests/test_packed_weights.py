@@ -14,7 +14,7 @@ from scaffold_core.tokenizers import ByteTokenizer
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from scaffold_transformers.packed_weights import packing_unsupported  # noqa: E402
+from scaffold_transformers.packed_weights import half_unsupported, packing_unsupported  # noqa: E402
 from scaffold_transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 pytestmark = pytest.mark.skipif(packing_unsupported(torch, torch.float32, "cpu") is not None,
@@ -163,3 +163,99 @@ def test_weights_too_large_for_the_memory_left_are_not_packed(monkeypatch):
     lean, stats = asyncio.run(main())
     assert lean.packed is None and stats["weight_packs"] == 0
     assert "more than half the memory available" in stats["pack_unsupported"]
+
+
+def owned(monkeypatch, model, **options):
+    """An engine that loads ``model`` itself (as from a file): the model is the engine's own."""
+    from scaffold_transformers import transformers_engine
+
+    monkeypatch.setattr(transformers_engine, "load_model_and_tokenizer",
+                        lambda *a, **k: (model, NoEosTokenizer(), {"source": "tiny", "cached": False}))
+    return TransformersEngine(**options)
+
+
+needs_half = pytest.mark.skipif(half_unsupported(torch, 1.0) is not None, reason="no fbgemm float16 kernel")
+
+
+@needs_half
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_float16_copies_of_an_owned_model_round_it_so_its_forward_gives_the_logprobs_sampled(monkeypatch, kind):
+    model, exact = tiny(kind), tiny(kind)
+
+    async def main():
+        async with owned(monkeypatch, model) as engine, \
+                TransformersEngine.wrap(exact, NoEosTokenizer(), pack_weights=True) as float32:
+            return await generate(engine, "h"), await generate(float32, "f"), engine.stats()
+
+    half, full, stats = asyncio.run(main())
+    assert stats["packed_dtype"] == "float16" and stats["weight_packs"] > 0
+    weight = model.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(weight, weight.half().float())  # the engine's model holds what its copies hold
+    assert not torch.equal(exact.model.layers[0].mlp.up_proj.weight, weight)
+    assert torch.equal(model.model.norm.weight, exact.model.norm.weight)  # only the products' weights
+    assert worst_gap(model, half) <= 1e-5  # the rounded model's own forward gives the logprobs sampled
+    assert worst_gap(exact, half) > worst_gap(exact, full)  # against the unrounded weights, the rounding shows
+
+
+@needs_half
+def test_an_update_to_an_owned_model_is_rounded_too(monkeypatch):
+    model, other = tiny(seed=0), tiny(seed=2)
+
+    async def main():
+        async with owned(monkeypatch, model) as engine:
+            await generate(engine, "a")
+            await engine.update_weights(other.state_dict())
+            return await generate(engine, "b")
+
+    result = asyncio.run(main())
+    assert torch.equal(model.lm_head.weight, other.lm_head.weight.half().float())
+    assert worst_gap(model, result) <= 1e-5
+
+
+@needs_half
+def test_a_wrapped_model_keeps_its_weights_and_float32_copies_unless_asked(monkeypatch):
+    model = tiny()
+    before = [p.detach().clone() for p in model.parameters()]
+
+    async def main(**options):
+        async with TransformersEngine.wrap(model, NoEosTokenizer(), pack_weights=True, **options) as engine:
+            return await generate(engine, "w", max_tokens=4), engine.stats()
+
+    full, stats = asyncio.run(main())
+    assert stats["packed_dtype"] == "float32" and "float16_unsupported" not in stats
+    half, stats = asyncio.run(main(float16_weights=True))
+    assert stats["packed_dtype"] == "float16"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the owner's weights, untouched
+    assert worst_gap(model, full) <= 1e-4 and worst_gap(model, full) < worst_gap(model, half) <= 1e-2
+
+
+def test_what_cannot_be_kept_in_float16_says_why(monkeypatch):
+    assert "beyond float16's range" in half_unsupported(torch, 70000.0)
+    assert "beyond float16's range" in half_unsupported(torch, float("nan"))
+    model = tiny()
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = 1e6
+
+    async def main():
+        async with owned(monkeypatch, model) as engine:
+            await generate(engine, "a", max_tokens=2)
+            return engine.stats()
+
+    stats = asyncio.run(main())
+    assert stats["packed_dtype"] == "float32" and stats["weight_packs"] > 0
+    assert "float16" in stats["float16_unsupported"]
+    assert model.model.layers[1].mlp.down_proj.weight[0, 0].item() == 1e6  # nothing rounded
+
+
+@needs_half
+@pytest.mark.parametrize("option", [None, False])
+def test_a_teacher_loaded_on_cpu_is_rounded_as_the_engine_is_unless_told_not_to(monkeypatch, option):
+    from scaffold_transformers import teacher as teacher_module
+
+    model, exact = tiny(), tiny()
+    monkeypatch.setattr(teacher_module, "load_model_and_tokenizer",
+                        lambda *a, **k: (model, NoEosTokenizer(), {"source": "tiny", "cached": False}))
+    teacher = teacher_module.TransformersTeacher(device="cpu", float16_weights=option)
+    asyncio.run(teacher.start())
+    weight, loaded = model.model.layers[0].self_attn.o_proj.weight, exact.model.layers[0].self_attn.o_proj.weight
+    assert torch.equal(weight, loaded.half().float() if option is None else loaded)

@@ -170,7 +170,10 @@ def test_second_load_reads_the_converted_cache(engine):
     assert info["cached"] is True
     assert tokenizer.encode("hello world") == engine.tokenizer.encode("hello world")
     first = next(iter(engine.model.state_dict().values()))
-    assert torch.equal(first, next(iter(model.state_dict().values())))
+    again = next(iter(model.state_dict().values()))
+    if engine.stats().get("packed_dtype") == "float16":  # the engine's linear weights are rounded to float16
+        again = again.half().float()
+    assert torch.equal(first, again)
 
 
 def test_a_group_shares_one_prefill_and_matches_the_unshared_path(engine):
