@@ -37,6 +37,7 @@ profiler's instrumentation expects its forward to run).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -130,6 +131,8 @@ class LeanLlama:
             self.half_unsupported = "the weights are not packed"
         self.half = half and self.pack_unsupported is None and self.half_unsupported is None
         self.packed = PackedWeights(torch, half=self.half) if self.pack_unsupported is None else None
+        self._products_of: Any = None  # the layers whose products' groups are _product_groups
+        self._product_groups: list[tuple[tuple[Any, ...], ...]] = []
 
     def weights(self) -> tuple[Any, list[tuple[Any, ...]], Any, Any]:
         """(embedding, per-layer tensors, final norm, output layer): the model's own parameters, read now."""
@@ -164,47 +167,58 @@ class LeanLlama:
         embed, layers, (norm_w, norm_eps), (head_w, head_b) = weights
         rows, tokens = ids.shape
         packed = self.packed if ids.device.type == "cpu" else None
+        # packed: each layer's four products (q, k and v as one, o, gate and up as one, down), then the output layer
+        prepared = packed.prepare(self._products(layers, head_w, head_b)) if packed is not None else None
+        product: Any = packed.product if packed is not None else None
         linear = self._linear(ids.device, rows * tokens)
         hq, hk, d, hidden, eps = self.heads, self.kv_heads, self.head_dim, self.hidden, self.eps
         x = F.embedding(ids, embed)
         cos, sin = self.rope(x, positions)
-        half = d // 2
+        half, qk_width = d // 2, (hq + hk) * d
         for i, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, bg, wu, bu, wd, bd) in enumerate(layers):
             h = F.rms_norm(x, (hidden,), ln1, eps)
-            if packed is not None:  # one product for q, k and v, one for gate and up
-                q, k, v = packed.linear(h, (wq, wk, wv), (bq, bk, bv)).split((hq * d, hk * d, hk * d), -1)
+            if prepared is not None:
+                qkv = product(h, prepared[4 * i])
             else:
-                q, k, v = linear(h, wq, bq), linear(h, wk, bk), linear(h, wv, bv)
-            q = q.reshape(rows, tokens, hq, d).transpose(1, 2)
-            k = k.reshape(rows, tokens, hk, d).transpose(1, 2)
-            v = v.reshape(rows, tokens, hk, d).transpose(1, 2)
-            q = torch.addcmul(q * cos, q.roll(half, -1), sin)
-            k = torch.addcmul(k * cos, k.roll(half, -1), sin)
-            x = x + linear(attend(i, q, k, v), wo, bo)
+                qkv = torch.cat((linear(h, wq, bq), linear(h, wk, bk), linear(h, wv, bv)), -1)
+            # q and k rotate together: x*cos + (x's halves swapped)*sin
+            qk = qkv[..., :qk_width].unflatten(-1, (hq + hk, d)).transpose(1, 2)
+            qk = torch.addcmul(qk * cos, qk.unflatten(-1, (2, half)).flip(-2).flatten(-2), sin)
+            v = qkv[..., qk_width:].unflatten(-1, (hk, d)).transpose(1, 2)
+            out = attend(i, qk[:, :hq], qk[:, hq:], v)
+            x = x + (product(out, prepared[4 * i + 1]) if prepared is not None else linear(out, wo, bo))
             h = F.rms_norm(x, (hidden,), ln2, eps)
-            if packed is not None:
-                gate, up = packed.linear(h, (wg, wu), (bg, bu)).chunk(2, -1)
+            if prepared is not None:
+                gate, up = product(h, prepared[4 * i + 2]).chunk(2, -1)
             else:
                 gate, up = linear(h, wg, bg), linear(h, wu, bu)
-            x = x + linear(F.silu(gate) * up, wd, bd)
+            act = F.silu(gate) * up
+            x = x + (product(act, prepared[4 * i + 3]) if prepared is not None else linear(act, wd, bd))
         x = x[:, -1]
         if keep is not None:
             x = x[keep]
-        head = self._linear(ids.device, x.shape[0])
-        return head(F.rms_norm(x, (hidden,), norm_w, norm_eps), head_w, head_b).float()
+        x = F.rms_norm(x, (hidden,), norm_w, norm_eps)
+        if prepared is not None:
+            return product(x, prepared[-1]).float()
+        return self._linear(ids.device, x.shape[0])(x, head_w, head_b).float()
+
+    def _products(self, layers: list[tuple[Any, ...]], head_w: Any, head_b: Any) -> list[tuple[tuple[Any, ...], ...]]:
+        """(weights, biases) of each product of the forward, in order: per layer q/k/v, o, gate/up, down; then the
+        output layer. Made once per ``layers`` (a batch's weights), as ``PackedWeights.prepare`` checks by identity."""
+        if self._products_of is not layers:
+            groups: list[tuple[tuple[Any, ...], ...]] = []
+            for (_, wq, bq, wk, bk, wv, bv, wo, bo, _, wg, bg, wu, bu, wd, bd) in layers:
+                groups += [((wq, wk, wv), (bq, bk, bv)), ((wo,), (bo,)), ((wg, wu), (bg, bu)), ((wd,), (bd,))]
+            groups.append(((head_w,), (head_b,)))
+            self._products_of, self._product_groups = layers, groups
+        return self._product_groups
 
     def _linear(self, device: Any, rows: int) -> Any:
         """``F.linear`` or the fastest equal product for ``rows`` rows of activations on ``device``."""
         if device.type != "cpu":
             return self.F.linear
-        if self.packed is not None:
-            return self._packed_linear
         # a decode step (a few rows, one token each) multiplies weight x activations (few_rows_linear)
         return few_rows_linear(self.torch) if rows <= FEW_ROWS else self.F.linear
-
-    def _packed_linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
-        assert self.packed is not None
-        return self.packed.linear(x, (weight,), (bias,))
 
 
 def few_rows_linear(torch: Any) -> Any:
@@ -379,7 +393,13 @@ class LeanBatch:
         ids = ids.to(self.device)
         col = self.column
         self.valid[:, col] = True
-        mask = self.valid[:, None, None, :col + 1]
+        # one additive mask for every layer (scaled_dot_product_attention would turn a boolean one into it at
+        # each call), or none where no row has a column to hide
+        seen = self.valid[:, :col + 1]
+        mask = None
+        if not bool(seen.all()):
+            mask = torch.zeros((held, 1, 1, col + 1), dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~seen[:, None, None], -math.inf)
         rows, hk, group, d = held, lean.kv_heads, lean.group, lean.head_dim
         F = lean.F
 

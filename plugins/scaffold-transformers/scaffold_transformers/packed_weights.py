@@ -117,6 +117,10 @@ class PackedWeights:
         # ids of the weights -> (the weights, their and their biases' (version, data pointer), copy, bias)
         self._copies: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[tuple[int, int], ...], Any, Any]] = {}
         self.packs = 0  # copies made (the first ones and those made again after a change)
+        self._groups: Any = None  # the groups prepare() saw last, their tensors, their stamps and copies
+        self._tensors: list[Any] = []
+        self._stamps: list[tuple[int, int]] = []
+        self._prepared: list[tuple[Any, Any]] = []
 
     def get(self, weights: tuple[Any, ...], biases: tuple[Any, ...]) -> tuple[Any, Any]:
         """The packed copy of ``weights`` stacked (one product for several layers that read the same input)
@@ -141,18 +145,33 @@ class PackedWeights:
         self.packs += 1
         return copy, bias
 
+    def prepare(self, groups: list[tuple[tuple[Any, ...], ...]]) -> list[tuple[Any, Any]]:
+        """:meth:`get` for each ``(weights, biases)`` of ``groups`` (a forward's products, in order), with one
+        check of every tensor's stamp for the lot: a decode step makes over a hundred products, and checking
+        each one apart costs more than the check itself."""
+        if groups is not self._groups:
+            self._groups = groups
+            self._tensors = [t for weights, biases in groups for t in weights + biases if t is not None]
+        elif [(t._version, t.data_ptr()) for t in self._tensors] == self._stamps:
+            return self._prepared
+        self._prepared = [self.get(weights, biases) for weights, biases in groups]
+        self._stamps = [(t._version, t.data_ptr()) for t in self._tensors]
+        return self._prepared
+
+    def product(self, x: Any, prepared: tuple[Any, Any]) -> Any:
+        """``x`` times a prepared copy plus its bias: each of its weights' results side by side, in order."""
+        packed, bias = prepared
+        if self.half:
+            return self.torch.ops.quantized.linear_dynamic_fp16(x, packed)
+        return self.torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
     def clear(self) -> None:
         """Drop every copy (the weights were replaced)."""
         self._copies.clear()
+        self._groups = None
 
     def keep_only(self, weights: set[int]) -> None:
         """Drop the copies of tensors other than ``weights`` (ids): a module given a new parameter object."""
         for key in [k for k in self._copies if not weights.issuperset(k)]:
             del self._copies[key]
-
-    def linear(self, x: Any, weights: tuple[Any, ...], biases: tuple[Any, ...]) -> Any:
-        """``x`` times each of ``weights`` plus its bias, the results side by side in the last dimension."""
-        packed, bias = self.get(weights, biases)
-        if self.half:
-            return self.torch.ops.quantized.linear_dynamic_fp16(x, packed)
-        return self.torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+        self._groups = None
