@@ -101,11 +101,14 @@ def model_half_unsupported(torch: Any, model: Any) -> str | None:
 
 
 def round_to_half(torch: Any, model: Any) -> None:
-    """Round ``model``'s linear weights to float16 in place, in float32 still: its own forward is then the
-    one its float16 copies compute. Only for a model scaffold loaded (an engine's, a teacher's)."""
+    """Round ``model``'s linear weights to float16, in float32 still: its own forward is then the one its
+    float16 copies compute. Only for a model scaffold loaded (an engine's, a teacher's).
+
+    Each weight gets new storage: weights loaded from safetensors are mapped from the file, and writing
+    to them in place copies every page on its first write (0.94 against 0.14 s for SmolLM2-135M)."""
     with torch.no_grad():
         for w in linear_weights(torch, model):
-            w.copy_(w.to(torch.float16))
+            w.data = w.to(torch.float16).to(torch.float32)
 
 
 class PackedWeights:
