@@ -111,15 +111,19 @@ def model_half_unsupported(torch: Any, model: Any) -> str | None:
     return half_unsupported(torch, max(float(w.detach().abs().max()) for w in weights))
 
 
-def round_to_half(torch: Any, model: Any) -> None:
+def round_to_half(torch: Any, model: Any, in_place: bool = False) -> None:
     """Round ``model``'s linear weights to float16, in float32 still: its own forward is then the one its
     float16 copies compute. Only for a model scaffold loaded (an engine's, a teacher's).
 
-    Each weight gets new storage: weights loaded from safetensors are mapped from the file, and writing
-    to them in place copies every page on its first write (0.94 against 0.14 s for SmolLM2-135M)."""
+    Just loaded, each weight gets new storage: weights loaded from safetensors are mapped from the file,
+    and writing to them in place copies every page on its first write (0.94 against 0.14 s for
+    SmolLM2-135M). Weights updated since (copied into that storage) are rounded ``in_place`` (0.04 s)."""
     with torch.no_grad():
         for w in linear_weights(torch, model):
-            w.data = w.to(torch.float16).to(torch.float32)
+            if in_place:
+                w.copy_(w.to(torch.float16))
+            else:
+                w.data = w.to(torch.float16).to(torch.float32)
 
 
 class PackedWeights:

@@ -252,12 +252,12 @@ class TransformersEngine(Engine):
             if self.prefix_cache_mb > 0:
                 self._prefixes = PrefixStore(int(self.prefix_cache_mb * 2**20))
 
-    def _round_owned_weights(self) -> None:
+    def _round_owned_weights(self, in_place: bool = False) -> None:
         """Round a model the engine owns to what its float16 copies hold, so that the model's own forward (a
         teacher-forced pass) gives the logprobs the engine samples with. A wrapped model is its owner's: not
         rounded (its logprobs are then within float16's rounding of the owner's forward)."""
         if self._lent is None and self._lean is not None and self._lean.half:
-            round_to_half(self._torch, self.model)
+            round_to_half(self._torch, self.model, in_place)
 
     async def close(self) -> None:
         self._closing.set()
@@ -349,7 +349,7 @@ class TransformersEngine(Engine):
                 self._prefixes.clear()
             if self._lean is not None and self._lean.packed is not None:  # copies of the old weights
                 self._lean.packed.clear()
-            self._round_owned_weights()
+            self._round_owned_weights(in_place=True)  # the update was copied into the weights' own storage
             changed = True
             done.set_result(version)
 
