@@ -6,9 +6,10 @@ pair with one forward pass over ``prompt + completion`` (right-padded batches of
 rows): the logprob of completion token ``j`` is ``log_softmax(logits[len(prompt) - 1 + j])`` at
 temperature 1, the same teacher-forced logprobs the engine's fidelity tests compare against.
 
-A float32 model loaded on CPU has its linear weights rounded to float16, as the embedded engine's are
-(``float16_weights``, ``packed_weights.py``), so a teacher of the student's own file scores exactly what
-the student sampled from (zero advantage); ``float16_weights: false`` keeps them as loaded.
+A float32 model loaded on CPU has its linear weights rounded to float16, as the embedded engine rounds a
+model it loads (``float16_weights``, ``packed_weights.py``), so a teacher of the student's own file scores
+exactly what the student sampled from (zero advantage); ``float16_weights: false`` keeps them as loaded,
+which is what a trainer whose student is its own policy asks for (scaffold-trl does).
 """
 
 from __future__ import annotations

@@ -288,7 +288,8 @@ class GRPORun:
                               "distribution with the teacher's at temperature 1, so sample with temperature: 1.0 "
                               f"(got {s.temperature})")
         assert self.loop is not None
-        self.teacher = make_teacher(self.options.teacher, device=self.device)
+        # the student is the policy itself, weights as loaded (its engine wraps it): so is a teacher loaded here
+        self.teacher = make_teacher(self.options.teacher, device=self.device, float16_weights=False)
         self.loop.run(self.teacher.start(), 3600.0)
         check_same_tokenizer(self.tokenizer, self.teacher.tokenizer)
 
