@@ -6,10 +6,11 @@ pair with one forward pass over ``prompt + completion`` (right-padded batches of
 rows): the logprob of completion token ``j`` is ``log_softmax(logits[len(prompt) - 1 + j])`` at
 temperature 1, the same teacher-forced logprobs the engine's fidelity tests compare against.
 
-A float32 model loaded on CPU has its linear weights rounded to float16, as the embedded engine rounds a
-model it loads (``float16_weights``, ``packed_weights.py``), so a teacher of the student's own file scores
-exactly what the student sampled from (zero advantage); ``float16_weights: false`` keeps them as loaded,
-which is what a trainer whose student is its own policy asks for (scaffold-trl does).
+A float32 Llama-architecture model loaded on CPU has its linear weights rounded to float16, as the
+embedded engine rounds a model it loads (``float16_weights``, ``packed_weights.py``), so a teacher of the
+student's own file scores exactly what the student sampled from (zero advantage);
+``float16_weights: false`` keeps them as loaded, which is what a trainer whose student is its own policy
+asks for (scaffold-trl does).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from scaffold_core.engines.model_loading import load_model_and_tokenizer, require_torch, resolve_model
 from scaffold_core.teacher import Teacher, TeacherScores
 
+from .lean_llama import lean_unsupported
 from .packed_weights import model_half_unsupported, round_to_half
 
 
@@ -70,8 +72,8 @@ class TransformersTeacher(Teacher):
             resolve_model(self.model_name), dtype=self.dtype, device=device, use_cache=self.cache_converted,
             trust_remote_code=self.trust_remote_code)
         self.model.eval()
-        if self.float16_weights is not False:
-            self.float16_unsupported = model_half_unsupported(torch, self.model)
+        if self.float16_weights is not False:  # the engine rounds only what its lean forward serves
+            self.float16_unsupported = lean_unsupported(self.model) or model_half_unsupported(torch, self.model)
             if self.float16_unsupported is None:
                 round_to_half(torch, self.model)
 

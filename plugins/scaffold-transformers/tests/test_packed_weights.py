@@ -259,3 +259,19 @@ def test_a_teacher_loaded_on_cpu_is_rounded_as_the_engine_is_unless_told_not_to(
     asyncio.run(teacher.start())
     weight, loaded = model.model.layers[0].self_attn.o_proj.weight, exact.model.layers[0].self_attn.o_proj.weight
     assert torch.equal(weight, loaded.half().float() if option is None else loaded)
+
+
+def test_a_teacher_the_engine_would_not_round_is_not_rounded(monkeypatch):
+    """Only what the engine's lean forward serves is rounded by the engine, so only that is by a teacher."""
+    from scaffold_transformers import teacher as teacher_module
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=ByteTokenizer().vocab_size, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    before = model.lm_head.weight.detach().clone()
+    monkeypatch.setattr(teacher_module, "load_model_and_tokenizer",
+                        lambda *a, **k: (model, NoEosTokenizer(), {"source": "tiny", "cached": False}))
+    teacher = teacher_module.TransformersTeacher(device="cpu")
+    asyncio.run(teacher.start())
+    assert teacher.float16_unsupported and "gpt2" in teacher.float16_unsupported
+    assert torch.equal(model.lm_head.weight, before)
