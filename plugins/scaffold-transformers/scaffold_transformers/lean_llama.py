@@ -104,10 +104,12 @@ class LeanLlama:
 
     With ``pack`` (and a CPU model of float32 or native bfloat16) the linear layers multiply by packed
     copies of their weights (``packed_weights.py``), each made again when its parameter changes; else
-    nothing is copied. With ``half`` too (a float32 model) the copies hold the weights in float16.
+    nothing is copied. With ``half`` too (a float32 model) the copies hold the weights in float16; with
+    ``rounds``, the model's linear weights are to be rounded to float16 in storage of their own (its owner
+    does it: ``round_to_half``), which the memory they need counts too.
     """
 
-    def __init__(self, torch: Any, model: Any, pack: bool = False, half: bool = False):
+    def __init__(self, torch: Any, model: Any, pack: bool = False, half: bool = False, rounds: bool = False):
         self.torch = torch
         self.F = torch.nn.functional
         self.model = model
@@ -123,10 +125,14 @@ class LeanLlama:
         self.half_unsupported: str | None = None  # why float16 copies, asked for, are not made
         if pack:
             weight = model.model.embed_tokens.weight
+            count = sum(w.numel() for w in linear_weights(torch, model))
             self.half_unsupported = model_half_unsupported(torch, model) if half else None
+            if half and rounds and self.half_unsupported is None:  # float16 copies and the rounded weights
+                self.half_unsupported = packing_unsupported(
+                    torch, weight.dtype, weight.device, count * (2 + weight.element_size()),
+                    what="float16 copies and the rounded weights' own storage")
             size = 2 if half and self.half_unsupported is None else weight.element_size()
-            nbytes = sum(w.numel() for w in linear_weights(torch, model)) * size  # what the copies take
-            self.pack_unsupported = packing_unsupported(torch, weight.dtype, weight.device, nbytes)
+            self.pack_unsupported = packing_unsupported(torch, weight.dtype, weight.device, count * size)
         if self.pack_unsupported is not None and half:
             self.half_unsupported = "the weights are not packed"
         self.half = half and self.pack_unsupported is None and self.half_unsupported is None

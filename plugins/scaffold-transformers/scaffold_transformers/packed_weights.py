@@ -45,7 +45,8 @@ def available_memory() -> int | None:
     return None
 
 
-def packing_unsupported(torch: Any, dtype: Any, device: Any, nbytes: int = 0) -> str | None:
+def packing_unsupported(torch: Any, dtype: Any, device: Any, nbytes: int = 0,
+                        what: str = "the packed copies") -> str | None:
     """Why ``nbytes`` of weights of ``dtype`` on ``device`` are not packed (``None`` when they can be).
 
     The copies take the weights' memory once more: they are not made when that is more than half the
@@ -63,7 +64,7 @@ def packing_unsupported(torch: Any, dtype: Any, device: Any, nbytes: int = 0) ->
         return f"dtype {dtype} (float32 and bfloat16 are packed)"
     available = available_memory() if nbytes else None
     if available is not None and nbytes > available // 2:
-        return (f"the packed copies ({nbytes / 2**30:.1f} GiB) would take more than half the memory "
+        return (f"{what} ({nbytes / 2**30:.1f} GiB) would take more than half the memory "
                 f"available ({available / 2**30:.1f} GiB)")
     return None
 

@@ -247,7 +247,7 @@ class TransformersEngine(Engine):
             owned = self._lent is None
             pack = self.pack_weights if self.pack_weights is not None else owned
             half = self.float16_weights if self.float16_weights is not None else owned
-            self._lean = LeanLlama(torch, self.model, pack=pack, half=half)
+            self._lean = LeanLlama(torch, self.model, pack=pack, half=half, rounds=owned)
             self._round_owned_weights()
             if self.prefix_cache_mb > 0:
                 self._prefixes = PrefixStore(int(self.prefix_cache_mb * 2**20))

@@ -275,3 +275,25 @@ def test_a_teacher_the_engine_would_not_round_is_not_rounded(monkeypatch):
     asyncio.run(teacher.start())
     assert teacher.float16_unsupported and "gpt2" in teacher.float16_unsupported
     assert torch.equal(model.lm_head.weight, before)
+
+
+@needs_half
+def test_float16_copies_that_with_the_rounded_weights_do_not_fit_in_memory_leave_float32_copies(monkeypatch):
+    """Rounding gives an owned model's weights storage of their own: 4 bytes a weight beside the 2 of its
+    copies. Where the 6 do not fit in half the memory available but float32 copies' 4 do, those are made."""
+    from scaffold_transformers import packed_weights
+
+    model = tiny()
+    count = sum(w.numel() for w in packed_weights.linear_weights(torch, model))
+    monkeypatch.setattr(packed_weights, "available_memory", lambda: 2 * 5 * count)
+    before = model.lm_head.weight.detach().clone()
+
+    async def main():
+        async with owned(monkeypatch, model) as engine:
+            return await generate(engine, "m", max_tokens=4), engine.stats()
+
+    result, stats = asyncio.run(main())
+    assert stats["packed_dtype"] == "float32" and stats["weight_packs"] > 0
+    assert "rounded weights' own storage" in stats["float16_unsupported"]
+    assert torch.equal(model.lm_head.weight, before)  # not rounded
+    assert worst_gap(model, result) <= 1e-4
