@@ -126,11 +126,7 @@ class LeanLlama:
         if pack:
             weight = model.model.embed_tokens.weight
             count = sum(w.numel() for w in linear_weights(torch, model))
-            self.half_unsupported = model_half_unsupported(torch, model) if half else None
-            if half and rounds and self.half_unsupported is None:  # float16 copies and the rounded weights
-                self.half_unsupported = packing_unsupported(
-                    torch, weight.dtype, weight.device, count * (2 + weight.element_size()),
-                    what="float16 copies and the rounded weights' own storage")
+            self.half_unsupported = model_half_unsupported(torch, model, rounds) if half else None
             size = 2 if half and self.half_unsupported is None else weight.element_size()
             self.pack_unsupported = packing_unsupported(torch, weight.dtype, weight.device, count * size)
         if self.pack_unsupported is not None and half:

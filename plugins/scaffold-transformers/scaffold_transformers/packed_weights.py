@@ -101,15 +101,21 @@ def linear_weights(torch: Any, model: Any) -> list[Any]:
     return list(found.values())
 
 
-def model_half_unsupported(torch: Any, model: Any) -> str | None:
+def model_half_unsupported(torch: Any, model: Any, rounds: bool = False) -> str | None:
     """Why ``model``'s linear weights are not kept in float16 on CPU (``None`` when they can be): a float32
-    model on CPU, fbgemm in this torch, every weight within float16's range."""
+    model on CPU, fbgemm in this torch, every weight within float16's range. With ``rounds`` (the model is to
+    be rounded: :func:`round_to_half`) its rounded weights' storage of their own (4 bytes a weight) must fit
+    beside the float16 copies (2 bytes) in half the memory available."""
     weights = linear_weights(torch, model)
     if not weights:
         return "the model has no linear layers"
     if weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
         return f"{weights[0].dtype} on {weights[0].device} (float16 copies are for float32 models on CPU)"
-    return half_unsupported(torch, max(float(w.detach().abs().max()) for w in weights))
+    why = half_unsupported(torch, max(float(w.detach().abs().max()) for w in weights))
+    if why is None and rounds:
+        why = packing_unsupported(torch, torch.float32, "cpu", sum(w.numel() for w in weights) * 6,
+                                  what="float16 copies and the rounded weights' own storage")
+    return why
 
 
 def round_to_half(torch: Any, model: Any, in_place: bool = False) -> None:

@@ -72,8 +72,9 @@ class TransformersTeacher(Teacher):
             resolve_model(self.model_name), dtype=self.dtype, device=device, use_cache=self.cache_converted,
             trust_remote_code=self.trust_remote_code)
         self.model.eval()
-        if self.float16_weights is not False:  # the engine rounds only what its lean forward serves
-            self.float16_unsupported = lean_unsupported(self.model) or model_half_unsupported(torch, self.model)
+        if self.float16_weights is not False:  # the engine's rule: what its lean forward serves, where it fits
+            self.float16_unsupported = lean_unsupported(self.model) or model_half_unsupported(
+                torch, self.model, rounds=True)
             if self.float16_unsupported is None:
                 round_to_half(torch, self.model)
 
