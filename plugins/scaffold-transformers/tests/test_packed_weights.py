@@ -165,12 +165,17 @@ def test_weights_too_large_for_the_memory_left_are_not_packed(monkeypatch):
     assert "more than half the memory available" in stats["pack_unsupported"]
 
 
+def loads(monkeypatch, module, model):
+    """``module``'s ``load_model_and_tokenizer`` gives ``model`` (as if loaded from a file)."""
+    monkeypatch.setattr(module, "load_model_and_tokenizer",
+                        lambda *a, **k: (model, NoEosTokenizer(), {"source": "tiny", "cached": False}))
+
+
 def owned(monkeypatch, model, **options):
     """An engine that loads ``model`` itself (as from a file): the model is the engine's own."""
     from scaffold_transformers import transformers_engine
 
-    monkeypatch.setattr(transformers_engine, "load_model_and_tokenizer",
-                        lambda *a, **k: (model, NoEosTokenizer(), {"source": "tiny", "cached": False}))
+    loads(monkeypatch, transformers_engine, model)
     return TransformersEngine(**options)
 
 
@@ -253,8 +258,7 @@ def test_a_teacher_loaded_on_cpu_is_rounded_as_the_engine_is_unless_told_not_to(
     from scaffold_transformers import teacher as teacher_module
 
     model, exact = tiny(), tiny()
-    monkeypatch.setattr(teacher_module, "load_model_and_tokenizer",
-                        lambda *a, **k: (model, NoEosTokenizer(), {"source": "tiny", "cached": False}))
+    loads(monkeypatch, teacher_module, model)
     teacher = teacher_module.TransformersTeacher(device="cpu", float16_weights=option)
     asyncio.run(teacher.start())
     weight, loaded = model.model.layers[0].self_attn.o_proj.weight, exact.model.layers[0].self_attn.o_proj.weight
@@ -269,8 +273,7 @@ def test_a_teacher_the_engine_would_not_round_is_not_rounded(monkeypatch):
     config = transformers.GPT2Config(vocab_size=ByteTokenizer().vocab_size, n_embd=32, n_layer=1, n_head=2)
     model = transformers.GPT2LMHeadModel(config).eval()
     before = model.lm_head.weight.detach().clone()
-    monkeypatch.setattr(teacher_module, "load_model_and_tokenizer",
-                        lambda *a, **k: (model, NoEosTokenizer(), {"source": "tiny", "cached": False}))
+    loads(monkeypatch, teacher_module, model)
     teacher = teacher_module.TransformersTeacher(device="cpu")
     asyncio.run(teacher.start())
     assert teacher.float16_unsupported and "gpt2" in teacher.float16_unsupported
