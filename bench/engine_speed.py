@@ -6,6 +6,8 @@ them alike):
 
 * ``scaffold``: the embedded ``transformers`` engine as configured by default (float32, the lean forward, the
   weights packed in float16 for fbgemm's products, computed in float32);
+* ``scaffold-1-thread``: the same on one thread (``threads: 1``; the default follows the load: every core while
+  nothing else wants one; not run unless named in ``--engines``);
 * ``scaffold-fp32-copies``: the same with ``float16_weights: false`` (float32 copies for oneDNN's products; not run
   unless named in ``--engines``);
 * ``scaffold-bf16``: the same with ``dtype: bfloat16``, where the CPU has native bfloat16 arithmetic (else
@@ -23,6 +25,8 @@ temperature 1; tokens/s = tokens generated / wall time (the prompts are short, s
 Prefill: ``n`` distinct prompts of about ``--prompt-tokens`` tokens, one token generated; tokens/s =
 prompt tokens / wall time. The embedded engine's prefix store is off here (each prompt is new anyway).
 Each figure is the median of ``--repeat`` runs; the machine's load average is printed beside each size.
+The scaffold engines wait their default ``batch_wait_ms`` for the requests sent together; the llama.cpp
+engines run in a process of their own (``InChild``: two OpenMP runtimes in one process slow each other).
 Timings on a shared machine are noise unless the load is low: compare ratios, not absolute figures.
 
     python bench/engine_speed.py [--sizes 1 8 32 64] [--tokens 64] [--prompt-tokens 512] [--repeat 3] [--engines ...]
@@ -32,9 +36,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import multiprocessing
 import os
 import statistics
 import time
+from typing import Any
 
 STORY = ("Write a long, detailed story about a lighthouse keeper who finds a message in a bottle. "
          "Describe the sea, the weather and every step of the journey.")
@@ -138,12 +145,80 @@ class LlamaAlone:
         return tokens, time.perf_counter() - start
 
 
+def llama_engine(name: str, args: argparse.Namespace) -> object:
+    """The llama.cpp engine ``name``, made in the process that runs it."""
+    if name == "llamacpp-alone":
+        return LlamaAlone(args.model, n_ctx=args.prompt_tokens + args.tokens + 64)
+    from scaffold_llamacpp import LlamaCppEngine
+
+    return LlamaCppEngine(args.model, max_batch_size=64, n_ctx=64 * (args.prompt_tokens + 64))
+
+
+def serve_in_child(conn: Any, name: str, args: argparse.Namespace) -> None:
+    """A child process's loop: make engine ``name``, then run each (prompts, max_tokens, seed) sent to it."""
+    loop = asyncio.new_event_loop()
+    engine = llama_engine(name, args)
+    loop.run_until_complete(engine.start())  # type: ignore[attr-defined]
+    conn.send("ready")
+    while (job := conn.recv()) is not None:
+        if isinstance(engine, LlamaAlone):
+            conn.send(engine.run(*job))
+        else:
+            conn.send(loop.run_until_complete(run_engine(engine, *job)))
+    loop.run_until_complete(engine.close())  # type: ignore[attr-defined]
+
+
+class InChild:
+    """A llama.cpp engine in a process of its own, run from this one.
+
+    llama.cpp and torch each run OpenMP thread teams. In one process, libgomp counts both teams' threads, finds
+    more than the cores, and makes every waiting thread sleep almost at once instead of spinning; torch's
+    products on two threads then pay a wake-up each (measured: scaffold's single sequence fell from 88 to 47
+    tok/s once a llama.cpp engine had run beside it). A user runs one of them at a time, so each is measured
+    in a process of its own.
+    """
+
+    def __init__(self, name: str, args: argparse.Namespace):
+        self.name, self.args = name, args
+        self.process: Any = None
+        self.conn: Any = None
+
+    def _call(self, job: Any, timeout: float = 600.0) -> Any:
+        self.conn.send(job)
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"{self.name}: no answer in {timeout:.0f} s")
+        return self.conn.recv()
+
+    async def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(target=serve_in_child, args=(theirs, self.name, self.args), daemon=True)
+        self.process.start()
+        ready = await asyncio.get_running_loop().run_in_executor(None, self.conn.poll, 300.0)
+        if not ready or self.conn.recv() != "ready":
+            raise RuntimeError(f"{self.name}: its process did not start")
+
+    async def run(self, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
+        return await asyncio.get_running_loop().run_in_executor(None, self._call, (prompts, max_tokens, seed))
+
+    async def close(self) -> None:
+        if self.process is None:
+            return
+        self.conn.send(None)
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+
+
 def build_engines(args: argparse.Namespace) -> dict[str, object]:
     from scaffold_transformers.transformers_engine import TransformersEngine
 
     engines: dict[str, object] = {}
     if "scaffold" in args.engines:
-        engines["scaffold"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20, prefix_cache_mb=0)
+        engines["scaffold"] = TransformersEngine(args.model, max_batch_size=64, prefix_cache_mb=0)
+    if "scaffold-1-thread" in args.engines:
+        engines["scaffold-1-thread"] = TransformersEngine(args.model, max_batch_size=64, prefix_cache_mb=0, threads=1)
     if "scaffold-bf16" in args.engines:
         import torch
 
@@ -152,31 +227,25 @@ def build_engines(args: argparse.Namespace) -> dict[str, object]:
         why = packing_unsupported(torch, torch.bfloat16, "cpu")
         if why is None:
             engines["scaffold-bf16"] = TransformersEngine(args.model, dtype="bfloat16", max_batch_size=64,
-                                                          batch_wait_ms=20, prefix_cache_mb=0)
+                                                          prefix_cache_mb=0)
         else:
             print(f"scaffold-bf16: left out ({why})")
     if "scaffold-fp32-copies" in args.engines:
-        engines["scaffold-fp32-copies"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
+        engines["scaffold-fp32-copies"] = TransformersEngine(args.model, max_batch_size=64,
                                                              prefix_cache_mb=0, float16_weights=False)
     if "scaffold-unpacked" in args.engines:
-        engines["scaffold-unpacked"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
+        engines["scaffold-unpacked"] = TransformersEngine(args.model, max_batch_size=64,
                                                           prefix_cache_mb=0, pack_weights=False)
     if "scaffold-hf-forward" in args.engines:
-        engines["scaffold-hf-forward"] = TransformersEngine(args.model, max_batch_size=64, batch_wait_ms=20,
+        engines["scaffold-hf-forward"] = TransformersEngine(args.model, max_batch_size=64,
                                                             lean_forward=False, prefix_cache_mb=0)
-    if "llamacpp" in args.engines or "llamacpp-alone" in args.engines:
-        try:
-            import llama_cpp  # noqa: F401
-
-            from scaffold_llamacpp import LlamaCppEngine
-        except ImportError:
-            print('llamacpp: not installed (pip install "scaffold-llamacpp[llama]"); left out')
+    for name in ("llamacpp", "llamacpp-alone"):
+        if name not in args.engines:
+            continue
+        if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("scaffold_llamacpp") is None:
+            print(f'{name}: not installed (pip install "scaffold-llamacpp[llama]"); left out')
         else:
-            if "llamacpp" in args.engines:
-                engines["llamacpp"] = LlamaCppEngine(args.model, max_batch_size=64,
-                                                     n_ctx=64 * (args.prompt_tokens + 64))
-            if "llamacpp-alone" in args.engines:
-                engines["llamacpp-alone"] = LlamaAlone(args.model, n_ctx=args.prompt_tokens + args.tokens + 64)
+            engines[name] = InChild(name, args)
     return engines
 
 
@@ -193,7 +262,6 @@ async def main() -> None:
                                  "llamacpp-alone"])
     args = parser.parse_args()
 
-    import torch
 
     from scaffold_core.tokenizers import render_chat
     from scaffold_transformers.transformers_engine import TransformersEngine
@@ -201,20 +269,20 @@ async def main() -> None:
     engines = build_engines(args)
     for engine in engines.values():
         await engine.start()  # type: ignore[attr-defined]
-    first = next(e for e in engines.values() if not isinstance(e, LlamaAlone))
+    first = next(e for e in engines.values() if not isinstance(e, InChild))
     tokenizer = first.tokenizer  # type: ignore[attr-defined]
     hf_model = next((e.model for e in engines.values() if isinstance(e, TransformersEngine)), None)
     names = list(engines) + (["hf-generate"] if "hf-generate" in args.engines and hf_model is not None else [])
-    print(f"engine speed, SmolLM2-135M (float32 unless named), torch threads {torch.get_num_threads()}, "
-          f"{os.cpu_count()} CPUs; medians of {args.repeat}; {load()}")
+    print(f"engine speed, SmolLM2-135M (float32 unless named), {os.cpu_count()} CPUs; medians of {args.repeat}; "
+          f"{load()}")
     story = render_chat(tokenizer, [{"role": "user", "content": STORY}])[1]
 
     async def measure(name: str, prompts: list[list[int]], max_tokens: int, seed: int) -> tuple[int, float]:
         if name == "hf-generate":
             return run_hf_generate(hf_model, tokenizer, prompts, max_tokens, seed)
         engine = engines[name]
-        if isinstance(engine, LlamaAlone):
-            return engine.run(prompts, max_tokens, seed)
+        if isinstance(engine, InChild):
+            return await engine.run(prompts, max_tokens, seed)
         return await run_engine(engine, prompts, max_tokens, seed)
 
     await measure(names[0], [story], 4, 0)  # warm up the first engine's threads
@@ -238,13 +306,17 @@ async def main() -> None:
                 cells.append(f"{name} {table[(kind, name, n)]:7.1f}")
             print(f"{kind:7s} n={n:<3d} tok/s: " + "  ".join(cells) + f"   ({load()})", flush=True)
     print_ratios(table, names, args)
+    for name, engine in engines.items():
+        stats = engine.stats() if isinstance(engine, TransformersEngine) else {}
+        if "threads" in stats:
+            print(f"{name}: threads {stats['threads']} at the end, {stats['thread_changes']} changes (core_share.py)")
     for engine in engines.values():
         await engine.close()  # type: ignore[attr-defined]
 
 
 def print_ratios(table: dict[tuple[str, str, int], float], names: list[str], args: argparse.Namespace) -> None:
     for theirs in (name for name in ("llamacpp", "llamacpp-alone") if name in names):
-        for mine in (name for name in ("scaffold", "scaffold-bf16") if name in names):
+        for mine in (name for name in ("scaffold", "scaffold-1-thread", "scaffold-bf16") if name in names):
             print(f"ratios {mine} / {theirs}:")
             for kind, sizes in (("decode", args.sizes), ("prefill", args.prefill_sizes)):
                 print("  " + kind + ": " + ", ".join(

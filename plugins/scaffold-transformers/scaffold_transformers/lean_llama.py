@@ -58,6 +58,8 @@ SHARED_PREFIX_MIN = 16
 SHARED_PREFIX_SHARE = 0.5
 #: Up to this many activation rows a product is taken as weight @ activations^T (``few_rows_linear``).
 FEW_ROWS = 64
+#: Up to this many queries a row, attention is written out (``written_attention``), not torch's fused kernel.
+WRITTEN_QUERIES = 16
 
 
 def lean_unsupported(model: Any) -> str | None:
@@ -86,6 +88,35 @@ def has_hooks(torch: Any, model: Any) -> bool:
     if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def attention(torch: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
+    """Grouped-query attention of ``q`` [rows, heads, queries, head_dim] over ``k``/``v`` [rows, kv_heads, keys,
+    head_dim]; ``mask`` (boolean, or added to the scores) broadcasts to [rows, 1, queries, keys].
+
+    With few queries a row, torch's fused kernel splits the keys among the threads it has, so its sums, and
+    the logprobs, would change with the thread count (which follows the machine's load: ``threads.py``):
+    up to :data:`WRITTEN_QUERIES` queries it is written out, each row's sums the same on any thread count."""
+    if q.shape[2] <= WRITTEN_QUERIES:
+        return written_attention(torch, q, k, v, mask)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                            enable_gqa=k.shape[1] != q.shape[1])
+
+
+def written_attention(torch: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
+    """:func:`attention` written out: two products and a softmax."""
+    rows, heads, queries, d = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    # the heads sharing a key head are that head's queries: no copies of the keys
+    scores = q.reshape(rows, kv_heads, group * queries, d).matmul(k.transpose(-1, -2)).mul_(1 / math.sqrt(d))
+    if mask is not None:
+        per_head = scores.view(rows, kv_heads, group, queries, -1)
+        if mask.dtype == torch.bool:
+            per_head.masked_fill_(~mask[:, :, None], -math.inf)
+        else:
+            per_head.add_(mask[:, :, None])
+    return scores.softmax(-1).matmul(v).view(rows, heads, queries, d)
 
 
 @dataclass
@@ -339,7 +370,6 @@ class LeanBatch:
         counts = [count for _, _, count in group]
         repeat = torch.tensor(counts, device=self.device) if any(c > 1 for c in counts) else None
         col = self.width - width
-        F = lean.F
 
         def attend(i: int, q: Any, k: Any, v: Any) -> Any:
             for cache, new in ((self.k[i], k), (self.v[i], v)):
@@ -347,7 +377,7 @@ class LeanBatch:
                     cache[first:last, :, :col].zero_()
                 cache[first:last, :, col:self.width].copy_(new if repeat is None
                                                            else new.repeat_interleave(repeat, dim=0))
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=lean.group > 1)
+            o = attention(torch, q, k, v, mask)
             return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
         return lean.forward(self.weights, ids, positions, attend)
@@ -370,13 +400,12 @@ class LeanBatch:
         # query t (absolute position reused+t) sees keys up to its own position
         mask = (torch.arange(len(prompt), device=self.device)[None, :]
                 <= torch.arange(reused, len(prompt), device=self.device)[:, None])[None, None]
-        F = lean.F
 
         def attend(i: int, q: Any, k: Any, v: Any) -> Any:
             self.k[i][rows, :, start + reused:self.width].copy_(k.expand(count, -1, -1, -1))
             self.v[i][rows, :, start + reused:self.width].copy_(v.expand(count, -1, -1, -1))
             keys, values = self.k[i][row:row + 1, :, start:self.width], self.v[i][row:row + 1, :, start:self.width]
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=lean.group > 1)
+            o = attention(torch, q, keys, values, mask)
             return o.transpose(1, 2).reshape(1, len(new), -1)
 
         self.counts.reused_tokens += reused * count
@@ -402,17 +431,14 @@ class LeanBatch:
         if not bool(seen.all()):
             mask = torch.zeros((held, 1, 1, col + 1), dtype=self.dtype, device=self.device)
             mask.masked_fill_(~seen[:, None, None], -math.inf)
-        rows, hk, group, d = held, lean.kv_heads, lean.group, lean.head_dim
-        F = lean.F
+        rows = held
 
         def attend(i: int, q: Any, k: Any, v: Any) -> Any:
             keys, values = self.k[i], self.v[i]
             keys[:, :, col:col + 1].copy_(k)
             values[:, :, col:col + 1].copy_(v)
-            # one query per head: the heads sharing a key head are that head's queries (no key copies)
-            o = F.scaled_dot_product_attention(q.reshape(rows, hk, group, d), keys[:, :, :col + 1],
-                                               values[:, :, :col + 1], attn_mask=mask)
-            return o.reshape(rows, 1, hk * group * d)
+            o = written_attention(torch, q, keys[:, :, :col + 1], values[:, :, :col + 1], mask)
+            return o.reshape(rows, 1, -1)
 
         positions = self.next_pos[:, None]
         logits = lean.forward(self.weights, ids, positions, attend,

@@ -60,6 +60,7 @@ from typing import Annotated, Any, Literal
 
 from annotated_types import Ge
 
+from scaffold_core.distributed.env import usable_cores
 from scaffold_core.engine import Engine
 from scaffold_core.engines.decode_rows import DecodeRow, new_row, record_top, result_of, take_token
 from scaffold_core.engines.model_loading import load_model_and_tokenizer, require_torch, resolve_model
@@ -70,6 +71,7 @@ from scaffold_core.plugins import Help
 from scaffold_core.spans import clock
 from scaffold_core.tokenizers import eos_token_ids
 
+from .core_share import CoreShare
 from .generic_batch import GenericBatch
 from .grammar import Grammars, RowGrammar, available_kinds, mask_logits
 from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
@@ -113,12 +115,10 @@ def auto_threads() -> int:
     The CPU's matrix products run on OpenMP threads that spin while they wait for each other: with a thread
     on every core, any other busy process (the event loop, a tokenizer, a verifier, a neighbour) stalls
     the whole team, and a decode step that takes ~95 ms on one thread took ~1,100 ms on two of a 2-core
-    machine under a load of 2.3 (one thread: ~95 ms at either load).
+    machine under a load of 2.3 (one thread: ~95 ms at either load). The lean forward with float16 copies
+    takes every core while nothing else wants one (``core_share.py``).
     """
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 class TransformersEngine(Engine):
@@ -135,7 +135,8 @@ class TransformersEngine(Engine):
         batch_wait_ms: Annotated[float, Ge(0), Help("how long an idle engine waits for more requests")] = 5.0,
         logprobs: Annotated[Literal["temperature", "processed"],
                             Help("logprobs after temperature only, or after top-k/top-p too")] = "temperature",
-        threads: Annotated[int, Ge(0), Help("torch CPU threads (null or 0: one per core, less one)")] | None = None,
+        threads: Annotated[int, Ge(0), Help("torch CPU threads (null or 0: one per core while nothing else "
+                                            "wants one, else one fewer)")] | None = None,
         cache_converted: Annotated[bool, Help("cache GGUF conversions")] = True,
         trust_remote_code: bool = False,
         share_prefill: Annotated[bool, Help("one prefill for requests with the same prompt")] = True,
@@ -163,6 +164,7 @@ class TransformersEngine(Engine):
         self.pack_weights = pack_weights
         self.float16_weights = float16_weights
         self._lean: LeanLlama | None = None  # the lean forward, when the model's architecture has one
+        self._cores: CoreShare | None = None  # the thread count, when it follows the machine's load
         self._prefixes: PrefixStore | None = None
         self.lean_unsupported: str | None = None  # why transformers' forward serves the model instead
         # Decode into a KV cache with room reserved (kv_cache.py); False: transformers' growing DynamicCache.
@@ -213,10 +215,16 @@ class TransformersEngine(Engine):
             device = auto_device(torch.cuda.is_available(), torch.cuda.device_count(), local_rank)
         self.device = device
         threads = self.threads
-        if not threads and self._lent is None and device == "cpu":
+        adaptive = not threads and self._lent is None and device == "cpu"
+        if adaptive:
             threads = auto_threads()
         if threads:
             torch.set_num_threads(threads)
+        # the thread count follows the load where the lean forward's float16 products run (set below): its first
+        # look at the machine spans the load
+        cores = CoreShare(torch, usable_cores()) if adaptive else None
+        if cores is not None:
+            cores.start()
         if self._lent is not None:
             self.model, self.tokenizer = self._lent
             self.device = str(next(self.model.parameters()).device)
@@ -249,6 +257,8 @@ class TransformersEngine(Engine):
             half = self.float16_weights if self.float16_weights is not None else owned
             self._lean = LeanLlama(torch, self.model, pack=pack, half=half, rounds=owned)
             self._round_owned_weights()
+            if self._lean.half:  # its products give the same bits on any thread count
+                self._cores = cores
             if self.prefix_cache_mb > 0:
                 self._prefixes = PrefixStore(int(self.prefix_cache_mb * 2**20))
 
@@ -364,7 +374,10 @@ class TransformersEngine(Engine):
         telling a training step from an evaluation) always finds the mode it set.
         """
         call = getattr(batch, method)
-        if isinstance(batch, LeanBatch):
+        lean = isinstance(batch, LeanBatch)
+        if self._cores is not None:
+            self._cores.adjust(lean)
+        if lean:
             return call(*args)
         training = [m for m in self.model.modules() if m.training and m is not self.model]
         for module in training:
@@ -380,6 +393,9 @@ class TransformersEngine(Engine):
         s["mean_batch"] = round(s["rows_stepped"] / s["decode_steps"], 2) if s["decode_steps"] else 0.0
         s.update(self._prefill_stats, prefill_s=round(self._prefill_stats["prefill_s"], 3))
         s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
+        if self._cores is not None:
+            s["threads"] = self._cores.threads  # now (all cores while nothing else wants one: core_share.py)
+            s["thread_changes"] = self._cores.changes
         packed = self._lean.packed if self._lean is not None else None
         s["weight_packs"] = packed.packs if packed is not None else 0  # packed copies made (packed_weights.py)
         if self._lean is not None and self._lean.pack_unsupported is not None:
@@ -482,6 +498,9 @@ class TransformersEngine(Engine):
             for row in rows:
                 self._answer(row, error)
             return
+        finally:
+            if self._cores is not None:
+                self._cores.rest()
         for row in rows:  # still decoding when the engine closed
             self._answer(row, EngineError("engine closed while the request was running"))
 
