@@ -97,7 +97,9 @@ def test_transformers_forward_keeps_the_least_threads_and_one_core_has_nothing_t
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc")
-def test_a_busy_thread_of_this_process_counts_as_others_and_the_caller_does_not():
+def test_a_busy_thread_of_this_process_counts_as_others_and_the_caller_does_not(monkeypatch):
+    # no other process (the tests beside this one may be busy): the machine's busy time is this process's
+    monkeypatch.setattr(core_share, "_machine_busy_s", lambda: sum(os.times()[:2]))
     s = CoreShare(FakeTorch(), 2)
     stop = threading.Event()
 
@@ -116,7 +118,7 @@ def test_a_busy_thread_of_this_process_counts_as_others_and_the_caller_does_not(
     spinner.join(5)
     assert s._measure_others_s() - before == pytest.approx(used, abs=0.05)  # an ended thread takes nothing back
     # two busy threads sharing Python's lock: the spinner gets about half of the 0.5 s, the caller the rest
-    assert 0.1 <= used <= 0.45
+    assert 0.05 <= used <= 0.45
 
 
 def test_without_proc_the_engine_keeps_a_core_free(monkeypatch):
