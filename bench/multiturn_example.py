@@ -50,7 +50,9 @@ def command(tree: Path | None, config: Path, out: Path, sets: list[str]) -> tupl
         # register the same names again (their entry points stay in this venv), so the baseline leaves them out.
         if (tree / "scaffold_core" / "engines" / "transformers_engine.py").exists():
             env["SCAFFOLD_DISABLE_PLUGINS"] = "transformers,datasets,report"
-    args = [sys.executable, "-c", "import sys; from scaffold_core.cli import main; sys.exit(main())",
+    # what the installed `scaffold` command runs: console() where the tree has it (main() before)
+    entry = "import sys, scaffold_core.cli as cli; sys.exit(getattr(cli, 'console', cli.main)())"
+    args = [sys.executable, "-c", entry,
             "run", str(config), "-o", str(out), "--no-report", "--no-progress", "--overwrite"]
     for item in sets:
         args += ["--set", item]

@@ -1,5 +1,5 @@
 """The ``scaffold`` command line (``main``), and ``scaffold new-plugin``'s package generator."""
 
-from .main import main
+from .main import console, main
 
-__all__ = ["main"]
+__all__ = ["console", "main"]

@@ -1,35 +1,5 @@
-"""Run metrics, accumulated as episodes finish (O(1) memory per run).
-
-Definitions (also in docs/runtime.md):
-
-* ``reward_mean``: mean reward over every scored rollout of every completed
-  episode. A rollout is one run of the policy on the prompt: one sample, or,
-  for an agent whose client rewrote its history, the several samples of one
-  agent run (``Sample.rollout``), which share one reward and count once here,
-  in ``accuracy`` and in ``pass@k``.
-* ``unscored_samples``: samples of completed episodes without a reward (not
-  verified, or the verifier could not score them). They are never counted as
-  0.0: they are left out of ``reward_mean``, ``accuracy`` and ``pass@k`` and
-  (with the default ``trajectory.missing_reward: drop``) out of the training
-  data; the run's summary warns when there are any.
-* ``accuracy``: mean over completed episodes whose answer was scored of
-  whether it is correct: the chosen sample (best_of_n, native with one
-  sample), the voted answer (majority_vote), or, when the controller names no
-  single answer, the fraction of its scored rollouts that are correct.
-* ``pass@k``: episodes with k > 1 rollouts where at least one rollout is
-  correct (over episodes with at least one scored rollout).
-* ``rollouts``: rollouts of completed episodes (equal to ``samples`` unless an
-  agent run produced several samples).
-* controller metrics such as ``maj@k`` are averaged over the episodes that
-  report them.
-* ``truncated_fraction``: samples that stopped on ``length``; above 20% the
-  run warns loudly (that is how a too-small ``max_tokens`` shows itself).
-* ``time_shares``: where the episodes' time went: each phase's share of
-  ``episode_time_s``, the summed time of every episode that recorded spans
-  (from its first span, a wait for its turn, to its end). At each instant an
-  episode's time goes to one phase (the first active one in
-  ``scaffold_core.spans.PHASES``), ``other`` when no span covers it (the
-  controller's own code, building the prompt), so the shares sum to 1.
+"""Run metrics, accumulated as episodes finish (O(1) memory per run). What each figure means is defined in
+docs/runtime.md ("The figures of metrics.json").
 """
 
 from __future__ import annotations
