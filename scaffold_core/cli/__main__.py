@@ -2,6 +2,6 @@
 
 import sys
 
-from .main import console
+from .main import main
 
-sys.exit(console())
+sys.exit(main())
