@@ -14,6 +14,10 @@ every core again. Only the engine's busy time is looked at: when it has nothing 
 last look is older than :data:`STALE_S`, the next look starts afresh, and the thread count stays as it was
 until then. Where ``/proc`` is missing (not Linux) it keeps one core fewer.
 
+Every :data:`PROBE_EVERY` th decode step on every core runs on one core fewer and is timed: where that is as
+fast (a process whose other threads run OpenMP teams of their own: libgomp then makes waiting threads sleep
+at once, and two threads can be slower than one), the engine keeps one core fewer for :data:`RETRY_S`.
+
 The thread count changes no result: the products (fbgemm's float16 kernel) and the lean forward's other
 operations give the same bits on any number of threads (attention with few queries is written out for that:
 ``lean_llama.attention``), so a seeded run samples the same tokens and logprobs whatever the load.
@@ -28,6 +32,12 @@ from typing import Any
 
 #: Seconds between two looks at the machine.
 INTERVAL_S = 0.25
+#: Every this many decode steps on every core, one runs on a core fewer, timed against the step before it ...
+PROBE_EVERY = 16
+#: ... and where two such steps in a row were as fast (within this share), the engine keeps a core fewer ...
+PROBE_MARGIN = 1.05
+#: ... for this many seconds before trying every core again.
+RETRY_S = 30.0
 #: Seconds after which the last look is forgotten (the engine was idle) and a new one starts.
 STALE_S = 4 * INTERVAL_S
 #: Cores' worth of CPU time used by others above which the engine leaves them a core.
@@ -74,6 +84,11 @@ class CoreShare:
         self._threads: dict[int, float] = {}  # this process's other Python threads: CPU seconds at the last look
         self._inside = 0.0  # CPU seconds they used, summed over the looks
         self.works = os.path.exists("/proc/stat") or others_s is not None
+        self._steps = 0  # decode steps on every core
+        self._probing = False  # this decode step runs on a core fewer, to be timed
+        self._every_core_s: dict[int, float] = {}  # rows -> seconds of the last decode step on every core
+        self._as_fast = 0  # probes in a row that found a core fewer as fast
+        self._every_core_after = 0.0  # clock before which every core is not tried again
 
     def start(self) -> None:
         """Set the least thread count and take the first look (called when the engine has loaded its model: the
@@ -109,9 +124,42 @@ class CoreShare:
             return self._set(self.least)
         if busy < IDLE_CORES:
             self._calm += 1
-            if self._calm >= 2 or self.changes == 0:  # the first time up, one look is enough
+            if (self._calm >= 2 or self.changes == 0) and now >= self._every_core_after:  # first time: one look
                 return self._set(self.most)
         return self.threads
+
+    def step_threads(self) -> int:
+        """:meth:`adjust` for a decode step; every :data:`PROBE_EVERY` th step on every core runs on a core fewer,
+        which :meth:`timed` compares with the step before it. Every core is faster on an idle machine, but not
+        where libgomp makes waiting threads sleep at once: in a process whose other threads run OpenMP teams of
+        their own (another library's, another engine's), more threads than cores."""
+        threads = self.adjust()
+        if threads != self.most or self.most == self.least:
+            return threads
+        self._steps += 1
+        if self._steps % PROBE_EVERY:
+            return threads
+        self._probing = True
+        self.torch.set_num_threads(self.least)
+        return self.least
+
+    def timed(self, rows: int, seconds: float) -> None:
+        """A decode step of ``rows`` rows, set by :meth:`step_threads`, took ``seconds``."""
+        if not self._probing:
+            if self.threads == self.most:
+                self._every_core_s[rows] = seconds
+            return
+        self._probing = False
+        self.torch.set_num_threads(self.threads)
+        every_core = self._every_core_s.get(rows)
+        if every_core is None:
+            return
+        self._as_fast = self._as_fast + 1 if seconds <= every_core * PROBE_MARGIN else 0
+        if self._as_fast >= 2:  # every core is no faster here: a core fewer, for a while
+            self._as_fast = 0
+            self._every_core_s.clear()
+            self._every_core_after = self._clock() + RETRY_S
+            self._set(self.least)
 
     def rest(self) -> None:
         """The engine has nothing to do: the next look starts when it works again (what others do while it

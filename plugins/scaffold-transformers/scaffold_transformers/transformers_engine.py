@@ -375,6 +375,12 @@ class TransformersEngine(Engine):
         """
         call = getattr(batch, method)
         lean = isinstance(batch, LeanBatch)
+        if lean and self._cores is not None and method == "step":  # decode steps are timed (core_share.py)
+            self._cores.step_threads()
+            began = clock()
+            logits = call(*args)
+            self._cores.timed(len(args[0]), clock() - began)
+            return logits
         if self._cores is not None:
             self._cores.adjust(lean)
         if lean:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from scaffold_transformers import core_share
-from scaffold_transformers.core_share import INTERVAL_S, STALE_S, CoreShare
+from scaffold_transformers.core_share import INTERVAL_S, PROBE_EVERY, RETRY_S, STALE_S, CoreShare
 
 
 class FakeTorch:
@@ -82,6 +82,38 @@ def test_what_others_did_while_the_engine_rested_does_not_count():
     assert s.adjust() == 2
     m.spend(INTERVAL_S, 1.0)
     assert s.adjust() == 1
+
+
+def decode(s: CoreShare, m: Machine, steps: int, seconds: dict[int, float]) -> list[int]:
+    """``steps`` decode steps of 3 rows on an idle machine, each taking ``seconds[threads]``: the thread counts."""
+    used = []
+    for _ in range(steps):
+        threads = s.step_threads()
+        used.append(threads)
+        m.spend(seconds[threads], 0.0)
+        s.timed(3, seconds[threads])
+    return used
+
+
+def test_every_core_stays_where_it_is_faster_and_one_step_in_so_many_checks_it():
+    s, torch, m = share()
+    s.start()
+    m.spend(1.0, 0.0)
+    used = decode(s, m, 4 * PROBE_EVERY, {2: 0.010, 1: 0.013})
+    assert used.count(1) == 4 and used[PROBE_EVERY - 1] == 1  # the probes, one in PROBE_EVERY
+    assert s.threads == 2 and used[-2] == 2
+
+
+def test_where_every_core_is_slower_the_engine_keeps_a_core_fewer_for_a_while():
+    s, torch, m = share()
+    s.start()
+    m.spend(1.0, 0.0)
+    # libgomp's sleeping threads (other OpenMP teams in the process): two threads slower than one
+    used = decode(s, m, 2 * PROBE_EVERY, {2: 0.014, 1: 0.010})
+    assert used[-1] == 1 and s.threads == 1  # two probes found one thread as fast
+    assert set(decode(s, m, 100, {2: 0.014, 1: 0.010})) == {1}  # calm looks do not bring every core back ...
+    m.spend(RETRY_S, 0.0)
+    assert decode(s, m, 60, {2: 0.014, 1: 0.010}).count(2) > 20  # ... until it is tried again
 
 
 def test_transformers_forward_keeps_the_least_threads_and_one_core_has_nothing_to_share():
