@@ -44,6 +44,8 @@ STALE_S = 4 * INTERVAL_S
 BUSY_CORES = 0.25
 #: ... and below which (twice in a row) it takes every core again.
 IDLE_CORES = 0.1
+#: Clock ticks a second, the unit of /proc's CPU times.
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _machine_busy_s() -> float:
@@ -62,9 +64,6 @@ def _thread_s(native_id: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class CoreShare:

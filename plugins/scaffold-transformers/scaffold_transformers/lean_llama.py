@@ -95,7 +95,7 @@ def attention(torch: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
     head_dim]; ``mask`` (boolean, or added to the scores) broadcasts to [rows, 1, queries, keys].
 
     With few queries a row, torch's fused kernel splits the keys among the threads it has, so its sums, and
-    the logprobs, would change with the thread count (which follows the machine's load: ``threads.py``):
+    the logprobs, would change with the thread count (which follows the machine's load: ``core_share.py``):
     up to :data:`WRITTEN_QUERIES` queries it is written out, each row's sums the same on any thread count."""
     if q.shape[2] <= WRITTEN_QUERIES:
         return written_attention(torch, q, k, v, mask)

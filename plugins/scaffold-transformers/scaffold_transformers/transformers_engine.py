@@ -109,18 +109,6 @@ def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:
     return f"cuda:{local_rank % gpus}"
 
 
-def auto_threads() -> int:
-    """Threads for a CPU engine that was not told how many: one core fewer than the process may use (at least 1).
-
-    The CPU's matrix products run on OpenMP threads that spin while they wait for each other: with a thread
-    on every core, any other busy process (the event loop, a tokenizer, a verifier, a neighbour) stalls
-    the whole team, and a decode step that takes ~95 ms on one thread took ~1,100 ms on two of a 2-core
-    machine under a load of 2.3 (one thread: ~95 ms at either load). The lean forward with float16 copies
-    takes every core while nothing else wants one (``core_share.py``).
-    """
-    return max(1, usable_cores() - 1)
-
-
 class TransformersEngine(Engine):
     """In-process Hugging Face transformers engine with dynamic batching."""
 
@@ -214,17 +202,15 @@ class TransformersEngine(Engine):
             local_rank = self.run_info.local_rank if self.run_info is not None else 0
             device = auto_device(torch.cuda.is_available(), torch.cuda.device_count(), local_rank)
         self.device = device
-        threads = self.threads
-        adaptive = not threads and self._lent is None and device == "cpu"
-        if adaptive:
-            threads = auto_threads()
-        if threads:
-            torch.set_num_threads(threads)
-        # the thread count follows the load where the lean forward's float16 products run (set below): its first
-        # look at the machine spans the load
-        cores = CoreShare(torch, usable_cores()) if adaptive else None
-        if cores is not None:
+        # not told how many threads, a CPU engine of its own model runs on one core fewer than the process may use
+        # (core_share.py); where the lean forward's float16 products run (set below), the count then follows the
+        # load, the first look at the machine spanning the model's load
+        cores: CoreShare | None = None
+        if not self.threads and self._lent is None and device == "cpu":
+            cores = CoreShare(torch, usable_cores())
             cores.start()
+        elif self.threads:
+            torch.set_num_threads(self.threads)
         if self._lent is not None:
             self.model, self.tokenizer = self._lent
             self.device = str(next(self.model.parameters()).device)
