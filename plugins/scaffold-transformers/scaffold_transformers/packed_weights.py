@@ -25,6 +25,7 @@ row's result is again bit for bit the same alone as in a batch.
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -111,7 +112,9 @@ def model_half_unsupported(torch: Any, model: Any, rounds: bool = False) -> str 
         return "the model has no linear layers"
     if weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
         return f"{weights[0].dtype} on {weights[0].device} (float16 copies are for float32 models on CPU)"
-    why = half_unsupported(torch, max(float(w.detach().abs().max()) for w in weights))
+    # the largest magnitude, from each weight's least and greatest (aminmax reads it once and copies nothing)
+    ends = [float(v) for w in weights for v in torch.aminmax(w.detach())]
+    why = half_unsupported(torch, math.nan if any(v != v for v in ends) else max(map(abs, ends)))
     if why is None and rounds:
         why = packing_unsupported(torch, torch.float32, "cpu", sum(w.numel() for w in weights) * 6,
                                   what="float16 copies and the rounded weights' own storage")

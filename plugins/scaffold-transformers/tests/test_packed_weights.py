@@ -14,7 +14,11 @@ from scaffold_core.tokenizers import ByteTokenizer
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from scaffold_transformers.packed_weights import half_unsupported, packing_unsupported  # noqa: E402
+from scaffold_transformers.packed_weights import (  # noqa: E402
+    half_unsupported,
+    model_half_unsupported,
+    packing_unsupported,
+)
 from scaffold_transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 pytestmark = pytest.mark.skipif(packing_unsupported(torch, torch.float32, "cpu") is not None,
@@ -232,6 +236,15 @@ def test_a_wrapped_model_keeps_its_weights_and_float32_copies_unless_asked(monke
     assert stats["packed_dtype"] == "float16"
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the owner's weights, untouched
     assert worst_gap(model, full) <= 1e-4 and worst_gap(model, full) < worst_gap(model, half) <= 1e-2
+
+
+@needs_half
+def test_a_nan_in_any_weight_keeps_the_model_out_of_float16():
+    model = tiny()
+    assert model_half_unsupported(torch, model) is None
+    with torch.no_grad():  # a later weight than the first: a plain max() over the weights' maxima would miss it
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    assert "beyond float16's range" in model_half_unsupported(torch, model)
 
 
 def test_what_cannot_be_kept_in_float16_says_why(monkeypatch):
