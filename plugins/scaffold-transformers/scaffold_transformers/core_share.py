@@ -56,13 +56,14 @@ def _machine_busy_s() -> float:
     return (user + nice + system + irq + softirq) / _TICKS
 
 
-def _thread_s(native_id: int) -> float:
-    """CPU seconds a thread of this process has used (0 when it is gone)."""
+def _thread_s(native_id: int) -> float | None:
+    """CPU seconds a thread of this process has used (None when it is gone: a thread that has ended may still be
+    listed by :func:`threading.enumerate` for a moment)."""
     try:
         with open(f"/proc/self/task/{native_id}/stat", encoding="ascii") as f:
             fields = f.read().rpartition(")")[2].split()
     except OSError:
-        return 0.0
+        return None
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
@@ -178,8 +179,11 @@ class CoreShare:
         used since the last look (a thread that ended since is left out: its lifetime would count as negative)."""
         process = os.times()
         me = threading.get_native_id()
-        threads = {t.native_id: _thread_s(t.native_id) for t in threading.enumerate()
-                   if t.native_id is not None and t.native_id != me}
-        self._inside += sum(used - self._threads.get(tid, 0.0) for tid, used in threads.items())
+        threads = {}
+        for t in threading.enumerate():
+            if t.native_id is not None and t.native_id != me and (used := _thread_s(t.native_id)) is not None:
+                threads[t.native_id] = used
+                # never negative: a new thread reusing an ended one's id starts below it
+                self._inside += max(0.0, used - self._threads.get(t.native_id, 0.0))
         self._threads = threads
         return _machine_busy_s() - (process.user + process.system) + self._inside

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import types
 
 import pytest
 
@@ -151,6 +152,24 @@ def test_a_busy_thread_of_this_process_counts_as_others_and_the_caller_does_not(
     assert s._measure_others_s() - before == pytest.approx(used, abs=0.05)  # an ended thread takes nothing back
     # two busy threads sharing Python's lock: the spinner gets about half of the 0.5 s, the caller the rest
     assert 0.05 <= used <= 0.45
+
+
+def test_a_thread_listed_after_it_ended_takes_nothing_back(monkeypatch):
+    # threading.enumerate may still list a thread whose /proc entry is gone, and an ended thread's id may be
+    # reused by a new one: neither may make what others used go down
+    monkeypatch.setattr(core_share, "_machine_busy_s", lambda: sum(os.times()[:2]))
+    listed = [types.SimpleNamespace(native_id=1001), types.SimpleNamespace(native_id=1002)]
+    used: dict[int, float | None] = {1001: 0.3, 1002: 0.2}
+    monkeypatch.setattr(core_share.threading, "enumerate", lambda: listed)
+    monkeypatch.setattr(core_share, "_thread_s", lambda tid: used[tid])
+    s = CoreShare(FakeTorch(), 2)
+    first = s._measure_others_s()
+    used[1001] = None  # ended, still listed
+    used[1002] = 0.25
+    second = s._measure_others_s()
+    assert second - first == pytest.approx(0.05, abs=0.02)
+    used[1001] = 0.01  # the id reused by a new thread
+    assert s._measure_others_s() - second == pytest.approx(0.01, abs=0.02)
 
 
 def test_without_proc_the_engine_keeps_a_core_free(monkeypatch):
