@@ -201,7 +201,7 @@ class LeanLlama:
         rows, tokens = ids.shape
         packed = self.packed if ids.device.type == "cpu" else None
         # packed: each layer's four products (q, k and v as one, o, gate and up as one, down), then the output layer
-        prepared = packed.prepare(self._products(layers, head_w, head_b)) if packed is not None else None
+        prepared = packed.prepare(self.product_groups(layers, head_w, head_b)) if packed is not None else None
         product: Any = packed.product if packed is not None else None
         linear = self._linear(ids.device, rows * tokens)
         hq, hk, d, hidden, eps = self.heads, self.kv_heads, self.head_dim, self.hidden, self.eps
@@ -235,7 +235,8 @@ class LeanLlama:
             return product(x, prepared[-1]).float()
         return self._linear(ids.device, x.shape[0])(x, head_w, head_b).float()
 
-    def _products(self, layers: list[tuple[Any, ...]], head_w: Any, head_b: Any) -> list[tuple[tuple[Any, ...], ...]]:
+    def product_groups(self, layers: list[tuple[Any, ...]], head_w: Any,
+                       head_b: Any) -> list[tuple[tuple[Any, ...], ...]]:
         """(weights, biases) of each product of the forward, in order: per layer q/k/v, o, gate/up, down; then the
         output layer. Made once per ``layers`` (a batch's weights), as ``PackedWeights.prepare`` checks by identity."""
         if self._products_of is not layers:

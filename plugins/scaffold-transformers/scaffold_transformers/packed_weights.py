@@ -121,7 +121,7 @@ def model_half_unsupported(torch: Any, model: Any, rounds: bool = False) -> str 
     return why
 
 
-def round_to_half(torch: Any, model: Any, in_place: bool = False) -> None:
+def round_to_half(torch: Any, model: Any, in_place: bool = False, made: dict[int, Any] | None = None) -> None:
     """Round ``model``'s linear weights to float16, in float32 still: its own forward is then the one its
     float16 copies compute. Only for a model scaffold loaded (an engine's, a teacher's).
 
@@ -129,14 +129,16 @@ def round_to_half(torch: Any, model: Any, in_place: bool = False) -> None:
     would be copied on its first write (0.95 against 0.14 s for SmolLM2-135M). So each linear weight gets
     new storage, and so does every other tensor of the model (its norms: a few kB), which lets the file's
     mapping go (else its pages stay counted in the process's memory beside the new ones: 540 MB here).
-    Weights updated since (copied into that storage) are rounded ``in_place`` (0.04 s)."""
+    Weights updated since (copied into that storage) are rounded ``in_place`` (0.04 s). ``made``: weights
+    already rounded elsewhere (``preload.py``), by the id of the weight they replace."""
+    made = made or {}
     with torch.no_grad():
         linear = linear_weights(torch, model)
         for w in linear:
             if in_place:
                 w.copy_(w.to(torch.float16))
             else:
-                w.data = w.to(torch.float16).to(torch.float32)
+                w.data = made[id(w)] if id(w) in made else w.to(torch.float16).to(torch.float32)
         if not in_place:
             rounded = {id(w) for w in linear}
             for t in [*model.parameters(), *model.buffers()]:
@@ -182,6 +184,12 @@ class PackedWeights:
             if self.half:  # fbgemm keeps the bias with the weights
                 return torch.ops.quantized.linear_prepack_fp16(stacked.detach(), bias), None
             return torch.ops.mkldnn._reorder_linear_weight(stacked.detach(), BATCH_HINT), bias
+
+    def adopt(self, weights: tuple[Any, ...], biases: tuple[Any, ...], made: tuple[Any, Any]) -> None:
+        """Keep ``made``, a copy of ``weights`` and ``biases`` as :meth:`get` would make it, made elsewhere
+        (``preload.py``)."""
+        self._keep(weights, biases, made)
+        self._groups = None
 
     def _keep(self, weights: tuple[Any, ...], biases: tuple[Any, ...], made: tuple[Any, Any]) -> tuple[Any, Any]:
         self._copies[tuple(id(w) for w in weights)] = (weights, _stamp(weights, biases), *made)

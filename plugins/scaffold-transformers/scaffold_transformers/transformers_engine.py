@@ -56,6 +56,7 @@ import concurrent.futures
 import contextlib
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge
@@ -63,7 +64,7 @@ from annotated_types import Ge
 from scaffold_core.distributed.env import usable_cores
 from scaffold_core.engine import Engine
 from scaffold_core.engines.decode_rows import DecodeRow, new_row, record_top, result_of, take_token
-from scaffold_core.engines.model_loading import load_model_and_tokenizer, require_torch, resolve_model
+from scaffold_core.engines.model_loading import cached_model_dir, load_model_and_tokenizer, require_torch, resolve_model
 from scaffold_core.engines.sampler import sample, top_logprobs
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
@@ -77,6 +78,7 @@ from .grammar import Grammars, RowGrammar, available_kinds, mask_logits
 from .lean_llama import LeanBatch, LeanLlama, PrefillCounts, has_hooks, lean_unsupported, prefill_order
 from .packed_weights import round_to_half
 from .prefix_store import PrefixStore
+from .preload import Preload, preload_path
 
 
 @dataclass(eq=False)
@@ -196,6 +198,33 @@ class TransformersEngine(Engine):
         self._batcher = asyncio.ensure_future(self._batch_loop())
 
     def _load(self) -> None:
+        preload = self._start_preload()
+        try:
+            self._load_model(preload)
+        finally:
+            if preload is not None:
+                preload.cancel()
+
+    def _start_preload(self) -> Preload | None:
+        """Round and pack the weights on a spare core while transformers is imported (``preload.py``): for a
+        float32 model loaded from a local safetensors file onto the CPU, for the lean forward's float16 copies."""
+        if (self._lent is not None or not self.lean_forward or self.dtype not in ("float32", "fp32")
+                or self.pack_weights is False or self.float16_weights is False or usable_cores() < 2
+                or self.device_option not in ("auto", "cpu")
+                or (self.source.gguf_file is not None and not self.cache_converted)):
+            return None
+        source, auto = self.source, self.device_option == "auto"
+
+        def find() -> Path | None:
+            import torch
+
+            if auto and torch.cuda.is_available():
+                return None
+            return preload_path(source, cached_model_dir)
+
+        return Preload(find)
+
+    def _load_model(self, preload: Preload | None) -> None:
         torch, _ = require_torch()
         device = self.device_option
         if device == "auto":
@@ -242,7 +271,10 @@ class TransformersEngine(Engine):
             pack = self.pack_weights if self.pack_weights is not None else owned
             half = self.float16_weights if self.float16_weights is not None else owned
             self._lean = LeanLlama(torch, self.model, pack=pack, half=half, rounds=owned)
-            self._round_owned_weights()
+            preloaded = owned and self._lean.half and preload is not None and preload.apply(torch, self.model, self._lean)
+            self.load_info["preloaded"] = preloaded  # the weights rounded and packed while transformers was imported
+            if not preloaded:
+                self._round_owned_weights()
             if self._lean.half:  # its products give the same bits on any thread count
                 self._cores = cores
             if self.prefix_cache_mb > 0:
@@ -384,7 +416,7 @@ class TransformersEngine(Engine):
         s: dict[str, Any] = dict(self._stats)
         s["mean_batch"] = round(s["rows_stepped"] / s["decode_steps"], 2) if s["decode_steps"] else 0.0
         s.update(self._prefill_stats, prefill_s=round(self._prefill_stats["prefill_s"], 3))
-        s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached")})
+        s.update({k: v for k, v in self.load_info.items() if k in ("source", "cached", "preloaded")})
         if self._cores is not None:
             s["threads"] = self._cores.threads  # now (all cores while nothing else wants one: core_share.py)
             s["thread_changes"] = self._cores.changes
