@@ -271,8 +271,10 @@ class TransformersEngine(Engine):
             pack = self.pack_weights if self.pack_weights is not None else owned
             half = self.float16_weights if self.float16_weights is not None else owned
             self._lean = LeanLlama(torch, self.model, pack=pack, half=half, rounds=owned)
-            preloaded = owned and self._lean.half and preload is not None and preload.apply(torch, self.model, self._lean)
-            self.load_info["preloaded"] = preloaded  # the weights rounded and packed while transformers was imported
+            # the weights rounded and packed while transformers was imported
+            preloaded = bool(owned and self._lean.half and preload is not None
+                             and preload.apply(torch, self.model, self._lean))
+            self.load_info["preloaded"] = preloaded
             if not preloaded:
                 self._round_owned_weights()
             if self._lean.half:  # its products give the same bits on any thread count
