@@ -84,11 +84,11 @@ def cache_root() -> Path:
 
 
 def _cache_key(source: ModelSource) -> str:
-    import transformers
+    from importlib.metadata import version  # transformers' version without importing it (seconds)
 
     gguf = Path(source.location) / (source.gguf_file or "")
     stat = gguf.stat()
-    text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{version('transformers')}"
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

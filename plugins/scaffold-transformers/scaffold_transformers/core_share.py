@@ -73,7 +73,7 @@ class CoreShare:
     def __init__(self, torch: Any, cores: int, *, clock: Any = time.monotonic,
                  others_s: Any = None) -> None:
         self.torch = torch
-        self.most, self.least = cores, max(1, cores - 1)
+        self.most, self.least = cores, self.least_of(cores)
         self.threads = self.least
         self.changes = 0  # times the count changed
         self._clock = clock
@@ -89,6 +89,11 @@ class CoreShare:
         self._every_core_s: dict[int, float] = {}  # rows -> seconds of the last decode step on every core
         self._as_fast = 0  # probes in a row that found a core fewer as fast
         self._every_core_after = 0.0  # clock before which every core is not tried again
+
+    @staticmethod
+    def least_of(cores: int) -> int:
+        """The thread count an engine starts on, and the least it takes: one core fewer than it may use."""
+        return max(1, cores - 1)
 
     def start(self) -> None:
         """Set the least thread count and take the first look (called when the engine has loaded its model: the

@@ -39,12 +39,13 @@ WAIT_S = 600.0
 
 
 class Preload(threading.Thread):
-    """Reads ``find()``'s safetensors file (``None``: nothing to preload) on a thread of its own; see the
-    module's docstring. ``find`` runs on that thread (it may import transformers, as the engine does)."""
+    """Reads ``find()``'s safetensors file (``None``: nothing to preload) on a thread of its own, on ``threads``
+    torch threads; see the module's docstring. ``find`` runs on that thread, once torch is imported."""
 
-    def __init__(self, find: Callable[[], Path | None]):
+    def __init__(self, find: Callable[[], Path | None], threads: int = 1):
         super().__init__(name="scaffold-preload", daemon=True)
         self.find = find
+        self.threads = threads  # torch's threads for this thread's work (the count the engine sets too)
         self.rounded: dict[str, Any] = {}  # weight name -> its values rounded to float16, in float32
         self.copies: dict[tuple[str, ...], Any] = {}  # product's weight names -> its packed float16 copy
         self.error: BaseException | None = None
@@ -68,6 +69,7 @@ class Preload(threading.Thread):
         path = self.find()
         if path is None or self._cancelled.is_set():
             return
+        torch.set_num_threads(self.threads)
         available = available_memory()
         if available is not None and path.stat().st_size * 3 > available:  # rounded (4 bytes) and copies (2)
             return

@@ -197,19 +197,14 @@ class TransformersEngine(Engine):
         self._wake = asyncio.Event()
         self._batcher = asyncio.ensure_future(self._batch_loop())
 
-    def _load(self) -> None:
-        preload = self._start_preload()
-        try:
-            self._load_model(preload)
-        finally:
-            if preload is not None:
-                preload.cancel()
-
     def _start_preload(self) -> Preload | None:
         """Round and pack the weights on a spare core while transformers is imported (``preload.py``): for a
-        float32 model loaded from a local safetensors file onto the CPU, for the lean forward's float16 copies."""
+        float32 model loaded from a local safetensors file onto the CPU, for the lean forward's float16 copies.
+        Its torch threads are as many as the engine's first forward gets (torch's threads take the count set when
+        they first run an op)."""
+        cores = usable_cores()
         if (self._lent is not None or not self.lean_forward or self.dtype not in ("float32", "fp32")
-                or self.pack_weights is False or self.float16_weights is False or usable_cores() < 2
+                or self.pack_weights is False or self.float16_weights is False or cores < 2
                 or self.device_option not in ("auto", "cpu")
                 or (self.source.gguf_file is not None and not self.cache_converted)):
             return None
@@ -222,7 +217,15 @@ class TransformersEngine(Engine):
                 return None
             return preload_path(source, cached_model_dir)
 
-        return Preload(find)
+        return Preload(find, threads=self.threads or CoreShare.least_of(cores))
+
+    def _load(self) -> None:
+        preload = self._start_preload()
+        try:
+            self._load_model(preload)
+        finally:
+            if preload is not None:
+                preload.cancel()
 
     def _load_model(self, preload: Preload | None) -> None:
         torch, _ = require_torch()
