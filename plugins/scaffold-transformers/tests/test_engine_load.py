@@ -1,10 +1,11 @@
-"""Weights rounded and packed on a spare core while the engine imports transformers (``preload.py``): the
-engine then holds the very weights and copies it would have made, and a preload that does not fit the model
-is not used."""
+"""The engine's load: weights rounded and packed on a spare core while the engine imports transformers
+(``preload.py``), the engine then holding the very weights and copies it would have made, and a preload that
+does not fit the model left unused; Python's garbage collector paused while it loads, and left as it was."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -85,3 +86,22 @@ def test_no_preload_where_the_engine_would_not_round_the_weights(tiny_policy, sp
 
     assert asyncio.run(loaded(float16_weights=False)) == (False, False)
     assert asyncio.run(loaded(dtype="bfloat16"))[0] is False
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_while_the_engine_loads_and_left_as_it_was(tiny_policy, monkeypatch, enabled):
+    seen = []
+    load = transformers_engine.load_model_and_tokenizer
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(transformers_engine, "load_model_and_tokenizer", watched)
+    (gc.enable if enabled else gc.disable)()
+    try:
+        asyncio.run(_run(tiny_policy, tokens=2))
+        assert seen == [False]
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
