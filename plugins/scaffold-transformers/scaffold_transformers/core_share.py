@@ -182,7 +182,6 @@ class CoreShare:
         """CPU seconds used so far by everything but this engine's worker thread and its OpenMP team: the
         machine's busy time, less this process's, plus what this process's Python threads other than the caller
         used since the last look (a thread that ended since is left out: its lifetime would count as negative)."""
-        process = os.times()
         me = threading.get_native_id()
         threads = {}
         for t in threading.enumerate():
@@ -191,4 +190,7 @@ class CoreShare:
                 # never negative: a new thread reusing an ended one's id starts below it
                 self._inside += max(0.0, used - self._threads.get(t.native_id, 0.0))
         self._threads = threads
-        return _machine_busy_s() - (process.user + process.system) + self._inside
+        # read side by side: what this process uses between the two reads would count as others' otherwise
+        machine = _machine_busy_s()
+        process = os.times()
+        return machine - (process.user + process.system) + self._inside
