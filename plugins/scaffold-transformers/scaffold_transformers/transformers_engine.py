@@ -106,6 +106,11 @@ def _end_decode(rows: list[DecodeRow], now: float) -> None:
         row.spans.append(("decode", row.decode_from, now))
 
 
+#: Objects made during the engine's load from which one collection follows it (importing torch and transformers
+#: makes about 650,000).
+COLLECT_AFTER = 100_000
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block (the engine's load), one collection after it.
@@ -114,7 +119,8 @@ def collector_paused() -> Iterator[None]:
     and again as they come: the imports took 2.7 s with it and 2.0-2.1 s without. One collection at the end
     (0.3 s) leaves the objects that live on in the oldest generation, which later collections seldom walk.
     A collector someone else turned off stays off; one turned off here is turned on again, however the block
-    ends."""
+    ends. A load that made few objects (torch and transformers imported already, a wrapped model) is left to
+    the collector's usual rounds: a full collection then costs more than it saves."""
     if not gc.isenabled():
         yield
         return
@@ -123,7 +129,8 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-        gc.collect()
+        if gc.get_count()[0] >= COLLECT_AFTER:
+            gc.collect()
 
 
 def auto_device(cuda: bool, gpus: int, local_rank: int = 0) -> str:

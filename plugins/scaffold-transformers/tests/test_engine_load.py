@@ -105,3 +105,20 @@ def test_the_collector_is_paused_while_the_engine_loads_and_left_as_it_was(tiny_
         assert gc.isenabled() is enabled
     finally:
         gc.enable()
+
+
+def test_one_collection_follows_a_load_that_made_many_objects_and_none_a_light_one(tiny_policy, monkeypatch):
+    collections = []
+    monkeypatch.setattr(gc, "collect", lambda *args: collections.append(args) or 0)
+    load = transformers_engine.load_model_and_tokenizer
+    kept = []
+
+    def heavy(*args, **kwargs):  # as importing torch and transformers does
+        kept.append([[i] for i in range(transformers_engine.COLLECT_AFTER + 1000)])
+        return load(*args, **kwargs)
+
+    asyncio.run(_run(tiny_policy, tokens=2))  # torch and transformers are imported already: a light load
+    assert collections == []
+    monkeypatch.setattr(transformers_engine, "load_model_and_tokenizer", heavy)
+    asyncio.run(_run(tiny_policy, tokens=2))
+    assert len(collections) == 1
