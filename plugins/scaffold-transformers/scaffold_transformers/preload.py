@@ -25,7 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .packed_weights import available_memory
+from scaffold_core.engines.model_loading import cached_model_dir
+
+from .packed_weights import linear_weights, packing_unsupported, round_to_half
 
 log = logging.getLogger("scaffold.engine")
 
@@ -70,8 +72,8 @@ class Preload(threading.Thread):
         if path is None or self._cancelled.is_set():
             return
         torch.set_num_threads(self.threads)
-        available = available_memory()
-        if available is not None and path.stat().st_size * 3 > available:  # rounded (4 bytes) and copies (2)
+        # the engine's own rule for its rounded weights (4 bytes a weight, the file's size) and copies (2 more)
+        if packing_unsupported(torch, torch.float32, "cpu", path.stat().st_size * 3 // 2) is not None:
             return
         with safe_open(str(path), framework="pt") as f:
             names = set(f.keys())
@@ -104,8 +106,6 @@ class Preload(threading.Thread):
                 log.debug("preloading the weights failed: %s", self.error)
             self.cancel()
             return False
-        from .packed_weights import linear_weights, round_to_half
-
         named = {id(p): name for name, p in model.named_parameters()}
         made = {}
         for weight in linear_weights(torch, model):
@@ -134,11 +134,11 @@ def _layer_prefixes(names: set[str]) -> list[str]:
     return [f"model.layers.{i}" for i in sorted(found)]
 
 
-def preload_path(source: Any, cached: Callable[[Any], Path | None]) -> Path | None:
+def preload_path(source: Any) -> Path | None:
     """The safetensors file the engine will load ``source`` from: the converted cache of a GGUF file, or a
     local checkpoint folder's single weights file (``None`` otherwise)."""
     if source.gguf_file:
-        folder = cached(source)
+        folder = cached_model_dir(source)
         return folder / WEIGHTS_FILE if folder is not None else None
     path = Path(os.path.expanduser(source.location)) / WEIGHTS_FILE
     return path if path.is_file() else None

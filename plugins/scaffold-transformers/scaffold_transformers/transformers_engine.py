@@ -66,7 +66,7 @@ from annotated_types import Ge
 from scaffold_core.distributed.env import usable_cores
 from scaffold_core.engine import Engine
 from scaffold_core.engines.decode_rows import DecodeRow, new_row, record_top, result_of, take_token
-from scaffold_core.engines.model_loading import cached_model_dir, load_model_and_tokenizer, require_torch, resolve_model
+from scaffold_core.engines.model_loading import load_model_and_tokenizer, require_torch, resolve_model
 from scaffold_core.engines.sampler import sample, top_logprobs
 from scaffold_core.errors import EngineError
 from scaffold_core.generation import GenerationRequest, GenerationResult
@@ -244,7 +244,7 @@ class TransformersEngine(Engine):
 
             if auto and torch.cuda.is_available():
                 return None
-            return preload_path(source, cached_model_dir)
+            return preload_path(source)
 
         return Preload(find, threads=self.threads or CoreShare.least_of(cores))
 

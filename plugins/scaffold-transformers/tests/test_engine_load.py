@@ -67,7 +67,7 @@ def test_a_preload_from_another_models_file_is_not_used(tiny_policy, tmp_path, s
     other = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
     other.save_pretrained(tmp_path)  # the same names as the engine's model (tied too), other shapes
-    monkeypatch.setattr(transformers_engine, "preload_path", lambda source, cached: tmp_path / "model.safetensors")
+    monkeypatch.setattr(transformers_engine, "preload_path", lambda source: tmp_path / "model.safetensors")
     stats, weights, out = asyncio.run(_run(tiny_policy))
     assert stats["preloaded"] is False
     assert not _preload_threads()
