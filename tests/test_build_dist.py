@@ -75,12 +75,14 @@ def test_dist_holds_a_wheel_and_an_sdist_of_each_distribution(dist_dir):
     with zipfile.ZipFile(next(dist_dir.glob("scaffold_core-*.whl"))) as wheel:
         files = wheel.namelist()
         metadata = wheel.read(next(n for n in files if n.endswith("METADATA"))).decode()
-    assert any(n.endswith("templates/task/component.py.tmpl") for n in files)  # package data is in
+    assert not any("templates/" in n for n in files)  # `scaffold new-plugin`'s templates are the test kit's
     assert not any(n.startswith(("tests/", "docs/", "plugins/", "libs/")) for n in files)
     # the test kit and the remote-engine layer are distributions of their own, not in the core's wheel
     assert not any(n.startswith(("scaffold_core/testing/", "scaffold_core/remote/")) for n in files)
     assert "Requires-Dist: torch" in metadata and not re.search(r"^Requires-Dist: torch[^;]*$", metadata, re.M), (
         "torch must only come with the transformers extra")
+    with zipfile.ZipFile(next(dist_dir.glob("scaffold_testkit-*.whl"))) as wheel:
+        assert "scaffold_testkit/templates/task/component.py.tmpl" in wheel.namelist()  # package data is in
     with zipfile.ZipFile(next(dist_dir.glob("scaffold_gsm8k-*.whl"))) as wheel:
         metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: scaffold-core<0.2,>=0.1" in metadata

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from scaffold_testkit.new_plugin import KIND_TEMPLATES, NewPluginError, PluginNames, create_plugin, plan_files
 
 from scaffold_core.cli import main
-from scaffold_core.cli.new_plugin import KIND_TEMPLATES, NewPluginError, PluginNames, create_plugin, plan_files
 from scaffold_core.output import read_records
 
 KINDS = list(KIND_TEMPLATES)
@@ -96,7 +96,7 @@ def test_a_file_as_dir_and_an_unknown_kind_are_refused(tmp_path):
 
 
 def test_a_failed_write_leaves_no_folder_it_created(tmp_path, monkeypatch):
-    from scaffold_core.cli import new_plugin
+    from scaffold_testkit import new_plugin
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -134,7 +134,7 @@ def test_generated_files_are_complete(kind):
 @pytest.mark.parametrize("core, expected", [("0.1.0", ("0.1", "0.2")), ("0.3.7", ("0.3", "0.4")),
                                             ("1.4.2", ("1.4", "2")), ("0+unknown", ("0.0", "0.1"))])
 def test_a_new_plugin_pins_the_core_series_it_is_made_for(core, expected):
-    from scaffold_core.cli.new_plugin import core_range
+    from scaffold_testkit.new_plugin import core_range
 
     assert core_range(core) == expected
     tomllib = pytest.importorskip("tomllib")

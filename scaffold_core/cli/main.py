@@ -21,7 +21,6 @@ from .._meta import CORE_DISTRIBUTION, PROJECT_NAME, version
 from ..errors import ConfigError, ScaffoldError
 from ..run.arguments import add_override_arguments, add_run_arguments, run_overrides
 from ..run.summary import ExitCode, exit_code_for, exit_reason, format_train_summary, print_summary
-from .new_plugin import KIND_TEMPLATES, create_plugin, next_steps
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,14 +69,6 @@ def _parser() -> argparse.ArgumentParser:
                                                        "scripts) instead of the short summary")
     p.set_defaults(handler=cmd_train)
 
-    p = sub.add_parser("new-plugin", help="create a ready-to-install plugin package (scaffold-NAME)")
-    p.add_argument("name", help="the plugin's short name: 'arith' makes scaffold-arith, module scaffold_arith")
-    p.add_argument("--kind", default="task",
-                   choices=list(KIND_TEMPLATES),
-                   help="the component the plugin adds (default: task)")
-    p.add_argument("--dir", default=".",
-                   help="the folder to create scaffold-NAME/ in, created when missing (default: the current one)")
-    p.set_defaults(handler=cmd_new_plugin)
     _plugin_commands(sub)
     return parser
 
@@ -289,10 +280,4 @@ def cmd_train(args: argparse.Namespace) -> int:
     reporter = None if args.no_report else run_reporter()
     if reporter is not None:
         reporter.write(output_dir)
-    return ExitCode.OK
-
-
-def cmd_new_plugin(args: argparse.Namespace) -> int:
-    target = create_plugin(args.name, kind=args.kind, parent=args.dir)
-    print(next_steps(target, args.name, args.kind))
     return ExitCode.OK

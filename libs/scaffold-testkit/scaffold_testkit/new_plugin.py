@@ -1,4 +1,5 @@
-"""``scaffold new-plugin``: generate a ready-to-install plugin package from the templates in ``templates/``.
+"""``scaffold new-plugin`` (a command of the test kit, the kit a plugin's tests use): generate a ready-to-install
+plugin package from the templates in ``templates/``.
 
 One name everywhere: ``NAME`` becomes the distribution ``scaffold-NAME``, the
 module ``scaffold_NAME`` (dashes become underscores), the entry point
@@ -18,9 +19,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .._meta import version
-from ..errors import NewPluginError
-from ..plugins import KINDS, PluginSet
+from scaffold_core._meta import version
+from scaffold_core.errors import NewPluginError
+from scaffold_core.plugins import KINDS, PluginSet, hookimpl
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def render(text: str, values: dict[str, str], source: str) -> str:
 
 
 def _template(*parts: str) -> str:
-    return resources.files("scaffold_core").joinpath("templates", *parts).read_text(encoding="utf-8")
+    return resources.files("scaffold_testkit").joinpath("templates", *parts).read_text(encoding="utf-8")
 
 
 def plan_files(name: str, kind: str) -> dict[str, str]:
@@ -222,3 +223,20 @@ def next_steps(target: Path, name: str, kind: str) -> str:
     lines += [f"  {command.ljust(width)}  # {comment}" for command, comment in steps]
     lines.append(f"Then edit {target / target.name.replace('-', '_')} and see {target / 'README.md'}.")
     return "\n".join(lines)
+
+
+@hookimpl
+def register_commands(subparsers):
+    p = subparsers.add_parser("new-plugin", help="create a ready-to-install plugin package (scaffold-NAME)")
+    p.add_argument("name", help="the plugin's short name: 'arith' makes scaffold-arith, module scaffold_arith")
+    p.add_argument("--kind", default="task", choices=list(KIND_TEMPLATES),
+                   help="the component the plugin adds (default: task)")
+    p.add_argument("--dir", default=".",
+                   help="the folder to create scaffold-NAME/ in, created when missing (default: the current one)")
+    p.set_defaults(handler=_new_plugin)
+
+
+def _new_plugin(args) -> int:
+    target = create_plugin(args.name, kind=args.kind, parent=args.dir)
+    print(next_steps(target, args.name, args.kind))
+    return 0
