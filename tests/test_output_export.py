@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +23,8 @@ import scaffold_core.run.finalize as finalize_module
 from scaffold_core.config import load_config
 from scaffold_core.episode import EpisodeResult, Sample
 from scaffold_core.output import codec, read_records
-from scaffold_core.output.export import trajectory_features
-from scaffold_core.output.store import EpisodeStore, record_of, result_of
+from scaffold_core.output.export import ExportProcess, trajectory_features
+from scaffold_core.output.store import EpisodeStore, record_of, result_of, store_paths
 from scaffold_core.plugins.lifecycle import Hooks
 from scaffold_core.run.finalize import finalize_run_dir
 from scaffold_core.run.metrics import RunMetrics
@@ -183,15 +187,24 @@ def layout(name: str) -> tuple[dict[str, list[EpisodeResult]], list[EpisodeResul
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
-@pytest.mark.parametrize("apart", [False, True], ids=["in this process", "dataset in a process of its own"])
+@pytest.mark.parametrize("apart", [False, True, "follow"], ids=["in this process", "dataset in a process of its own",
+                                                                "everything by a process told as rows are final"])
 def test_the_exported_files_are_what_the_records_give(tmp_path, monkeypatch, name, apart):
     monkeypatch.setattr(export_module, "CHUNK_ROWS", 16)  # many chunks, a few rows each
-    monkeypatch.setattr(finalize_module, "DATASET_PROCESS_EPISODES", 0 if apart else 1 << 60)
+    monkeypatch.setattr(export_module, "FOLLOW_ROWS", 1)  # each mark is written at once
+    monkeypatch.setattr(finalize_module, "DATASET_PROCESS_EPISODES", 0 if apart is True else 1 << 60)
     monkeypatch.setattr(finalize_module, "usable_cores", lambda: 2)
     stores, results = layout(name)
     root = write_stores(tmp_path / "run", stores)
-    metrics = finalize_run_dir(root, {}, hooks=Hooks(None))
+    follower = None
+    if apart == "follow":  # two workers' stores: a merge at the end, the process stopped, this one exports
+        follower = ExportProcess(root, store_paths(root), dataset=True, parquet=False, private=True)
+        for mark in (0, 3, 50, 50, 7, 120, 199):
+            follower.mark(mark)
+    heads = []
+    metrics = finalize_run_dir(root, {}, hooks=Hooks(None), follower=follower, on_head=heads.append)
     assert exported(root, metrics) == expected(results)
+    assert [h["episode_id"] for h in heads] == [r["episode_id"] for r in read_records(root)]
     assert sorted(p.name for p in root.iterdir()) == ["episodes.db", "failures.jsonl", "metrics.json",
                                                        "samples.jsonl", "trajectories"]
 
@@ -226,8 +239,69 @@ def test_a_dataset_process_that_fails_costs_nothing(tmp_path, monkeypatch, caplo
     root = write_stores(tmp_path / "run", stores)
     with caplog.at_level(logging.WARNING, logger="scaffold.output"):
         metrics = finalize_run_dir(root, {}, hooks=Hooks(None))
-    assert "the process writing the trajectories dataset failed (exit status 1: no room for the dataset)" in caplog.text
+    assert "the process exporting the run failed (exit status 1: no room for the dataset)" in caplog.text
     assert exported(root, metrics) == expected(results)
+
+
+def test_a_process_told_rows_are_final_writes_them_before_the_end_and_one_that_fails_costs_nothing(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(export_module, "FOLLOW_ROWS", 1)
+    stores, results = layout("retries and resumes")
+    root = write_stores(tmp_path / "run", stores)
+    follower = ExportProcess(root, store_paths(root), dataset=True, parquet=False, private=True)
+    follower.mark(100)
+    temp = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the samples of episodes 0-99 are written before the run ends
+        temp = next(root.glob(".samples.jsonl.*"), None)
+        if temp is not None and temp.stat().st_size and \
+                json.loads(temp.read_text().splitlines()[-1])["episode_id"] == "e0099":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the samples of the episodes marked were not written: {temp}")
+    metrics = finalize_run_dir(root, {}, hooks=Hooks(None), follower=follower)
+    assert exported(root, metrics) == expected(results)
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".")]  # its temp files are in place
+
+    monkeypatch.setattr(export_module, "_CHILD", "import sys; sys.exit('no room for the files')")
+    shutil.rmtree(root)
+    root = write_stores(tmp_path / "run", stores)
+    follower = ExportProcess(root, store_paths(root), dataset=True, parquet=False, private=True)
+    follower.mark(100)  # a process that is gone: nothing waits
+    with caplog.at_level(logging.WARNING, logger="scaffold.output"):
+        metrics = finalize_run_dir(root, {}, hooks=Hooks(None), follower=follower)
+    assert "the process exporting the run failed (exit status 1: no room for the files)" in caplog.text
+    assert exported(root, metrics) == expected(results)
+
+
+FOLLOWED = """
+import os, sys
+from pathlib import Path
+from scaffold_core.output.export import ExportProcess
+root = Path(sys.argv[1])
+follower = ExportProcess(root, [root / "episodes.db"], dataset=True, parquet=False, private=True)
+follower.mark(150)
+print(follower.proc.pid, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_the_export_process_of_a_killed_run_stops_and_leaves_no_file(tmp_path):
+    stores, _ = layout("in order")
+    root = write_stores(tmp_path / "run", stores)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                       os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", FOLLOWED, str(root)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and \
+            "Z" not in (Path(f"/proc/{pid}/stat").read_text().split()[2:3] or ["Z"]):
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    assert sorted(p.name for p in root.iterdir()) == ["episodes.db"]  # no exported file, no temp left
 
 
 def test_the_parquet_file_has_the_datasets_rows(tmp_path):

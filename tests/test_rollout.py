@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
+import zlib
 
 import datasets
 import pytest
@@ -12,6 +14,7 @@ from scaffold_testkit import ListTask, plugin_set
 
 from scaffold_core import hookimpl
 from scaffold_core.config import load_config
+from scaffold_core.engines.canned import CannedBenchmarkEngine
 from scaffold_core.errors import ConfigError
 from scaffold_core.output import read_records
 from scaffold_core.run.rollout import Rollout
@@ -40,11 +43,28 @@ class StreamedTask(ListTask):
             yield {"id": f"s{i}", "question": f"Q{i}", "answer": "42" if i % 3 else "7"}
 
 
+class StaggeredEngine(CannedBenchmarkEngine):
+    """Episodes that finish out of order (0-30 ms each, by episode), and fail while their episode is
+    in ``failing``."""
+
+    failing: set[str] = set()
+
+    async def generate(self, request):
+        await asyncio.sleep(zlib.crc32(request.episode_id.encode()) % 7 / 200)
+        if request.episode_id in self.failing:
+            raise RuntimeError(f"{request.episode_id} is unlucky today")
+        return await super().generate(request)
+
+
 class Plugin:
     @hookimpl
     def register_tasks(self, registry):
         registry.add("numbers", NumbersTask)
         registry.add("streamed", StreamedTask)
+
+    @hookimpl
+    def register_engines(self, registry):
+        registry.add("staggered", StaggeredEngine)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +152,49 @@ def test_rows_a_task_generates_are_counted_then_run_without_being_held(plugins, 
     metrics, _ = run(plugins, tmp_path, text, resume=True)
     assert metrics["resumed_episodes"] == 20 and metrics["session"]["episodes"] == 30
     assert metrics["completed"] == 50
+
+
+def test_a_run_exported_as_it_goes_writes_what_an_export_at_its_end_writes(plugins, tmp_path, monkeypatch):
+    """Failed episodes, a kill, a resume that completes them: the files a process writes as the episodes become
+    final are those one pass at the end writes."""
+    import scaffold_core.output.export as export_module
+    import scaffold_core.run.rollout as rollout_module
+
+    text = ("task: {name: streamed, n: 300}\nengine: {name: staggered, response: '42'}\n"
+            "rollout: {concurrency: 8, retries: 0}\n")
+    marks: list[int] = []
+    mark = export_module.ExportProcess.mark
+    monkeypatch.setattr(export_module.ExportProcess, "mark", lambda self, i: (marks.append(i), mark(self, i)))
+    monkeypatch.setattr(export_module, "FOLLOW_ROWS", 10)
+    monkeypatch.setattr(rollout_module, "usable_cores", lambda: 2)
+    outs: dict[tuple[str, bool], dict] = {}
+    for follow in (False, True):
+        monkeypatch.setattr(rollout_module, "DATASET_PROCESS_EPISODES", 1 if follow else 1 << 60)
+        StaggeredEngine.failing = {f"s{i}" for i in range(4, 300, 13)}
+        first, out = run(plugins, tmp_path, text, out=f"follow-{follow}")
+        assert first["failed"] == 23
+        assert marks == sorted(marks) and (len(marks) > 10) == follow, marks  # told as it went, in order
+        marks.clear()
+        outs["first", follow] = files(out)
+        with contextlib.closing(sqlite3.connect(out / "episodes.db")) as db:  # killed: the last steps lost
+            db.execute("DELETE FROM episodes WHERE seq > (SELECT max(seq) FROM episodes) - 150")
+            db.commit()
+        StaggeredEngine.failing = set()
+        metrics, _ = run(plugins, tmp_path, text, resume=True, out=f"follow-{follow}")
+        assert metrics["completed"] == 300 and metrics["session"]["episodes"] >= 150
+        assert marks == sorted(marks) and (len(marks) > 3) == follow, marks
+        marks.clear()
+        outs["resumed", follow] = files(out)
+        assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".scaffold.lock"]
+    for when in ("first", "resumed"):
+        assert outs[when, True] == outs[when, False], when
+    assert [json.loads(line)["episode_id"] for line in outs["resumed", True]["samples.jsonl"].splitlines()] \
+        == [f"s{i}" for i in range(300)]
+
+
+def files(out):
+    return {**{name: (out / name).read_bytes() for name in ("samples.jsonl", "failures.jsonl")},
+            "trajectories": datasets.load_from_disk(str(out / "trajectories")).to_list()}
 
 
 def test_failed_episodes_are_listed_with_reasons(plugins, tmp_path):

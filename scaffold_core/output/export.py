@@ -1,4 +1,5 @@
-"""What users and trainers read, exported from the run's store (:mod:`.store`) at the run's end.
+"""What users and trainers read, exported from the run's store (:mod:`.store`): at the run's end, or, by a
+process of its own (:class:`ExportProcess`), as the run goes.
 
 One pass over the episodes in ``(index, episode_id)`` order writes:
 
@@ -23,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import shutil
 import struct
 import subprocess
@@ -66,52 +68,59 @@ PARQUET_ROWS = 2048
 
 def export_run(directory: Path, paths: list[Path], *, save_dataset: bool = True, save_parquet: bool = False,
                private: bool = True, on_head: Callable[[dict[str, Any]], None] | None = None,
-               dataset_process: bool = False) -> None:
+               follower: ExportProcess | None = None) -> None:
     """Write the files above from the stores ``paths`` (each episode once, see
     :func:`~.store.ordered_rows`); ``on_head`` sees every episode's record without its training sequences,
-    in order. ``dataset_process``: the dataset and the Parquet file are written by a process of their own
-    (:func:`main`) while this one writes the rest (a machine with a core to spare); when that process fails,
-    this one writes them after all."""
-    child: _DatasetProcess | None = None
-    dataset: DatasetWriter | None = None
+    in order. ``follower``: the process that writes the files (a machine with a core to spare), told to
+    finish here (it may have written most of them as the run went): this one only reads the heads for
+    ``on_head`` meanwhile, or, when that process fails, writes the files itself."""
+    if follower is not None:
+        follower.end()
+        if on_head is not None:  # while the process writes what is left
+            _export(ordered_rows(paths, columns="CAST(head AS BLOB), NULL, NULL"), None, None, None, on_head)
+            on_head = None
+        if follower.wait():
+            return
+    dataset = DatasetWriter(directory, parquet=save_parquet, private=private) if save_dataset else None
     samples = _TempFile(directory, SAMPLES, private)
     failures = _TempFile(directory, FAILURES, private)
     try:
-        if save_dataset and dataset_process:
-            child = _DatasetProcess(directory, paths, save_parquet, private)
-        elif save_dataset:
-            dataset = DatasetWriter(directory, parquet=save_parquet, private=private)
-        for head_text, rows_text, blob, _, _, status, _ in ordered_rows(paths, columns=(
-                RECORD if dataset is not None else "CAST(head AS BLOB), NULL, NULL")):
-            head = codec.loads(head_text)
-            if on_head is not None:
-                on_head(head)
-            if status != "ok":
-                failures.write(_failure_line(head))
-                continue
-            samples.write(_sample_lines(head))
-            if dataset is not None and rows_text:
-                dataset.add(codec.loads(rows_text), blob)
+        _export(ordered_rows(paths, columns=RECORD if dataset is not None else "CAST(head AS BLOB), NULL, NULL"),
+                samples, failures, dataset, on_head)
         samples.commit()
         failures.commit()
         if dataset is not None:
-            if dataset.stale:  # a later row called for another column: written again with every column
-                dataset.abort()
-                dataset = None
-                write_dataset(directory, paths, parquet=save_parquet, private=private)
-            else:
-                dataset.finish()
-                dataset = None
-        if child is not None and not child.wait():
-            write_dataset(directory, paths, parquet=save_parquet, private=private)
-        child = None
+            _finish_dataset(dataset, directory, paths, save_parquet, private)
+            dataset = None
     finally:
         samples.abort()
         failures.abort()
         if dataset is not None:
             dataset.abort()
-        if child is not None:
-            child.kill()
+
+
+def _export(rows: Iterable[tuple[Any, ...]], samples: _TempFile | None, failures: _TempFile | None,
+            dataset: DatasetWriter | None, on_head: Callable[[dict[str, Any]], None] | None) -> None:
+    """Write each row (:data:`~.store.RECORD`'s columns, then idx, episode_id, status and store) to the files
+    given (None: not written), and give its head to ``on_head``."""
+    heads = samples is not None or on_head is not None
+    for head_text, rows_text, blob, _, _, status, _ in rows:
+        if heads:
+            head = codec.loads(head_text)
+            if on_head is not None:
+                on_head(head)
+            if samples is not None and failures is not None:
+                (samples.write(_sample_lines(head)) if status == "ok" else failures.write(_failure_line(head)))
+        if dataset is not None and status == "ok" and rows_text:
+            dataset.add(codec.loads(rows_text), blob)
+
+
+def _finish_dataset(dataset: DatasetWriter, directory: Path, paths: list[Path], parquet: bool, private: bool) -> None:
+    if dataset.stale:  # a later row called for another column: written again with every column
+        dataset.abort()
+        write_dataset(directory, paths, parquet=parquet, private=private)
+    else:
+        dataset.finish()
 
 
 def write_dataset(directory: Path, paths: list[Path], *, parquet: bool = False, private: bool = True) -> None:
@@ -133,57 +142,141 @@ def write_dataset(directory: Path, paths: list[Path], *, parquet: bool = False, 
         raise
 
 
-#: How long the dataset's process may take: this much, plus PER_EPISODE_S per episode (hundreds of times the need).
+#: How long the export's process may take once told to finish: this much, plus PER_EPISODE_S per episode
+#: (hundreds of times the need).
 BASE_TIMEOUT_S = 300.0
 PER_EPISODE_S = 0.01
 
 
+#: The export's process writes the rows a mark makes final once there are this many (fewer, larger reads), at
+#: this niceness (the run's own threads come first).
+FOLLOW_ROWS = 1024
+FOLLOW_NICE = 10
+#: Seconds a process told to stop has to remove what it began before it is killed.
+KILL_AFTER_S = 5.0
 #: The child's program (not ``-m``: the package imports this module before ``-m`` would run it again).
 _CHILD = f"import sys; from {__name__} import main; sys.exit(main())"
 
 
-class _DatasetProcess:
-    """``python -m scaffold_core.output.export``: the dataset written by a fresh interpreter of its own."""
+class ExportProcess:
+    """A fresh interpreter of its own (:func:`main`) writing ``samples.jsonl``, ``failures.jsonl`` and (with
+    ``dataset``) the dataset from the stores ``paths``: the rows :meth:`mark` says are final as the run goes on
+    (so that little is left at its end), the rest once told the run is over (:meth:`end`)."""
 
-    def __init__(self, directory: Path, paths: list[Path], parquet: bool, private: bool):
-        plan = json.dumps({"directory": str(directory), "paths": [str(p) for p in paths], "parquet": parquet,
-                           "private": private})
-        self.deadline = time.monotonic() + BASE_TIMEOUT_S + PER_EPISODE_S * sum(map(count_episodes, paths))
+    def __init__(self, directory: Path, paths: list[Path], *, dataset: bool, parquet: bool, private: bool):
+        self.paths = paths
+        self.ended: subprocess.Popen[bytes] | None = None
+        self.timeout = BASE_TIMEOUT_S
+        plan = {"directory": str(directory), "paths": [str(p) for p in paths], "dataset": dataset,
+                "parquet": parquet, "private": private, "step": FOLLOW_ROWS}
+        self.errors = tempfile.TemporaryFile()  # not a pipe: a process that says much never waits on it
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, plan], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE)
+            [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.errors)
+        assert self.proc.stdin is not None
+        self.input = self.proc.stdin.fileno()
+        os.set_blocking(self.input, False)  # a mark never waits for the process
+        self._send(json.dumps(plan) + "\n", BASE_TIMEOUT_S)
+
+    def _send(self, line: str, timeout: float = 0.0) -> bool:
+        """Write ``line`` (shorter than PIPE_BUF: whole or not at all), waiting up to ``timeout`` for room."""
+        deadline = time.monotonic() + timeout
+        while self.proc is not None:
+            try:
+                os.write(self.input, line.encode())
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                select.select([], [self.input], [], max(0.0, deadline - time.monotonic()))
+            except OSError:  # the process is gone: wait() says so
+                return False
+        return False
+
+    def mark(self, index: int) -> None:
+        """Every episode of index below ``index`` is in the store for good: the process may write them now (a
+        mark the process has no room for yet is dropped: a later one covers it)."""
+        self._send(f"{index}\n")
+
+    def end(self) -> None:
+        """Let the process write the rest (and put its files in place): the run is over."""
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None
+        self.timeout = BASE_TIMEOUT_S + PER_EPISODE_S * sum(map(count_episodes, self.paths))
+        self._send("end\n", self.timeout)
+        self.proc, self.ended = None, proc
+        proc.stdin.close()
 
     def wait(self) -> bool:
-        """Whether the process wrote the dataset (else it is killed, and why it failed is logged)."""
-        proc, self.proc = self.proc, None
-        assert proc is not None and proc.stderr is not None
+        """Wait for the process :meth:`end` ended: whether it wrote its files (else it is killed, and why it
+        failed is logged)."""
+        proc = self.ended
+        assert proc is not None
         try:
-            _, err = proc.communicate(timeout=max(1.0, self.deadline - time.monotonic()))
+            proc.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate(timeout=30)
-            log.warning("the process writing the trajectories dataset did not finish in time; writing it here")
+            proc.wait(timeout=30)
+            log.warning("the process exporting the run did not finish in time; exporting it here")
             return False
+        finally:
+            self.errors.seek(0)
+            err = self.errors.read()
+            self.errors.close()
         if proc.returncode != 0:
             tail = err.decode("utf-8", errors="replace").strip().splitlines()[-1:] or [""]
-            log.warning("the process writing the trajectories dataset failed (exit status %s: %s); writing it "
-                        "here", proc.returncode, tail[0])
+            log.warning("the process exporting the run failed (exit status %s: %s); exporting it here",
+                        proc.returncode, tail[0])
             return False
         return True
 
     def kill(self) -> None:
-        proc, self.proc = self.proc, None
+        """Stop the process: before :meth:`end`, its files are not written (it removes what it began, unless
+        it is slow to stop)."""
+        proc, self.proc, self.ended = self.proc or self.ended, None, None
         if proc is not None:
-            proc.kill()
-            proc.communicate(timeout=30)
+            try:
+                proc.communicate(timeout=KILL_AFTER_S)  # its input closed: it stops at its next read
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+            self.errors.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The dataset's process: write it from the plan (a JSON object: directory, paths, parquet, private)."""
-    plan = json.loads((argv or sys.argv[1:])[-1])
-    write_dataset(Path(plan["directory"]), [Path(p) for p in plan["paths"]], parquet=plan["parquet"],
-                  private=plan["private"])
-    return 0
+def main() -> int:
+    """The export's process: its plan (a JSON object: directory, paths, dataset, parquet, private, step) is the
+    first line of its input; each further line an index (the episodes below it are final: written now),
+    then ``end`` (the rest, then the files are put in place). Input that ends without ``end`` keeps nothing."""
+    plan = json.loads(sys.stdin.readline())
+    os.nice(FOLLOW_NICE)  # the run's own threads come first
+    directory, paths, private = Path(plan["directory"]), [Path(p) for p in plan["paths"]], plan["private"]
+    samples, failures = _TempFile(directory, SAMPLES, private), _TempFile(directory, FAILURES, private)
+    dataset = DatasetWriter(directory, parquet=plan["parquet"], private=private) if plan["dataset"] else None
+    low = None
+    try:
+        for line in sys.stdin:
+            high = None if line.strip() == "end" else int(line)
+            if high is not None and high - (low or 0) < plan["step"]:
+                continue  # written with the next mark: fewer, larger reads
+            bounds = [f"idx >= {low}"] * (low is not None) + [f"idx < {high}"] * (high is not None)
+            _export(ordered_rows(paths, where=" AND ".join(["WHERE 1", *bounds])), samples, failures, dataset, None)
+            if high is None:
+                break
+            samples.fh.flush()  # what is written is seen (a reader can follow the run's progress)
+            failures.fh.flush()
+            low = high
+        else:
+            return 1
+        samples.commit()
+        failures.commit()
+        if dataset is not None:
+            _finish_dataset(dataset, directory, paths, plan["parquet"], private)
+            dataset = None
+        return 0
+    finally:
+        samples.abort()
+        failures.abort()
+        if dataset is not None:
+            dataset.abort()
 
 
 def _failure_line(head: dict[str, Any]) -> bytes:

@@ -27,7 +27,7 @@ from ..errors import RunDirError
 from . import codec
 from .files import open_nofollow
 from .saved_config import CONFIG_FILE
-from .store import STORE, StoreReader, ordered_rows, store_paths
+from .store import STORE, StoreReader, ordered_rows, store_errors, store_paths
 
 #: ``scaffold eval``'s figures, next to the run's own files.
 EVAL_FILE = "eval.json"
@@ -164,9 +164,15 @@ class EpisodeReader:
     def _locate(self) -> None:
         """Where each episode's row is, in order, without reading the records (the store's index only)."""
         places, stores = array("q"), array("h")
-        for seq, *_, store in ordered_rows(self.paths, columns="seq"):
-            places.append(seq)
-            stores.append(store)
+        if len(self.paths) == 1:  # the index holds each row's seq: read without the rows (a covering scan)
+            with store_errors(self.paths[0]):
+                places.extend(seq for (seq,) in self._reader(0).db.execute(
+                    "SELECT seq FROM episodes ORDER BY idx, episode_id"))
+            stores.frombytes(bytes(stores.itemsize * len(places)))
+        else:
+            for seq, *_, store in ordered_rows(self.paths, columns="seq"):
+                places.append(seq)
+                stores.append(store)
         self._places, self._stores = places, stores
 
     def record(self, position: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Files (see docs/reliability.md for the guarantees):
   (:attr:`RunOutput.deferred`): a killed run loses at most the episodes in flight (those of the step being
   written included); ``--resume`` skips every completed episode found here.
 * ``samples.jsonl``, ``failures.jsonl``, ``trajectories/`` and ``trajectories.parquet``: exported from the
-  store at the end of the run (:mod:`scaffold_core.output.export`).
+  store (:mod:`scaffold_core.output.export`), as the run goes or at its end.
 * ``metrics.json`` and ``config.yaml``: written atomically (temp file + rename).
 * ``config-history.jsonl``: the config changes a ``--force-config`` resume continued with.
 * ``eval.json`` (``scaffold eval``'s figures) and ``report.html`` (the offline report), written at the end.

@@ -15,13 +15,15 @@ from typing import Any
 
 from ..distributed.env import usable_cores
 from ..output import export_run, merge_stores, result_of, store_paths
+from ..output.export import ExportProcess
 from ..output.rundir import write_metrics
 from ..output.store import RANK_STORE_GLOB, count_episodes, remove_store
 from ..plugins.lifecycle import Hooks
 from .metrics import RunMetrics
 
-#: Episodes from which a process of its own writes the dataset while this one writes the rest (on a machine
-#: with a core to spare): the process takes about half a second to start.
+#: Episodes from which a process of its own writes the exported files (on a machine with a core to spare; a
+#: one-process run's as it goes, see scaffold_core.output.export.ExportProcess): it takes a tenth of a second
+#: to start.
 DATASET_PROCESS_EPISODES = 5_000
 #: Live keys that describe this session (a resumed run's totals come from the store instead).
 SESSION_KEYS = ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_errors", "interrupted",
@@ -31,7 +33,8 @@ SESSION_KEYS = ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_erro
 def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, save_dataset: bool = True,
                      save_parquet: bool = False, skipped_rows: Mapping[str, int] | None = None, private: bool = True,
                      sessions: RunMetrics | None = None,
-                     on_head: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                     on_head: Callable[[dict[str, Any]], None] | None = None,
+                     follower: ExportProcess | None = None) -> dict[str, Any]:
     """Merge the workers' stores, export the run's files and write ``metrics.json``; returns the metrics.
 
     Totals (episodes, rewards, accuracy, failures) are those of every episode in the store, never read from
@@ -39,11 +42,15 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
     the totals this run's sessions counted as their episodes finished, when the store holds exactly their
     episodes (a session records each episode once, and never one that was complete), else every episode's
     added in ``(index, episode_id)`` order. Throughput and wall time are the live session's own measurements.
-    ``on_head``: given every episode's record without its training sequences, in that order.
+    ``on_head``: given every episode's record without its training sequences, in that order. ``follower``: the
+    process that exported the run as it ran (see :func:`~scaffold_core.output.export.export_run`).
     """
     directory = Path(directory)
     paths = store_paths(directory)
     merge = _Merge(directory, private) if any(directory.glob(RANK_STORE_GLOB)) else None
+    if merge is not None and follower is not None:  # it follows episodes.db alone
+        follower.kill()
+        follower = None
     exported = False
     try:  # the export reads the workers' stores while they are merged
         # An episode in several stores (resumed, not merged yet) makes the sum larger than any session's count.
@@ -53,11 +60,15 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
             totals = RunMetrics()
             count = totals.add
             on_head = (lambda head: count(result_of(head))) if on_head is None else _both(on_head, count)
-        apart = save_dataset and usable_cores() >= 2 and stored >= DATASET_PROCESS_EPISODES
+        if follower is None and usable_cores() >= 2 and stored >= DATASET_PROCESS_EPISODES:
+            follower = ExportProcess(directory, paths, dataset=save_dataset, parquet=save_parquet, private=private)
         export_run(directory, paths, save_dataset=save_dataset, save_parquet=save_parquet, private=private,
-                   on_head=on_head, dataset_process=apart)
+                   on_head=on_head, follower=follower)
+        follower = None
         exported = True
     finally:
+        if follower is not None:
+            follower.kill()
         if merge is not None:
             merge.finish(raise_error=exported)  # after a failed export, its error is the one to see
     totals.skipped_rows = Counter(skipped_rows or {})

@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import signal
 import sqlite3
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._meta import bare_name
 from ..config import Config
-from ..distributed.env import DistEnv
+from ..distributed.env import DistEnv, usable_cores
 from ..distributed.ports import rank_slice
 from ..engine import RunInfo
 from ..episode import EpisodeContext, EpisodeResult
 from ..errors import DataError, RunDirError
-from ..output import STORE, RunOutput, expand_output_dir
+from ..output import STORE, RunOutput, expand_output_dir, store_paths
+from ..output.export import ExportProcess
 from ..plugins import get_plugins
 from ..plugins.lifecycle import Hooks
 from ..spans import clock
 from ..task import episode_context, episode_id_of
 from .assembly import Components, Limits, started
-from .finalize import finalize_run_dir
+from .finalize import DATASET_PROCESS_EPISODES, finalize_run_dir
 from .metrics import RunMetrics
 from .otel import EpisodeTraces
 from .otel import wanted as otel_wanted
@@ -78,6 +81,10 @@ class Rollout:
         self._write_error: BaseException | None = None  # a deferred store write that failed (see _result_sink)
         self._drain: Callable[[], None] = lambda: None  # records the episodes finished but not yet written
         self._decoded_at_start = 0  # the engine's live token count when the episodes started
+        self.follower: ExportProcess | None = None  # exports the run as it goes (see _follow)
+        self._started: list[int] = []  # a heap of the indexes of episodes started and not finished
+        self._running: Counter[int] = Counter()
+        self._next_index = 0  # past the last index started
 
     @property
     def rank(self) -> int:
@@ -114,6 +121,10 @@ class Rollout:
             episode_id = episode_id_of(row, index)
             if episode_id in done:
                 continue
+            if not self._running[index]:
+                heapq.heappush(self._started, index)
+            self._running[index] += 1
+            self._next_index = index + 1
             try:
                 yield episode_context(task, index, row, tokenizer, sampling)
             except Exception as exc:  # this row only
@@ -146,6 +157,7 @@ class Rollout:
                     self.metrics.restart_clock()  # tokens/s and wall time exclude model loading
                     bar.restart()
                     self.output.open()
+                    self._follow(rows.count)
                     on_result = self._result_sink(bar)
                     if bar.enabled:
                         ticker = asyncio.ensure_future(self._tick(bar))
@@ -241,6 +253,8 @@ class Rollout:
                 for result in done:
                     output.append(result)
                 output.flush()
+                if self.follower is not None:
+                    self.follower.mark(self._final_below())
             except BaseException as exc:
                 if self._write_error is None:
                     self._write_error = exc
@@ -253,11 +267,34 @@ class Rollout:
             if not pending:
                 loop.call_soon(flush)
             pending.append(result)
+            if self._running[result.index] > 0:
+                self._running[result.index] -= 1
             self.metrics.add(result)
             if bar.enabled:
                 bar.advance(per_episode or 1)
 
         return on_result
+
+    def _follow(self, rows: int) -> None:
+        """A large run that exports its own files has them written by a process of its own as it goes
+        (:class:`~scaffold_core.output.export.ExportProcess`, on a core to spare): told, after each write, the
+        index below which every episode is in the store for good, it writes them, so that little is left at
+        the end."""
+        if not self.finalize_outputs or rows < DATASET_PROCESS_EPISODES or usable_cores() < 2:
+            return
+        paths = store_paths(self.dir)
+        if paths != [self.output.store_path]:  # a worker's store left by an earlier session: merged at the end
+            return
+        output = self.config.output
+        self.follower = ExportProcess(self.dir, paths, dataset=output.save_dataset, parquet=output.save_parquet,
+                                      private=output.private)
+
+    def _final_below(self) -> int:
+        """The index below which every episode of this session has finished (and was handed to the store)."""
+        started, running = self._started, self._running
+        while started and running[started[0]] <= 0:
+            del running[heapq.heappop(started)]
+        return started[0] if started else self._next_index
 
     def _raise_write_error(self) -> None:
         exc = self._write_error
@@ -296,10 +333,11 @@ class Rollout:
                  ) -> dict[str, Any]:
         """Export samples, failures, the dataset and metrics from the store; returns metrics (``on_head``: see
         :func:`~.finalize.finalize_run_dir`)."""
+        follower, self.follower = self.follower, None
         return finalize_run_dir(self.dir, live, hooks=self.hooks, save_dataset=self.config.output.save_dataset,
                                 save_parquet=self.config.output.save_parquet,
                                 skipped_rows=self.metrics.skipped_rows, private=self.config.output.private,
-                                sessions=self.metrics, on_head=on_head)
+                                sessions=self.metrics, on_head=on_head, follower=follower)
 
     def run(self, on_head: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Run every episode, then (unless a launcher finalizes) export the run's files; returns metrics (a
@@ -314,7 +352,11 @@ class Rollout:
             self.release()
 
     def release(self) -> None:
-        """Give the output directory's lock back (done by :meth:`run`)."""
+        """Stop the export's process if the run did not finish, and give the output directory's lock back (done
+        by :meth:`run`)."""
+        if self.follower is not None:
+            self.follower.kill()
+            self.follower = None
         self.output.release()
 
 
