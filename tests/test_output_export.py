@@ -189,7 +189,7 @@ def layout(name: str) -> tuple[dict[str, list[EpisodeResult]], list[EpisodeResul
 @pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize("apart", [False, True, "follow"], ids=["in this process", "dataset in a process of its own",
                                                                 "everything by a process told as rows are final"])
-def test_the_exported_files_are_what_the_records_give(tmp_path, monkeypatch, name, apart):
+def test_the_exported_files_are_what_the_records_give(tmp_path, monkeypatch, caplog, name, apart):
     monkeypatch.setattr(export_module, "CHUNK_ROWS", 16)  # many chunks, a few rows each
     monkeypatch.setattr(export_module, "FOLLOW_ROWS", 1)  # each mark is written at once
     monkeypatch.setattr(finalize_module, "DATASET_PROCESS_EPISODES", 0 if apart is True else 1 << 60)
@@ -202,7 +202,9 @@ def test_the_exported_files_are_what_the_records_give(tmp_path, monkeypatch, nam
         for mark in (0, 3, 50, 50, 7, 120, 199):
             follower.mark(mark)
     heads = []
-    metrics = finalize_run_dir(root, {}, hooks=Hooks(None), follower=follower, on_head=heads.append)
+    with caplog.at_level(logging.WARNING, logger="scaffold.output"):
+        metrics = finalize_run_dir(root, {}, hooks=Hooks(None), follower=follower, on_head=heads.append)
+    assert "exporting it here" not in caplog.text  # a process that was asked to wrote them
     assert exported(root, metrics) == expected(results)
     assert [h["episode_id"] for h in heads] == [r["episode_id"] for r in read_records(root)]
     assert sorted(p.name for p in root.iterdir()) == ["episodes.db", "failures.jsonl", "metrics.json",
@@ -273,6 +275,25 @@ def test_a_process_told_rows_are_final_writes_them_before_the_end_and_one_that_f
         metrics = finalize_run_dir(root, {}, hooks=Hooks(None), follower=follower)
     assert "the process exporting the run failed (exit status 1: no room for the files)" in caplog.text
     assert exported(root, metrics) == expected(results)
+
+
+def test_a_process_with_a_long_plan_and_no_dataset_writes_samples_and_failures(tmp_path, monkeypatch, caplog):
+    """A plan longer than a pipe holds (many stores in a deep folder: written in parts), and no dataset."""
+    monkeypatch.setattr(export_module, "FOLLOW_ROWS", 1)
+    results = [episode(i) for i in range(320)]
+    root = write_stores(tmp_path.joinpath(*["deep-" * 30] * 2) / "run",  # within SQLite's longest path
+                        {f"episodes.rank-{r:05d}.db": results[r::160] for r in range(160)})
+    paths = store_paths(root)
+    assert len(json.dumps([str(p) for p in paths])) > 65536  # more than a pipe's buffer
+    follower = ExportProcess(root, paths, dataset=False, parquet=False, private=True)
+    follower.mark(60)
+    with caplog.at_level(logging.WARNING, logger="scaffold.output"):
+        export_module.export_run(root, paths, save_dataset=False, follower=follower)
+    assert "exporting it here" not in caplog.text  # the process wrote them
+    out = exported(root, {})
+    want = expected(results, save_dataset=False)
+    assert (out["samples.jsonl"], out["failures.jsonl"]) == (want["samples.jsonl"], want["failures.jsonl"])
+    assert not (root / "trajectories").exists()
 
 
 FOLLOWED = """

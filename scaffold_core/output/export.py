@@ -178,12 +178,15 @@ class ExportProcess:
         self._send(json.dumps(plan) + "\n", BASE_TIMEOUT_S)
 
     def _send(self, line: str, timeout: float = 0.0) -> bool:
-        """Write ``line`` (shorter than PIPE_BUF: whole or not at all), waiting up to ``timeout`` for room."""
+        """Write ``line``, waiting up to ``timeout`` for room (a mark, shorter than PIPE_BUF, is written whole or
+        not at all; the plan may take several writes)."""
         deadline = time.monotonic() + timeout
+        data = line.encode()
         while self.proc is not None:
             try:
-                os.write(self.input, line.encode())
-                return True
+                data = data[os.write(self.input, data):]
+                if not data:
+                    return True
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     return False
