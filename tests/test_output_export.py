@@ -223,12 +223,12 @@ def test_without_a_dataset_only_samples_failures_and_metrics_are_written(tmp_pat
 def test_extra_columns_that_appear_after_the_first_chunk_are_in_every_row(tmp_path, monkeypatch, caplog, follow):
     monkeypatch.setattr(export_module, "CHUNK_ROWS", 16)  # this process's chunks; the other process's hold 256
     monkeypatch.setattr(export_module, "FOLLOW_ROWS", 1)
-    results = [episode(i, turns=i >= 280) for i in range(300)]  # turn_rewards appear after the first chunk
+    results = [episode(i, turns=i >= 500) for i in range(600)]  # turn_rewards appear after the first chunk
     root = write_stores(tmp_path / "run", {"episodes.db": results})
     follower = None
     if follow:
         follower = ExportProcess(root, store_paths(root), dataset=True, parquet=False, private=True)
-        for mark in (100, 270, 290):
+        for mark in (100, 400, 550):
             follower.mark(mark)
     with caplog.at_level(logging.WARNING, logger="scaffold.output"):
         metrics = finalize_run_dir(root, {}, hooks=Hooks(None), follower=follower)
@@ -237,7 +237,7 @@ def test_extra_columns_that_appear_after_the_first_chunk_are_in_every_row(tmp_pa
     assert got == expected(results)
     features, rows = got["dataset"]
     by_id = {row["episode_id"]: row for row in rows}
-    assert "turn_rewards" in features and by_id["e0281"]["turn_rewards"] == [0.5, 281.0]
+    assert "turn_rewards" in features and by_id["e0501"]["turn_rewards"] == [0.5, 501.0]
     assert by_id["e0000"]["turn_rewards"] is None
     assert not [p.name for p in root.iterdir() if p.name.startswith(".")]  # no temp left behind
 
