@@ -192,7 +192,7 @@ def layout(name: str) -> tuple[dict[str, list[EpisodeResult]], list[EpisodeResul
 def test_the_exported_files_are_what_the_records_give(tmp_path, monkeypatch, caplog, name, apart):
     monkeypatch.setattr(export_module, "CHUNK_ROWS", 16)  # many chunks, a few rows each
     monkeypatch.setattr(export_module, "FOLLOW_ROWS", 1)  # each mark is written at once
-    monkeypatch.setattr(finalize_module, "DATASET_PROCESS_EPISODES", 0 if apart is True else 1 << 60)
+    monkeypatch.setattr(finalize_module, "EXPORT_PROCESS_EPISODES", 0 if apart is True else 1 << 60)
     monkeypatch.setattr(finalize_module, "usable_cores", lambda: 2)
     stores, results = layout(name)
     root = write_stores(tmp_path / "run", stores)
@@ -244,7 +244,7 @@ def test_extra_columns_that_appear_after_the_first_chunk_are_in_every_row(tmp_pa
 
 def test_a_dataset_process_that_fails_costs_nothing(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(export_module, "_CHILD", "import sys; sys.exit('no room for the dataset')")
-    monkeypatch.setattr(finalize_module, "DATASET_PROCESS_EPISODES", 0)
+    monkeypatch.setattr(finalize_module, "EXPORT_PROCESS_EPISODES", 0)
     monkeypatch.setattr(finalize_module, "usable_cores", lambda: 2)
     stores, results = layout("in order")
     root = write_stores(tmp_path / "run", stores)

@@ -158,7 +158,7 @@ def test_a_run_exported_as_it_goes_writes_what_an_export_at_its_end_writes(plugi
     """Failed episodes, a kill, a resume that completes them: the files a process writes as the episodes become
     final are those one pass at the end writes."""
     import scaffold_core.output.export as export_module
-    import scaffold_core.run.rollout as rollout_module
+    import scaffold_core.run.finalize as finalize_module
 
     text = ("task: {name: streamed, n: 300}\nengine: {name: staggered, response: '42'}\n"
             "rollout: {concurrency: 8, retries: 0}\n")
@@ -166,10 +166,10 @@ def test_a_run_exported_as_it_goes_writes_what_an_export_at_its_end_writes(plugi
     mark = export_module.ExportProcess.mark
     monkeypatch.setattr(export_module.ExportProcess, "mark", lambda self, i: (marks.append(i), mark(self, i)))
     monkeypatch.setattr(export_module, "FOLLOW_ROWS", 10)
-    monkeypatch.setattr(rollout_module, "usable_cores", lambda: 2)
+    monkeypatch.setattr(finalize_module, "usable_cores", lambda: 2)
     outs: dict[tuple[str, bool], dict] = {}
     for follow in (False, True):
-        monkeypatch.setattr(rollout_module, "DATASET_PROCESS_EPISODES", 1 if follow else 1 << 60)
+        monkeypatch.setattr(finalize_module, "EXPORT_PROCESS_EPISODES", 1 if follow else 1 << 60)
         StaggeredEngine.failing = {f"s{i}" for i in range(4, 300, 13)}
         first, out = run(plugins, tmp_path, text, out=f"follow-{follow}")
         assert first["failed"] == 23

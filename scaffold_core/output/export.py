@@ -110,7 +110,10 @@ def _export(rows: Iterable[tuple[Any, ...]], samples: _TempFile | None, failures
             if on_head is not None:
                 on_head(head)
             if samples is not None and failures is not None:
-                (samples.write(_sample_lines(head)) if status == "ok" else failures.write(_failure_line(head)))
+                if status == "ok":
+                    samples.write(_sample_lines(head))
+                else:
+                    failures.write(_failure_line(head))
         if dataset is not None and status == "ok" and rows_text:
             dataset.add(codec.loads(rows_text), blob)
 

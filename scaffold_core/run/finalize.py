@@ -24,7 +24,7 @@ from .metrics import RunMetrics
 #: Episodes from which a process of its own writes the exported files (on a machine with a core to spare; a
 #: one-process run's as it goes, see scaffold_core.output.export.ExportProcess): it takes a tenth of a second
 #: to start.
-DATASET_PROCESS_EPISODES = 5_000
+EXPORT_PROCESS_EPISODES = 5_000
 #: Live keys that describe this session (a resumed run's totals come from the store instead).
 SESSION_KEYS = ("tokens_per_s", "episodes_per_s", "wall_s", "engine", "hook_errors", "interrupted",
                 "resumed_episodes", "workers", "worker_failures")
@@ -60,7 +60,7 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
             totals = RunMetrics()
             count = totals.add
             on_head = (lambda head: count(result_of(head))) if on_head is None else _both(on_head, count)
-        if follower is None and usable_cores() >= 2 and stored >= DATASET_PROCESS_EPISODES:
+        if follower is None and export_apart(stored):
             follower = ExportProcess(directory, paths, dataset=save_dataset, parquet=save_parquet, private=private)
         export_run(directory, paths, save_dataset=save_dataset, save_parquet=save_parquet, private=private,
                    on_head=on_head, follower=follower)
@@ -91,6 +91,11 @@ def finalize_run_dir(directory: Path, live: dict[str, Any], *, hooks: Hooks, sav
         metrics["hook_errors"] = dict(Counter(metrics.get("hook_errors") or {}) + raised)
         write_metrics(directory, metrics, private=private)
     return metrics
+
+
+def export_apart(episodes: int) -> bool:
+    """Whether a process of its own exports a run of ``episodes`` (:data:`EXPORT_PROCESS_EPISODES`)."""
+    return episodes >= EXPORT_PROCESS_EPISODES and usable_cores() >= 2
 
 
 def _both(on_head: Callable[[dict[str, Any]], None], count: Callable[[Any], None]) -> Callable[[dict[str, Any]], None]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._meta import bare_name
 from ..config import Config
-from ..distributed.env import DistEnv, usable_cores
+from ..distributed.env import DistEnv
 from ..distributed.ports import rank_slice
 from ..engine import RunInfo
 from ..episode import EpisodeContext, EpisodeResult
@@ -27,7 +27,7 @@ from ..plugins.lifecycle import Hooks
 from ..spans import clock
 from ..task import episode_context, episode_id_of
 from .assembly import Components, Limits, started
-from .finalize import DATASET_PROCESS_EPISODES, finalize_run_dir
+from .finalize import export_apart, finalize_run_dir
 from .metrics import RunMetrics
 from .otel import EpisodeTraces
 from .otel import wanted as otel_wanted
@@ -280,7 +280,7 @@ class Rollout:
         (:class:`~scaffold_core.output.export.ExportProcess`, on a core to spare): told, after each write, the
         index below which every episode is in the store for good, it writes them, so that little is left at
         the end."""
-        if not self.finalize_outputs or rows < DATASET_PROCESS_EPISODES or usable_cores() < 2:
+        if not self.finalize_outputs or not export_apart(rows):
             return
         paths = store_paths(self.dir)
         if paths != [self.output.store_path]:  # a worker's store left by an earlier session: merged at the end

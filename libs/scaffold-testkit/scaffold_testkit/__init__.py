@@ -21,19 +21,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from scaffold_core.plugins import lazy_exports
 
-if TYPE_CHECKING:
-    from .engines import ScriptedEngine
-    from .helpers import ListTask, build, make_contexts, plugin_set, run_episodes, run_one_episode
-    from .live import BackgroundLoop, LiveEngine, LoopLagMonitor
-
-# Imported on first use: the kit's ``scaffold new-plugin`` command loads this package with every command.
-_EXPORTS = {"ScriptedEngine": "engines", "ListTask": "helpers", "build": "helpers", "make_contexts": "helpers",
-            "plugin_set": "helpers", "run_episodes": "helpers", "run_one_episode": "helpers",
-            "BackgroundLoop": "live", "LiveEngine": "live", "LoopLagMonitor": "live"}
-__getattr__ = lazy_exports(__name__, _EXPORTS)
-__all__ = ["ScriptedEngine", "ListTask", "build", "plugin_set", "make_contexts", "run_episodes", "run_one_episode",
-           "BackgroundLoop", "LiveEngine", "LoopLagMonitor"]
+#: The public API, loaded on first use: the kit's ``scaffold new-plugin`` command loads this package with every
+#: command.
+PUBLIC = {"ScriptedEngine": "engines", "ListTask": "helpers", "build": "helpers", "make_contexts": "helpers",
+          "plugin_set": "helpers", "run_episodes": "helpers", "run_one_episode": "helpers",
+          "BackgroundLoop": "live", "LiveEngine": "live", "LoopLagMonitor": "live"}
+__getattr__ = lazy_exports(__name__, PUBLIC)
+__all__ = list(PUBLIC)
